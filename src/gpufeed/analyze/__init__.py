@@ -1,0 +1,1 @@
+"""UNDERSTAND: load a run into pandas, statistics, bottleneck rules."""

@@ -1,0 +1,27 @@
+"""Top-level `gpufeed.load` and `gpufeed.analyze`; imports pandas only when called."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from os import PathLike
+
+    from gpufeed.analyze.finding import Finding
+    from gpufeed.analyze.run import Run
+
+
+def load(path: str | PathLike[str]) -> Run:
+    """Load a run directory (also one still being written) as pandas frames."""
+    from gpufeed.analyze.run import load as _load
+
+    return _load(path)
+
+
+def analyze(run: Run | str | PathLike[str], **overrides: Any) -> list[Finding]:
+    """Run every built-in rule on a run and return its findings, most impactful first."""
+    from gpufeed.analyze.rules import run_rules
+
+    if not hasattr(run, "steps"):
+        run = load(run)  # type: ignore[arg-type]
+    return run_rules(run, **overrides)

@@ -1,0 +1,1 @@
+"""EVIDENCE: embedded demo data, experiments, diagnose, tune, demo."""

@@ -1,0 +1,1 @@
+"""SHOW: terminal summary, HTML report, Perfetto/Chrome trace."""

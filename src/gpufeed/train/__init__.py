@@ -1,0 +1,1 @@
+"""MODEL: ResNets and a training loop (AMP, channels_last, DDP)."""
