@@ -5,6 +5,8 @@ Implementation modules are imported inside each command so that `gpufeed --help`
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 app = typer.Typer(
@@ -24,11 +26,229 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 # --- COLLECT: profile, show, ls ---------------------------------------------------------------
 
+DEFAULT_RUNS_DIR = "gpufeed-runs"
+
+
+@app.command(
+    "profile",
+    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+)
+def profile_cmd(
+    command: Annotated[
+        list[str] | None, typer.Argument(help="the command to profile, after `--`")
+    ] = None,
+    out: Annotated[str, typer.Option("--out", "-o", help="folder for run directories")] = (
+        DEFAULT_RUNS_DIR
+    ),
+    name: Annotated[
+        str | None, typer.Option("--name", "-n", help="run name (default: the script's name)")
+    ] = None,
+    interval: Annotated[
+        float, typer.Option("--interval", "-i", help="system sampling interval, 0.05-60 s")
+    ] = 0.2,
+) -> None:
+    """Run COMMAND under the profiler: `gpufeed profile -- python train.py`. Exit code is COMMAND's."""
+    from gpufeed.profile.launch import profile_command
+    from gpufeed.profile.session import ProfileError
+
+    try:
+        code, _ = profile_command(command or [], out=out, name=name, interval=interval)
+    except ProfileError as e:
+        raise fail(str(e), e.exit_code) from None
+    raise typer.Exit(code)
+
+
+@app.command("show")
+def show_cmd(run: Annotated[str, typer.Argument(help="a run directory")]) -> None:
+    """Print a run's summary: phases, steps/s, data wait, and percentiles of every system metric."""
+    from gpufeed.analyze.run import RunError
+    from gpufeed.present.terminal import show
+
+    try:
+        show(run)
+    except RunError as e:
+        raise fail(str(e)) from None
+
+
+@app.command("ls")
+def ls_cmd(
+    out: Annotated[str, typer.Argument(help="folder holding run directories")] = DEFAULT_RUNS_DIR,
+) -> None:
+    """List the runs under a folder (default ./gpufeed-runs), newest first."""
+    from gpufeed.present.terminal import list_runs
+
+    list_runs(out)
+
+
 # --- UNDERSTAND/SHOW: report, trace, rules -------------------------------------------------------
+
+
+@app.command("report")
+def report_cmd(
+    run: Annotated[str, typer.Argument(help="a run directory")],
+    out: Annotated[
+        str | None, typer.Option("--out", "-o", help="HTML file (default: RUN/report.html)")
+    ] = None,
+    json_out: Annotated[
+        str | None, typer.Option("--json", help="also write the findings as JSON to this file")
+    ] = None,
+    sets: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="override a threshold: RULE.param=value (repeatable)"),
+    ] = None,
+    config: Annotated[
+        str | None, typer.Option("--config", help="thresholds file (default: ./gpufeed.toml)")
+    ] = None,
+    watch: Annotated[
+        float | None,
+        typer.Option("--watch", help="rewrite every SECONDS until the run ends (Ctrl-C stops)"),
+    ] = None,
+) -> None:
+    """Write a self-contained HTML report: summary, findings with evidence and fixes, charts."""
+    from gpufeed.analyze.config import ConfigError
+    from gpufeed.analyze.run import RunError
+    from gpufeed.present.html import write_report
+
+    if watch is not None and watch <= 0:
+        raise fail(f"--watch {watch:g}: give the seconds between rewrites, e.g. --watch 10")
+    try:
+        write_report(
+            run, out, json_out, config=config, sets=sets or (), watch=watch, echo=typer.echo
+        )
+    except (RunError, ConfigError) as e:
+        raise fail(str(e)) from None
+    except OSError as e:
+        raise fail(f"cannot write {e.filename}: {e.strerror}") from None
+
+
+@app.command("trace")
+def trace_cmd(
+    run: Annotated[str, typer.Argument(help="a run directory")],
+    out: Annotated[
+        str | None, typer.Option("--out", "-o", help="JSON file (default: RUN/trace.json)")
+    ] = None,
+    start: Annotated[
+        float | None, typer.Option("--start", help="window start, seconds from the run's start")
+    ] = None,
+    end: Annotated[
+        float | None, typer.Option("--end", help="window end, seconds from the run's start")
+    ] = None,
+    max_mb: Annotated[
+        float, typer.Option("--max-mb", help="refuse traces larger than this")
+    ] = 200.0,
+) -> None:
+    """Write a Chrome/Perfetto trace: step and data-wait spans per rank, system metric counters."""
+    from gpufeed.analyze.run import RunError
+    from gpufeed.present.trace import TraceError, write_trace
+
+    try:
+        write_trace(run, out, start=start, end=end, max_mb=max_mb, echo=typer.echo)
+    except (RunError, TraceError) as e:
+        raise fail(str(e)) from None
+    except OSError as e:
+        raise fail(f"cannot write {e.filename}: {e.strerror}") from None
+
+
+@app.command("rules")
+def rules_cmd() -> None:
+    """List the bottleneck rules with their parameters and defaults."""
+    from gpufeed.analyze.rules import describe
+
+    typer.echo(describe())
+
 
 # --- FEED: pack ----------------------------------------------------------------------------------
 
+
+@app.command("pack")
+def pack_cmd(
+    src: str = typer.Argument(
+        ..., help="Image folder (SRC/<class>/<image>) or list file (PATH LABEL per line)."
+    ),
+    dst: str = typer.Argument(..., help="Output directory or s3://bucket/prefix."),
+    shard_size: str = typer.Option(
+        "64MB", "--shard-size", help="Target bytes per shard (1-128 MB is the useful range)."
+    ),
+    resize: int | None = typer.Option(
+        None, "--resize", help="Pre-resize to this short side (and re-encode at --quality)."
+    ),
+    quality: int = typer.Option(90, "--quality", help="JPEG quality for re-encoded images."),
+    workers: int | None = typer.Option(
+        None, "--workers", help="Worker processes (default: all cores)."
+    ),
+    verify: bool = typer.Option(
+        False, "--verify", help="Decode every image; skip the ones that fail."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed for the sample order across shards."),
+) -> None:
+    """Pack images into tar shards (WebDataset layout) plus index.json, locally or on S3."""
+    import warnings
+
+    from gpufeed.data.pack import PackError, pack
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = pack(
+                src, dst, shard_size=shard_size, resize=resize, quality=quality,
+                workers=workers, verify=verify, seed=seed,
+            )  # fmt: skip
+        except PackError as e:
+            raise fail(str(e)) from None
+    for w in caught:
+        typer.secho(f"gpufeed: warning: {w.message}", err=True, fg=typer.colors.YELLOW)
+    typer.echo(result.summary())
+
+
 # --- EVIDENCE: bench, diagnose, tune, demo -------------------------------------------------------
+
+
+@app.command("bench")
+def bench_cmd(
+    name: str = typer.Argument(
+        ...,
+        help="augload (CPU vs GPU preprocessing × augmentation load × model), "
+        "workers (1 vs cores-1 loader workers, resized vs not), batch (small vs large batch).",
+    ),
+    out: str | None = typer.Option(
+        None, "--out", "-o", help="Results directory (default ./gpufeed-runs/bench-NAME)."
+    ),
+    full: bool | None = typer.Option(
+        None,
+        "--full/--reduced",
+        help="Full GPU grid or the reduced CPU grid (default: full iff CUDA).",
+    ),
+    data: str | None = typer.Option(
+        None, "--data", help="Your image folder (class/image.jpg) instead of the generated one."
+    ),
+    budget: float | None = typer.Option(
+        None, "--budget", help="Stop starting new configurations after this many seconds."
+    ),
+    steps: int | None = typer.Option(None, "--steps", help="Steps per configuration."),
+    images: int | None = typer.Option(None, "--images", help="Images to generate."),
+    batch_size: int | None = typer.Option(
+        None, "--batch-size", help="Batch size (augload, workers)."
+    ),
+    workers: int | None = typer.Option(None, "--workers", help="Loader workers (default cores-1)."),
+    cache: str | None = typer.Option(
+        None, "--cache", help="Where generated images and shards are kept (./.gpufeed-cache/bench)."
+    ),
+) -> None:
+    """Run an experiment; write results.csv/.json/.md and results.png with the hardware.
+
+    Experiments: augload, workers, batch. Partial results are written after every configuration.
+    """
+    from gpufeed.bench.experiments import run_bench
+    from gpufeed.bench.workload import BenchError
+
+    try:
+        path = run_bench(
+            name, out, full=full, data=data, budget_s=budget, steps=steps, images=images,
+            batch_size=batch_size, workers=workers, cache=cache,
+        )  # fmt: skip
+    except BenchError as e:
+        raise fail(str(e)) from None
+    typer.echo(f"gpufeed: wrote {path}/results.md (+ .csv, .json, .png)")
 
 
 def main() -> None:

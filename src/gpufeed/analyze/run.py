@@ -35,4 +35,161 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     gpu_unavailable (str reason, absent when GPUs were read), versions (dict), dropped_events (int),
     ranks (list of {host, rank, local_rank, world_size, pid, start, end}: process start/end per
     training process, for the initialization and finalization phases).
+    Also: finished (bool: the run wrote its end time), not_finished (str reason, only when not
+    finished: still running or killed), env (performance-relevant environment variables, secrets
+    redacted), cwd, platform.
+    A step whose start is unknown (the first step of a process that never asked a DataLoader for a
+    batch before it, outside `gpufeed.profile()`) has start, duration = NaN.
 """
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from os import PathLike
+
+    import pandas as pd
+
+SYSTEM_COLUMNS = ["time", "host", "metric", "device", "value"]
+STEP_COLUMNS = [
+    "host",
+    "rank",
+    "local_rank",
+    "pid",
+    "step",
+    "start",
+    "end",
+    "duration",
+    "data_wait",
+    "samples",
+    "gpu_time",
+]
+PROCESS_COLUMNS = ["time", "host", "pid", "role", "cpu", "rss"]
+
+
+class RunError(ValueError):
+    """A path that is not a readable run directory; the message says which and what to do."""
+
+
+@dataclass
+class Run:
+    """One profiled run: the frames and meta described in this module's docstring."""
+
+    path: Path
+    meta: dict[str, Any]
+    system: pd.DataFrame
+    steps: pd.DataFrame
+    processes: pd.DataFrame
+    workers: dict[str, set[int]] = field(default_factory=dict, repr=False)
+
+    def __repr__(self) -> str:
+        return (
+            f"Run({str(self.path)!r}, steps={len(self.steps)}, system={len(self.system)}, "
+            f"processes={len(self.processes)}, finished={self.meta.get('finished')})"
+        )
+
+
+def load(path: str | PathLike[str]) -> Run:
+    """Read every store file of a run directory (also one still written, or killed) into a Run."""
+    import pandas as pd
+
+    from gpufeed.profile.session import read_meta
+    from gpufeed.profile.store import read_store
+
+    run_dir = Path(path)
+    if not run_dir.is_dir():
+        raise RunError(
+            f"{str(run_dir)!r} is not a directory: pass a run directory printed by `gpufeed profile`"
+        )
+    stores = sorted(run_dir.glob("*.db"))
+    try:
+        meta = read_meta(run_dir)
+    except ValueError as e:
+        raise RunError(
+            f"{run_dir / 'meta.json'} is not valid JSON ({e}): the run's metadata is damaged"
+        ) from None
+    if not meta and not stores:
+        raise RunError(
+            f"{str(run_dir)!r} is not a gpufeed run directory (no meta.json, no store files): "
+            "pass a directory printed by `gpufeed profile`"
+        )
+
+    system: list[tuple] = []
+    steps: list[tuple] = []
+    processes: list[tuple] = []
+    workers: dict[str, set[int]] = {}
+    ranks: list[dict[str, Any]] = []
+    hosts: set[str] = set(meta.get("hosts") or [])
+    dropped = 0
+    for store in stores:
+        try:
+            data = read_store(store)
+        except Exception as e:
+            raise RunError(f"cannot read store file {store}: {e}") from None
+        info = data["info"]
+        host = str(info.get("host") or "")
+        if not host:
+            continue  # a writer that died before writing who it is: nothing to attribute
+        hosts.add(host)
+        dropped += int(info.get("dropped_events") or 0)
+        if store.name.startswith("system-"):
+            system += [(t, host, m, d, v) for t, m, d, v in data["system"]]
+            processes += [
+                (t, host, pid, role, cpu, rss) for t, pid, role, cpu, rss in data["processes"]
+            ]
+            for key in ("gpus", "gpu_unavailable"):
+                if key in info and key not in meta:
+                    meta[key] = info[key]
+            meta.setdefault("interval", info.get("interval"))
+        else:
+            rank, local, pid = info.get("rank", 0), info.get("local_rank", 0), info.get("pid")
+            ranks.append(
+                {
+                    k: info.get(k)
+                    for k in ("host", "rank", "local_rank", "world_size", "pid", "start", "end")
+                }
+            )
+            for step, start, end, wait, samples, gpu in data["steps"]:
+                steps.append((host, rank, local, pid, step, start, end, None, wait, samples, gpu))
+            workers.setdefault(host, set()).update(pid for pid, _ in data["workers"])
+
+    system_df = pd.DataFrame(system, columns=SYSTEM_COLUMNS).astype({"time": float, "value": float})
+    steps_df = pd.DataFrame(steps, columns=STEP_COLUMNS).astype(
+        {c: float for c in ("start", "end", "duration", "data_wait", "samples", "gpu_time")}
+    )
+    steps_df["duration"] = steps_df["end"] - steps_df["start"]
+    steps_df = steps_df.sort_values(["host", "rank", "step"], kind="stable").reset_index(drop=True)
+    proc_df = pd.DataFrame(processes, columns=PROCESS_COLUMNS).astype({"cpu": float, "rss": float})
+    proc_df["role"] = _corrected_roles(proc_df, ranks, workers)
+    system_df = system_df.sort_values("time", kind="stable").reset_index(drop=True)
+    proc_df = proc_df.sort_values("time", kind="stable").reset_index(drop=True)
+
+    meta["hosts"] = sorted(hosts)
+    meta["ranks"] = sorted(ranks, key=lambda r: (str(r["host"]), r["rank"] or 0))
+    meta["dropped_events"] = dropped + int(meta.get("dropped_events") or 0)
+    meta["finished"] = bool(meta.get("end_time"))
+    meta.setdefault("gpus", [])
+    if not meta["finished"]:
+        meta["not_finished"] = (
+            "the run did not finish cleanly: it is still running or was killed; "
+            "data up to the last flush is shown"
+        )
+    return Run(run_dir, meta, system_df, steps_df, proc_df, workers)
+
+
+def _corrected_roles(
+    proc: pd.DataFrame, ranks: list[dict[str, Any]], workers: dict[str, set[int]]
+) -> Any:
+    """The sampler's roles, overridden by what the training processes wrote about themselves."""
+    if len(proc) == 0:
+        return proc["role"]
+    mains = {(str(r["host"]), r["pid"]) for r in ranks}
+    exact = {(h, p) for h, pids in workers.items() for p in pids}
+    keys = list(zip(proc["host"].astype(str), proc["pid"].astype(int), strict=False))
+    return [
+        "main" if k in mains else "worker" if k in exact else role
+        for k, role in zip(keys, proc["role"], strict=False)
+    ]

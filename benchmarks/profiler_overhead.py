@@ -1,0 +1,167 @@
+"""Profiler overhead: the same compute-bound CPU training loop with and without `gpufeed profile`.
+
+Baseline: the loop run as plain `python` (no gpufeed at all). Runs alternate (plain, profiled, plain,
+...) so that drifts of a shared machine hit both sides; the ratio of median throughputs is printed
+(target >= 0.99 at the default 0.2 s interval). Also prints the recorder's cost per event, and the
+sampler's cost per tick.
+
+    .venv/bin/python benchmarks/profiler_overhead.py [--pairs 3] [--seconds 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+# A small MLP on resident tensors, batches served by a real DataLoader without workers (so the
+# DataLoader hook runs every step) and no input wait: each step is pure compute, ~5 ms here.
+LOOP = textwrap.dedent(
+    """
+    import sys, time, torch
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
+
+    seconds, threads = float(sys.argv[1]), int(sys.argv[2])
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    x, y = torch.randn(8192, 256), torch.randint(0, 10, (8192,))
+    data = TensorDataset(x, y)
+    sampler = BatchSampler(RandomSampler(data), batch_size=128, drop_last=True)
+    loader = DataLoader(data, batch_size=None, sampler=sampler)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
+        torch.nn.Linear(512, 10),
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def train(limit):
+        steps, t0 = 0, time.perf_counter()
+        while True:
+            for xb, yb in loader:
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.cross_entropy(model(xb), yb).backward()
+                opt.step()
+                steps += 1
+                if time.perf_counter() - t0 >= limit:
+                    return steps, time.perf_counter() - t0
+
+    train(1.0)  # warm-up
+    steps, elapsed = train(seconds)
+    print(f"THROUGHPUT {steps / elapsed:.3f} steps/s ({steps} steps in {elapsed:.2f} s)", flush=True)
+    """
+)
+
+
+def run_loop(
+    script: Path, seconds: float, threads: int, profiled: bool, out: Path, interval: float
+) -> float:
+    """One run of the loop; returns its steps/s."""
+    cmd = [sys.executable, str(script), str(seconds), str(threads)]
+    if profiled:
+        prefix = [sys.executable, "-m", "gpufeed.cli", "profile", "--out", str(out)]
+        cmd = [*prefix, "--interval", str(interval), "--", *cmd]
+    cp = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    m = re.search(r"THROUGHPUT ([0-9.]+)", cp.stdout)
+    if m is None:
+        raise RuntimeError(f"no throughput in output:\n{cp.stdout}\n{cp.stderr}")
+    return float(m.group(1))
+
+
+def recorder_cost(n: int = 200_000) -> tuple[float, float]:
+    """Microseconds per recorded batch and per recorded step, flush thread running."""
+    from gpufeed.profile.steps import Recorder
+
+    class Batch:
+        shape = (128, 256)
+
+    batch = (Batch(), Batch())
+    with tempfile.TemporaryDirectory() as d:
+        rec = Recorder(Path(d) / "s.db", {"host": "bench"}, capacity=n + 1)
+        t = time.perf_counter()
+        for _ in range(n):
+            rec.on_batch(0.0, 0.0, batch)
+        per_batch = (time.perf_counter() - t) / n * 1e6
+        t = time.perf_counter()
+        for _ in range(n):
+            rec.end_step(None)
+        per_step = (time.perf_counter() - t) / n * 1e6
+        rec.close()
+    return per_batch, per_step
+
+
+def sampler_cost(ticks: int = 100) -> float:
+    """Milliseconds of CPU per sampler tick (host metrics + a process tree of one training process)."""
+    from gpufeed.profile.sampler import Sampler
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            s = Sampler(d, child.pid, 0.2)
+            s.tick()
+            t = time.process_time()
+            for _ in range(ticks):
+                s.tick()
+            cost = (time.process_time() - t) / ticks * 1e3
+            s.stop()
+    finally:
+        child.kill()
+        child.wait()
+    return cost
+
+
+def main() -> None:
+    """Alternate plain and profiled runs; print throughputs, the ratio, and per-event costs."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=6.0, help="timed seconds per run")
+    ap.add_argument("--interval", type=float, default=0.2)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = ap.parse_args()
+
+    import platform
+
+    import torch
+
+    from gpufeed.profile.session import cpu_model
+
+    threads = args.threads or torch.get_num_threads()
+    print(
+        f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, "
+        f"torch {torch.__version__} on {threads} threads, Python {platform.python_version()}"
+    )
+    per_batch, per_step = recorder_cost()
+    print(f"recorder: {per_batch:.2f} us per recorded batch, {per_step:.2f} us per recorded step")
+    print(f"sampler: {sampler_cost():.2f} ms CPU per tick (one tick per {args.interval} s)")
+
+    plain, profiled = [], []
+    with tempfile.TemporaryDirectory() as d:
+        script = Path(d) / "loop.py"
+        script.write_text(LOOP)
+        for i in range(args.pairs):
+            # Alternate which side goes first so that neither always runs on a warmer machine.
+            order = [False, True] if i % 2 == 0 else [True, False]
+            for prof in order:
+                v = run_loop(
+                    script, args.seconds, args.threads, prof, Path(d) / "runs", args.interval
+                )
+                (profiled if prof else plain).append(v)
+                print(
+                    f"  pair {i + 1}: {'gpufeed profile' if prof else 'plain python  '} {v:8.1f} steps/s"
+                )
+    p, q = statistics.median(plain), statistics.median(profiled)
+    print(f"plain python (baseline): median {p:.1f} steps/s  {[round(v, 1) for v in plain]}")
+    print(f"gpufeed profile:         median {q:.1f} steps/s  {[round(v, 1) for v in profiled]}")
+    print(f"ratio profiled/plain: {q / p:.3f} (target >= 0.99 at interval {args.interval} s)")
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""An experiment's results on disk: CSV + JSON rewritten after every row, then a Markdown table.
+
+Rewriting after each row means a run that is interrupted or runs out of its time budget still
+leaves every measurement it made, marked ``"complete": false``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the Markdown table: the row key, its header and how to print a value."""
+
+    key: str
+    header: str
+    fmt: str = "{}"
+
+    def cell(self, row: dict[str, Any]) -> str:
+        value = row.get(self.key)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "–"
+        return self.fmt.format(value)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class ResultSet:
+    """Rows of one experiment with its parameters and hardware, kept on disk as they arrive."""
+
+    def __init__(
+        self, out_dir: Path, experiment: str, params: dict[str, Any], hardware: dict[str, Any]
+    ):
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.experiment = experiment
+        self.params = params
+        self.hardware = hardware
+        self.rows: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+        self.started = time.time()
+        self.complete = False
+
+    @property
+    def csv_path(self) -> Path:
+        return self.out_dir / "results.csv"
+
+    @property
+    def json_path(self) -> Path:
+        return self.out_dir / "results.json"
+
+    @property
+    def md_path(self) -> Path:
+        return self.out_dir / "results.md"
+
+    def add(self, row: dict[str, Any]) -> None:
+        """Append a row and rewrite the CSV and JSON files."""
+        self.rows.append(row)
+        self.save()
+
+    def note(self, text: str) -> None:
+        """A sentence for the reader (what was reduced, what was skipped and why)."""
+        if text not in self.notes:
+            self.notes.append(text)
+            self.save()
+
+    def save(self, complete: bool | None = None) -> None:
+        """Rewrite results.csv and results.json from the rows so far; ``complete`` marks (or, as
+        None, keeps) whether every planned configuration ran."""
+        if complete is not None:
+            self.complete = complete
+        keys: list[str] = []
+        for row in self.rows:
+            keys += [k for k in row if k not in keys]
+        lines: list[str] = []
+        if keys:
+            buf = io.StringIO()
+            writer = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(self.rows)
+            lines.append(buf.getvalue())
+        _atomic_write(self.csv_path, "".join(lines))
+        doc = {
+            "experiment": self.experiment,
+            "complete": self.complete,
+            "started": self.started,
+            "finished": time.time() if self.complete else None,
+            "params": self.params,
+            "hardware": self.hardware,
+            "notes": self.notes,
+            "rows": self.rows,
+        }
+        _atomic_write(self.json_path, json.dumps(doc, indent=2, default=str) + "\n")
+
+    def write_markdown(
+        self,
+        title: str,
+        columns: Sequence[Column],
+        hardware_line: str,
+        rows: Sequence[dict[str, Any]] | None = None,
+        extra: Callable[[], str] | None = None,
+    ) -> Path:
+        """Write results.md: title, hardware, parameters, notes and the table."""
+        rows = self.rows if rows is None else rows
+        out = [f"# {title}", "", f"Hardware: {hardware_line}", ""]
+        params = ", ".join(f"{k}={v}" for k, v in self.params.items())
+        out += [f"Parameters: {params}", ""]
+        out += [f"- {n}" for n in self.notes] + ([""] if self.notes else [])
+        out.append("| " + " | ".join(c.header for c in columns) + " |")
+        out.append("|" + "|".join("---" for _ in columns) + "|")
+        out += ["| " + " | ".join(c.cell(r) for c in columns) + " |" for r in rows]
+        if extra is not None:
+            out += ["", extra()]
+        _atomic_write(self.md_path, "\n".join(out) + "\n")
+        return self.md_path

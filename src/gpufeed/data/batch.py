@@ -1,0 +1,95 @@
+"""Turn a list of raw samples into one augmented batch; shared by the CPU-worker and device paths."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gpufeed.data.decode import CorruptImage, decode, image_size
+
+if TYPE_CHECKING:
+    import torch
+
+    from gpufeed.data.augment import Augment
+    from gpufeed.data.dataset import RawSample
+
+# decode(list of bytes, list of (min_h, min_w)) -> per image: HxWx3 uint8 tensor or an Exception
+Decoder = Callable[[Sequence[bytes], Sequence[tuple[int, int]]], list]
+
+
+class CorruptSampleError(ValueError):
+    """strict=True: a sample could not be decoded; names its shard and key."""
+
+
+def batch_generator(seed: int, epoch: int, rank: int, worker: int, first: int) -> torch.Generator:
+    """The generator for one batch's random parameters, identical on every path and device."""
+    import torch
+
+    state = np.random.SeedSequence([seed, epoch, rank, worker, first]).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
+def cpu_decoder(datas: Sequence[bytes], min_sizes: Sequence[tuple[int, int]]) -> list:
+    """libjpeg-turbo (DCT-scaled to the minimum size) / Pillow, one image at a time."""
+    import torch
+
+    out: list = []
+    for data, (mh, mw) in zip(datas, min_sizes, strict=True):
+        try:
+            out.append(torch.from_numpy(decode(data, mh, mw)))
+        except CorruptImage as e:
+            out.append(e)
+    return out
+
+
+def build_batch(
+    samples: Sequence[RawSample],
+    augment: Augment,
+    gen: torch.Generator,
+    *,
+    dtype: torch.dtype,
+    channels_last: bool,
+    strict: bool,
+    decoder: Decoder = cpu_decoder,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, str, str]]]:
+    """(images N×3×H×W, labels N, corrupt [(shard, key, reason)]); corrupt samples are left out.
+
+    Random parameters are drawn for every sample, corrupt or not, so a bad image never shifts
+    the augmentations of the others.
+    """
+    import torch
+
+    n = len(samples)
+    sizes: list[tuple[int, int] | Exception] = []
+    for s in samples:
+        try:
+            sizes.append(image_size(s.data))
+        except CorruptImage as e:
+            sizes.append(e)
+    safe = [sz if isinstance(sz, tuple) else (1, 1) for sz in sizes]
+    boxes = augment.boxes(safe, gen)
+    params = augment.flips_and_angles(n, gen)
+    ok = [i for i in range(n) if isinstance(sizes[i], tuple)]
+    decoded = decoder(
+        [samples[i].data for i in ok], [augment.min_decode_size(safe[i], boxes[i]) for i in ok]
+    )
+    corrupt = [(samples[i].shard, samples[i].key, str(sizes[i])) for i in range(n) if i not in ok]
+    crops, keep = [], []
+    for i, img in zip(ok, decoded, strict=True):
+        if isinstance(img, Exception):
+            corrupt.append((samples[i].shard, samples[i].key, str(img)))
+            continue
+        crops.append(augment.crop_resize(img, safe[i], boxes[i]))
+        keep.append(i)
+    if corrupt and strict:
+        shard, key, why = corrupt[0]
+        raise CorruptSampleError(f"corrupt sample in shard {shard}, key {key}: {why}")
+    h, w = augment.size
+    x = torch.stack(crops) if crops else torch.empty(0, 3, h, w, device=device)
+    idx = torch.tensor(keep, dtype=torch.long)
+    x = augment.apply_batch(x, tuple(p[:, idx] for p in params), dtype, channels_last)
+    labels = torch.tensor([samples[i].label for i in keep], dtype=torch.long)
+    return x, labels, corrupt

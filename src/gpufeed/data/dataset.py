@@ -1,0 +1,239 @@
+"""`ShardDataset`: which samples this rank and worker deliver in an epoch, in which order, read from shards.
+
+Every epoch has a plan that needs no I/O to compute:
+1. the shards are put in an epoch-seeded order and their samples concatenated (index.json counts);
+2. that sequence is cut into equal contiguous slices per rank (sample-level, so uneven shard
+   counts do not matter). When the world size does not divide the total, `drop_last=False` pads
+   the last slices by wrapping around to the start of the sequence (those few samples are
+   delivered twice that epoch), `drop_last=True` leaves out the remainder (a different few each
+   epoch). Either way every rank gets the same number of samples, hence of batches;
+3. each rank slice is cut into contiguous per-worker slices (same sizes on every rank);
+4. a seeded shuffle buffer permutes each worker's slice into its delivery order.
+Because the plan is a pure function of (seed, epoch, rank, worker), resuming only needs how many
+samples each worker had delivered: the rest of the plan is read again, seeking past what was done.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpufeed.data.shards import IMAGE_EXTS, Index, ShardError
+from gpufeed.data.source import MB, Source
+
+
+@dataclass(frozen=True)
+class RawSample:
+    """One sample's undecoded bytes, with where it came from."""
+
+    shard: str
+    key: str
+    label: int
+    data: bytes
+
+
+def detect_rank() -> tuple[int, int]:
+    """(rank, world_size) from an initialized torch.distributed, else RANK/WORLD_SIZE, else (0, 1)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def shuffle_buffer_order(n: int, size: int, rng: np.random.Generator) -> list[int]:
+    """The output order of a classic shuffle buffer of `size` over inputs 0..n-1."""
+    if size <= 1 or n <= 1:
+        return list(range(n))
+    picks = rng.random(n)
+    buf: list[int] = []
+    out: list[int] = []
+    for i in range(n):
+        buf.append(i)
+        if len(buf) >= size:
+            j = int(picks[i] * len(buf))
+            buf[j], buf[-1] = buf[-1], buf[j]
+            out.append(buf.pop())
+    tail = rng.permutation(len(buf))
+    out.extend(buf[j] for j in tail)
+    return out
+
+
+class ShardDataset:
+    """Samples from gpufeed shards (local dir or s3://), split across ranks and workers, resumable.
+
+    Iterating yields `RawSample`s for (worker, num_workers) given to `iter_worker`; the `Loader`
+    runs one such stream per worker process and decodes/augments them in batches.
+    """
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        *,
+        shuffle: bool = True,
+        shuffle_buffer: int = 256,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        retries: int = 6,
+        chunk_size: int = 8 * MB,
+        read_ahead: int = 2,
+    ) -> None:
+        self.source = Source(
+            url,
+            storage_options=storage_options,
+            cache_dir=cache_dir,
+            retries=retries,
+            chunk_size=chunk_size,
+            read_ahead=read_ahead,
+        )
+        self.index: Index = self.source.read_index()
+        if self.index.total == 0:
+            raise ShardError(f"{self.source.url}: index.json lists no samples")
+        auto_rank, auto_world = detect_rank()
+        self.rank = auto_rank if rank is None else rank
+        self.world_size = auto_world if world_size is None else world_size
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside world_size {self.world_size}")
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.shuffle_buffer = shuffle_buffer if shuffle else 1
+        self.epoch = 0
+        starts = np.cumsum([0] + [s.samples for s in self.index.shards])
+        self._shard_start = starts
+        if self.world_size > self.index.total and drop_last:
+            raise ValueError(
+                f"{self.index.total} samples cannot be split over {self.world_size} ranks with drop_last"
+            )
+
+    @property
+    def classes(self) -> list[str]:
+        return self.index.classes
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch: it seeds the shard order and the shuffle buffer."""
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        """Samples this rank delivers per epoch."""
+        n, w = self.index.total, self.world_size
+        return n // w if self.drop_last else -(-n // w)
+
+    def max_sample_bytes(self) -> int:
+        """The largest image in the data set (bounds buffer memory)."""
+        return max((max(s.image_sizes, default=0) for s in self.index.shards), default=0) + 1024
+
+    # --- the plan ---------------------------------------------------------------------------------
+
+    def _epoch_sequence(self) -> np.ndarray:
+        order = np.arange(len(self.index.shards))
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(order)
+        return np.concatenate(
+            [np.arange(self._shard_start[s], self._shard_start[s + 1]) for s in order]
+        )
+
+    def worker_slice(self, worker: int, num_workers: int) -> np.ndarray:
+        """Global sample ids this (rank, worker) reads this epoch, in read order."""
+        seq = self._epoch_sequence()
+        per_rank = len(self)
+        need = per_rank * self.world_size
+        if need > len(seq):
+            seq = np.concatenate([seq, seq[: need - len(seq)]])
+        mine = seq[self.rank * per_rank : (self.rank + 1) * per_rank]
+        return np.array_split(mine, num_workers)[worker]
+
+    def worker_plan(self, worker: int, num_workers: int) -> tuple[np.ndarray, list[int]]:
+        """(read-order ids, delivery order as positions into them) for one worker this epoch."""
+        ids = self.worker_slice(worker, num_workers)
+        rng = np.random.default_rng([self.seed, self.epoch, self.rank, worker, 1])
+        return ids, shuffle_buffer_order(len(ids), self.shuffle_buffer, rng)
+
+    def locate(self, gid: int) -> tuple[int, int]:
+        """(shard number, sample number inside it) of a global sample id."""
+        s = int(np.searchsorted(self._shard_start, gid, side="right")) - 1
+        return s, int(gid - self._shard_start[s])
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    def iter_worker(self, worker: int, num_workers: int, skip: int = 0) -> Iterator[RawSample]:
+        """Samples for (worker, num_workers) in delivery order, after the first `skip` of them."""
+        ids, plan = self.worker_plan(worker, num_workers)
+        todo = plan[skip:]
+        needed = np.zeros(len(ids), bool)
+        needed[todo] = True
+        reader = self._read(ids, needed)
+        held: dict[int, RawSample] = {}
+        for pos in todo:
+            while pos not in held:
+                p, sample = next(reader)
+                held[p] = sample
+            yield held.pop(pos)
+        reader.close()
+
+    def _read(self, ids: np.ndarray, needed: np.ndarray) -> Iterator[tuple[int, RawSample]]:
+        """(position, sample) for the needed positions, in read order, one seek per run."""
+        pos = 0
+        n = len(ids)
+        while pos < n:
+            if not needed[pos]:
+                pos += 1
+                continue
+            shard_no, first = self.locate(int(ids[pos]))
+            end = pos  # extend the run while ids stay consecutive inside one shard
+            while (
+                end + 1 < n
+                and needed[end + 1]
+                and ids[end + 1] == ids[end] + 1
+                and self.locate(int(ids[end + 1]))[0] == shard_no
+            ):
+                end += 1
+            yield from self._read_run(shard_no, first, pos, end)
+            pos = end + 1
+
+    def _read_run(
+        self, shard_no: int, first: int, pos: int, end: int
+    ) -> Iterator[tuple[int, RawSample]]:
+        from gpufeed.data.shards import iter_samples
+
+        entry = self.index.shards[shard_no]
+        where = self.source.path(entry.name)
+        count = end - pos + 1
+        f = self.source.open(entry, entry.offsets[first])
+        try:
+            got = 0
+            for key, parts in iter_samples(f, where):
+                i = first + got
+                if key != entry.keys[i]:
+                    raise ShardError(
+                        f"shard {where}: sample {i} is {key!r} but index.json says "
+                        f"{entry.keys[i]!r}; the index does not belong to this shard"
+                    )
+                image = next((parts[e] for e in IMAGE_EXTS if e in parts), b"")
+                yield pos + got, RawSample(where, key, entry.labels[i], image)
+                got += 1
+                if got == count:
+                    return
+            raise ShardError(
+                f"shard {where} is truncated: ended after sample {first + got - 1}, "
+                f"index.json lists {entry.samples} samples"
+            )
+        finally:
+            f.close()
+
+    def __iter__(self) -> Iterator[RawSample]:
+        """All of this rank's samples for the epoch (as worker 0 of 1, or per torch worker)."""
+        import torch.utils.data
+
+        info = torch.utils.data.get_worker_info()
+        worker, num = (info.id, info.num_workers) if info is not None else (0, 1)
+        return self.iter_worker(worker, num)

@@ -1,0 +1,456 @@
+"""`gpufeed pack`: turn an image folder or list file into tar shards plus index.json.
+
+Policy for bad input (nothing stops the pack; every case is listed by path in the summary):
+- unreadable, zero-byte or non-image files, and JPEGs that fail `verify`: skipped;
+- PNG/other formats and grayscale/CMYK JPEGs: converted to RGB JPEG at `quality`;
+- duplicate keys (two inputs mapping to the same key) and repeated list entries: the first
+  wins, later ones are skipped;
+- malformed list-file lines: skipped.
+Samples are shuffled (with `seed`) before sharding so every shard mixes classes. Shards are
+written under a temporary name and renamed when complete; a journal (`.pack-state.json`) after
+each shard makes an interrupted pack resumable; index.json is written last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpufeed.data.decode import CorruptImage, decode, is_jpeg
+from gpufeed.data.shards import INDEX_NAME, Index, ShardEntry, ShardWriter, shard_name
+from gpufeed.data.source import Destination
+
+STATE_NAME = ".pack-state.json"
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+class PackError(ValueError):
+    """Bad pack input or options; the message says which and what to do."""
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from '64MB', '512KiB', '1.5G' or a plain number of bytes."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise PackError(f"cannot read size {text!r}: use e.g. 64MB, 512KB or a number of bytes")
+    unit = (m.group(2) or "").lower()
+    factor = _UNITS[unit[:1]] if "i" not in unit else 1024 ** "bkmgt".index(unit[0])
+    return int(float(m.group(1)) * factor)
+
+
+@dataclass
+class PackResult:
+    """What a pack wrote and what it converted or skipped, by path."""
+
+    dst: str
+    samples: int = 0
+    shards: int = 0
+    bytes: int = 0
+    classes: int = 0
+    resumed_shards: int = 0
+    already_packed: bool = False
+    converted: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        if self.already_packed:
+            return (
+                f"{self.dst} already holds this pack: {self.samples} images in {self.shards} shards"
+            )
+        lines = [
+            f"wrote {self.samples} images in {self.shards} shards "
+            f"({self.bytes / 1e6:.1f} MB, {self.classes} classes) to {self.dst}"
+            + (
+                f"; resumed after {self.resumed_shards} finished shards"
+                if self.resumed_shards
+                else ""
+            )
+        ]
+        for title, rows in (("converted", self.converted), ("skipped", self.skipped)):
+            if rows:
+                lines.append(f"{title} {len(rows)}:")
+                lines += [f"  {p}: {why}" for p, why in rows[:50]]
+                if len(rows) > 50:
+                    lines.append(f"  ... and {len(rows) - 50} more")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Item:
+    path: str
+    key: str
+    label: int
+
+
+def _key_for(rel: str) -> str:
+    stem = rel.rsplit(".", 1)[0] if "." in Path(rel).name else rel
+    return re.sub(r"[^A-Za-z0-9_-]", "_", stem).strip("_") or "x"
+
+
+def list_inputs(
+    src: str | os.PathLike[str],
+) -> tuple[list[_Item], list[str], list[tuple[str, str]]]:
+    """Items (path, key, label), class names, and (path, reason) rows skipped while listing."""
+    src = Path(src)
+    skipped: list[tuple[str, str]] = []
+    rows: list[tuple[str, str, str]] = []  # (path, relative name, class)
+    if src.is_dir():
+        class_dirs = sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if not class_dirs:
+            raise PackError(f"{src} has no class sub-folders: expected SRC/<class>/<image> files")
+        for d in class_dirs:
+            for p in sorted(d.rglob("*")):
+                if p.is_file() and not p.name.startswith("."):
+                    rows.append((str(p), str(p.relative_to(src)), d.name))
+        classes = [d.name for d in class_dirs]
+    elif src.is_file():
+        for n, line in enumerate(src.read_text(errors="replace").splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            parts = re.split(r"\s*[,\t]\s*|\s+(?=\S+$)", line, maxsplit=1)
+            if len(parts) != 2 or not parts[0] or not parts[1]:
+                skipped.append((f"{src}:{n}", "malformed line: expected 'PATH LABEL'"))
+                continue
+            path = Path(parts[0]) if Path(parts[0]).is_absolute() else src.parent / parts[0]
+            rows.append((str(path), parts[0].lstrip("/"), parts[1]))
+        names = sorted({r[2] for r in rows})
+        classes = (
+            [str(i) for i in range(max(int(x) for x in names) + 1)]
+            if names and all(x.isdigit() for x in names)
+            else names
+        )
+    else:
+        raise PackError(f"SRC {src} does not exist: give an image folder or a list file")
+    class_index = {c: i for i, c in enumerate(classes)}
+    items: list[_Item] = []
+    seen_paths: set[str] = set()
+    seen_keys: dict[str, str] = {}
+    for path, rel, cls in rows:
+        if path in seen_paths:
+            skipped.append((path, "listed twice; first entry kept"))
+            continue
+        seen_paths.add(path)
+        key = _key_for(rel)
+        if key in seen_keys:
+            skipped.append((path, f"duplicate key {key!r} (same as {seen_keys[key]}); first kept"))
+            continue
+        seen_keys[key] = path
+        label = class_index[cls] if cls in class_index else int(cls)
+        items.append(_Item(path, key, label))
+    return items, classes, skipped
+
+
+def _encode(arr: np.ndarray, quality: int) -> bytes:
+    import simplejpeg
+
+    return simplejpeg.encode_jpeg(
+        np.ascontiguousarray(arr), quality=quality, colorsubsampling="420"
+    )
+
+
+def _resize_short(arr: np.ndarray, short: int) -> np.ndarray:
+    from PIL import Image
+
+    h, w = arr.shape[:2]
+    s = short / min(h, w)
+    size = (max(1, round(w * s)), max(1, round(h * s)))
+    return np.asarray(Image.fromarray(arr).resize(size, Image.BILINEAR))
+
+
+def convert(path: str, resize: int | None, quality: int, verify: bool) -> tuple[str, bytes, str]:
+    """(status, jpeg bytes, reason) for one input; status is 'ok', 'converted' or 'skipped'."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        return "skipped", b"", f"unreadable: {e.strerror or e}"
+    if not data:
+        return "skipped", b"", "empty file"
+    jpeg_ok = False
+    if is_jpeg(data):
+        import simplejpeg
+
+        try:
+            h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+            jpeg_ok = colorspace in ("YCbCr", "RGB")
+        except ValueError:
+            jpeg_ok = False
+    status, reason = "ok", ""
+    if jpeg_ok:
+        needs_resize = resize is not None and min(h, w) > resize
+        if not needs_resize and not verify:
+            return status, data, reason
+        try:
+            if needs_resize:
+                assert resize is not None
+                s = resize / min(h, w)
+                arr = decode(data, min_height=int(h * s), min_width=int(w * s))
+            else:
+                arr = decode(data)
+        except CorruptImage as e:
+            return "skipped", b"", f"corrupt JPEG: {e}"
+        if not needs_resize:
+            return status, data, reason
+    else:
+        from PIL import Image
+
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()
+                reason = f"converted {im.format} {im.mode} to RGB JPEG"
+                arr = np.asarray(im.convert("RGB"))
+        except Exception as e:
+            return "skipped", b"", f"not a readable image: {type(e).__name__}: {e}"
+        status = "converted"
+    if resize is not None and min(arr.shape[:2]) > resize:
+        arr = _resize_short(arr, resize)
+    return status, _encode(arr, quality), reason
+
+
+def _convert_item(args: tuple[_Item, int | None, int, bool]) -> tuple[_Item, str, bytes, str]:
+    item, resize, quality, verify = args
+    status, data, reason = convert(item.path, resize, quality, verify)
+    return item, status, data, reason
+
+
+def _signature(items: list[_Item], classes: list[str], options: dict[str, Any]) -> str:
+    h = hashlib.sha256(json.dumps([classes, options]).encode())
+    for it in items:
+        h.update(f"{it.path}\0{it.key}\0{it.label}\n".encode())
+    return h.hexdigest()
+
+
+def pack(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    shard_size: int | str = "64MB",
+    resize: int | None = None,
+    quality: int = 90,
+    workers: int | None = None,
+    verify: bool = False,
+    seed: int = 0,
+    storage_options: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> PackResult:
+    """Pack SRC (image folder or list file) into shards + index.json at DST (directory or s3://)."""
+    target = parse_size(shard_size)
+    if target <= 0:
+        raise PackError(f"--shard-size must be positive, got {shard_size!r}")
+    if not 1e6 <= target <= 128e6:
+        warnings.warn(
+            f"shard size {target / 1e6:g} MB is outside 1-128 MB: tiny objects are slow to fetch "
+            "(per-request latency dominates), huge ones cannot be fetched in parallel and "
+            "delay the start of training",
+            stacklevel=2,
+        )
+    if resize is not None and resize < 8:
+        raise PackError(f"--resize must be a short side of at least 8 pixels, got {resize}")
+    if not 1 <= quality <= 100:
+        raise PackError(f"--quality must be 1-100, got {quality}")
+    items, classes, listing_skipped = list_inputs(src)
+    if not items:
+        raise PackError(f"no images found in {src}")
+    order = np.random.default_rng(seed).permutation(len(items))
+    items = [items[i] for i in order]
+    options = {
+        "shard_size": target,
+        "resize": resize,
+        "quality": quality,
+        "verify": verify,
+        "seed": seed,
+    }
+    sig = _signature(items, classes, options)
+
+    out = Destination(dst, storage_options)
+    result = PackResult(dst=str(dst), classes=len(classes))
+    state = _load_state(out, sig)
+    if state is None and out.exists(INDEX_NAME):
+        done = _existing_index(out, sig)
+        if done is None:
+            raise PackError(
+                f"{out.path(INDEX_NAME)} exists from a different pack (other inputs or options); "
+                "use a new DST or delete the old pack first"
+            )
+        return done
+    out.remove_stale_tmp()
+    entries = [ShardEntry.from_json(e) for e in (state or {}).get("shards", [])]
+    consumed = int((state or {}).get("consumed", 0))
+    result.converted = [tuple(r) for r in (state or {}).get("converted", [])]  # type: ignore[misc]
+    result.skipped = listing_skipped + [tuple(r) for r in (state or {}).get("skipped", [])]  # type: ignore[misc]
+    result.resumed_shards = len(entries)
+
+    writer: _OpenShard | None = None
+    skipped: list[tuple[str, str]] = []  # since the last finished shard
+    converted: list[tuple[str, str]] = []
+    with _progress(progress, len(items), consumed) as advance:
+        work = _run(items[consumed:], resize, quality, verify, workers)
+        for n, (item, status, data, reason) in enumerate(work, start=consumed + 1):
+            advance()
+            if status == "skipped":
+                skipped.append((item.path, reason))
+                continue
+            if status == "converted":
+                converted.append((item.path, reason))
+            if writer is None:
+                writer = _OpenShard(out, len(entries))
+            writer.writer.add(item.key, data, "jpg", item.label)
+            if writer.writer.size >= target:
+                entries.append(writer.finish())
+                writer = None
+                result.skipped += skipped
+                result.converted += converted
+                skipped, converted = [], []
+                _save_state(out, sig, entries, n, result, len(listing_skipped))
+        if writer is not None:
+            entries.append(writer.finish())
+    result.skipped += skipped
+    result.converted += converted
+    index = Index(classes=classes, shards=entries)
+    out.write_bytes(INDEX_NAME, index.to_bytes())
+    out.write_bytes(STATE_NAME + ".done", json.dumps({"signature": sig}).encode())
+    _drop_state(out)
+    result.samples, result.shards = index.total, len(entries)
+    result.bytes = sum(e.bytes for e in entries)
+    return result
+
+
+class _OpenShard:
+    """A shard being written under a temporary name."""
+
+    def __init__(self, out: Destination, number: int) -> None:
+        self.out, self.name = out, shard_name(number)
+        self.tmp = out.local_tmp(self.name)
+        self.file = open(self.tmp, "wb")  # noqa: SIM115 - closed in finish()
+        self.writer = ShardWriter(self.file, self.name)
+
+    def finish(self) -> ShardEntry:
+        from gpufeed.data.shards import sha256_file
+
+        entry = self.writer.close()
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        entry.bytes = os.path.getsize(self.tmp)
+        entry.sha256 = sha256_file(self.tmp)
+        self.out.put_file(self.tmp, self.name)
+        return entry
+
+
+def _run(
+    items: list[_Item], resize: int | None, quality: int, verify: bool, workers: int | None
+) -> Iterator[tuple[_Item, str, bytes, str]]:
+    args = [(it, resize, quality, verify) for it in items]
+    workers = workers or os.cpu_count() or 1
+    if workers <= 1 or len(items) < 8:
+        yield from map(_convert_item, args)
+        return
+    import multiprocessing as mp
+
+    with mp.get_context("spawn" if _threads_started() else "fork").Pool(workers) as pool:
+        yield from pool.imap(_convert_item, args, chunksize=4)
+
+
+def _threads_started() -> bool:
+    import threading
+
+    return threading.active_count() > 1
+
+
+class _progress:
+    """A rich progress bar (or nothing), used as `with _progress(...) as advance:`."""
+
+    def __init__(self, enabled: bool, total: int, done: int) -> None:
+        self.enabled, self.total, self.done = enabled, total, done
+
+    def __enter__(self) -> Any:
+        if not self.enabled:
+            return lambda: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        self.bar = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            transient=True,
+        )
+        self.bar.__enter__()
+        task = self.bar.add_task("packing", total=self.total, completed=self.done)
+        return lambda: self.bar.advance(task)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.enabled:
+            self.bar.__exit__(*exc)
+
+
+def _load_state(out: Destination, sig: str) -> dict[str, Any] | None:
+    if not out.exists(STATE_NAME):
+        return None
+    try:
+        state = json.loads(out.read_bytes(STATE_NAME))
+    except ValueError:
+        return None
+    if state.get("signature") != sig:
+        raise PackError(
+            f"{out.path(STATE_NAME)}: an unfinished pack from different inputs or options is in "
+            "this destination; use a new DST or delete that pack there first"
+        )
+    return state
+
+
+def _save_state(
+    out: Destination,
+    sig: str,
+    entries: list[ShardEntry],
+    consumed: int,
+    result: PackResult,
+    n_listing: int,
+) -> None:
+    state = {
+        "signature": sig,
+        "consumed": consumed,
+        "shards": [e.to_json() for e in entries],
+        "converted": result.converted,
+        "skipped": result.skipped[n_listing:],
+    }
+    out.write_bytes(STATE_NAME, json.dumps(state).encode())
+
+
+def _drop_state(out: Destination) -> None:
+    if out.remote:
+        fs = out._fs()
+        if fs.exists(out.path(STATE_NAME)):
+            fs.rm_file(out.path(STATE_NAME))
+    else:
+        Path(out.path(STATE_NAME)).unlink(missing_ok=True)
+
+
+def _existing_index(out: Destination, sig: str) -> PackResult | None:
+    """A finished pack of the same inputs and options: report it instead of packing again."""
+    done = STATE_NAME + ".done"
+    if not out.exists(done) or json.loads(out.read_bytes(done)).get("signature") != sig:
+        return None
+    index = Index.from_bytes(out.read_bytes(INDEX_NAME), out.path(INDEX_NAME))
+    return PackResult(
+        dst=out.url,
+        samples=index.total,
+        shards=len(index.shards),
+        bytes=sum(e.bytes for e in index.shards),
+        classes=len(index.classes),
+        already_packed=True,
+    )

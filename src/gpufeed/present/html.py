@@ -1,0 +1,573 @@
+"""The HTML report: one self-contained, offline file (plotly.js embedded) with summary, findings and charts.
+
+Every string from the run goes through jinja2 autoescaping (HTML) or `html.escape` (chart labels,
+which plotly renders as pseudo-HTML); chart data are binned to at most `max_points` per series so a
+24-hour run stays a few MB.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import shlex
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from gpufeed.analyze.finding import Finding
+    from gpufeed.analyze.run import Run
+
+MAX_POINTS = 1200
+_ROLE_COLORS = {"main": "#2563eb", "worker": "#f59e0b", "other": "#94a3b8"}
+_LAYOUT = {
+    "margin": {"l": 60, "r": 60, "t": 40, "b": 45},
+    "height": 320,
+    "font": {"size": 12},
+    "paper_bgcolor": "#ffffff",
+    "plot_bgcolor": "#ffffff",
+    "legend": {"orientation": "h", "y": -0.2},
+}
+
+
+def write_report(
+    run_path: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None = None,
+    json_out: str | os.PathLike[str] | None = None,
+    config: str | os.PathLike[str] | None = None,
+    sets: Iterable[str] = (),
+    watch: float | None = None,
+    echo: Callable[[str], None] = print,
+) -> Path:
+    """Analyze a run directory and write the report (default RUN/report.html), optionally the findings as
+    JSON; thresholds from `config` (or ./gpufeed.toml) and `sets` ("RULE.param=value"); with `watch`,
+    rewrite both every `watch` seconds until the run finishes or Ctrl-C."""
+    from gpufeed.analyze.config import resolve
+    from gpufeed.analyze.rules import run_rules
+    from gpufeed.analyze.run import load
+
+    overrides = resolve(config, sets)
+    target = Path(out) if out is not None else Path(run_path) / "report.html"
+    while True:
+        run = load(run_path)
+        findings = run_rules(run, **overrides)
+        _write_atomic(target, render_html(run, findings))
+        if json_out is not None:
+            _write_atomic(Path(json_out), findings_json(run, findings))
+        done = bool(run.meta.get("finished"))
+        stamp = datetime.now().strftime("%H:%M:%S")
+        echo(
+            f"gpufeed: report written to {target}"
+            + (f" and findings to {json_out}" if json_out is not None else "")
+            + (f" ({stamp}, run still in progress)" if watch and not done else "")
+        )
+        if not watch or done:
+            return target
+        try:
+            time.sleep(watch)
+        except KeyboardInterrupt:
+            return target
+
+
+def findings_json(run: Run, findings: list[Finding]) -> str:
+    """Findings for machines: run identity, `healthy` (no warning or worse) and each finding's dict."""
+    return json.dumps(
+        {
+            "run": str(run.path),
+            "name": run.meta.get("name"),
+            "finished": bool(run.meta.get("finished")),
+            "healthy": not any(f.severity != "info" for f in findings),
+            "findings": [f.to_dict() for f in findings],
+        },
+        indent=2,
+    )
+
+
+def render_html(run: Run, findings: list[Finding], max_points: int = MAX_POINTS) -> str:
+    """The report as one HTML string."""
+    import jinja2
+    import plotly.offline
+
+    from gpufeed import __version__
+    from gpufeed.analyze.stats import run_span
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("gpufeed.present", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    meta = run.meta
+    t0, t1 = run_span(run)
+    if not math.isfinite(t0):
+        t0, t1 = 0.0, 0.0
+    charts, figures, missing = _charts(run, t0, t1, max_points)
+    columns, rows = _percentiles(run)
+    gpus = meta.get("gpus") or []
+    command = meta.get("command") or []
+    return env.get_template("report.html").render(
+        name=str(meta.get("name") or Path(str(run.path)).name),
+        command=shlex.join(str(c) for c in command) if isinstance(command, list) else str(command),
+        hosts=", ".join(str(h) for h in meta.get("hosts") or []) or "unknown host",
+        started=_clock(t0),
+        cpu=f"{meta.get('cpu_count', '?')} cores ({meta.get('cpu_model') or 'unknown CPU'})",
+        gpus=", ".join(str(g.get("name")) for g in gpus)
+        if gpus
+        else f"no GPU data ({meta.get('gpu_unavailable') or 'none reported'})",
+        live=not meta.get("finished"),
+        generated=datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
+        summary=_summary(run, t0, t1),
+        findings=[f.to_dict() for f in findings],
+        healthy=_healthy_text(run),
+        charts=charts,
+        missing=missing,
+        percentile_columns=columns,
+        percentiles=rows,
+        version=__version__,
+        downsample_note=f"charts binned to at most {max_points} points per series",
+        plotly_js=plotly.offline.get_plotlyjs(),
+        figures=figures,
+    )
+
+
+# --- summary ------------------------------------------------------------------------------------
+
+
+def _summary(run: Run, t0: float, t1: float) -> list[dict[str, str]]:
+    from gpufeed.analyze.stats import phases, step_summary
+
+    s = step_summary(run)
+    ph = {r.phase: r.duration for r in phases(run).itertuples()}
+    meta = run.meta
+    status = (
+        f"exit code {meta.get('exit_code')}" if meta.get("finished") else "still running or killed"
+    )
+    cards = [
+        {"label": "Duration", "value": _secs(t1 - t0), "detail": status},
+        {
+            "label": "Phases",
+            "value": _secs(ph.get("training", 0.0)) + " training",
+            "detail": f"init {_secs(ph.get('initialization', 0.0))} · "
+            f"finalization {_secs(ph.get('finalization', 0.0))}",
+        },
+        {"label": "Steps", "value": f"{s['steps']:,}", "detail": f"{s['ranks']} rank(s)"},
+        {
+            "label": "Throughput",
+            "value": _num(s["samples_per_s"], " samples/s"),
+            "detail": _num(s["steps_per_s"], " steps/s per rank"),
+        },
+        {
+            "label": "Step time p50",
+            "value": _num(1e3 * s["step_p50"], " ms"),
+            "detail": "p95 " + _num(1e3 * s["step_p95"], " ms"),
+        },
+        {
+            "label": "Data wait",
+            "value": _num(100 * s["data_wait_share"], "%", 1),
+            "detail": "of step time (wait / whole step)",
+        },
+    ]
+    gpu = _values(run, "gpu.util")
+    cards.append(
+        {
+            "label": "GPU utilization p50",
+            "value": _num(_pct(gpu, 50), "%") if gpu.size else "n/a",
+            "detail": f"p95 {_num(_pct(gpu, 95), '%')}" if gpu.size else "no GPU data",
+        }
+    )
+    cpu = _values(run, "cpu.util")
+    cards.append(
+        {
+            "label": "CPU utilization p50",
+            "value": _num(_pct(cpu, 50), "%"),
+            "detail": f"p95 {_num(_pct(cpu, 95), '%')} of {meta.get('cpu_count', '?')} cores",
+        }
+    )
+    return cards
+
+
+def _healthy_text(run: Run) -> str:
+    from gpufeed.analyze.rules import RULES
+    from gpufeed.analyze.stats import step_summary
+
+    s = step_summary(run)
+    if not s["steps"]:
+        return (
+            "No training steps were recorded, so the step-based rules had nothing to judge: "
+            "was the loop driven by a DataLoader, or marked with gpufeed.step()?"
+        )
+    return (
+        f"{len(RULES)} rules checked {s['steps']:,} steps: data wait is "
+        f"{_num(100 * s['data_wait_share'], '%', 1)} of step time and step time p95 / p50 is "
+        f"{s['step_p95'] / s['step_p50']:.2f}."
+    )
+
+
+def _percentiles(run: Run) -> tuple[list[str], list[list[str]]]:
+    from gpufeed.analyze.stats import percentile_table
+
+    table = percentile_table(run, by_host=len(run.meta.get("hosts") or []) > 1)
+    names = list(table.index.names)
+    columns = [*names, *table.columns]
+    rows = []
+    for key, values in table.iterrows():
+        key = key if isinstance(key, tuple) else (key,)
+        metric = key[names.index("metric")]
+        rows.append(
+            [str(k) for k in key] + [_metric_value(metric, v, c) for c, v in values.items()]
+        )
+    return columns, rows
+
+
+def _metric_value(metric: str, value: float, column: str) -> str:
+    if column == "n":
+        return f"{int(value):,}"
+    if metric.endswith(("mem.used", "mem.total", "mem_used", "mem_total")):
+        return f"{value / 1e9:.2f} GB"
+    if metric.startswith(("disk.", "net.", "gpu.pcie")):
+        return f"{value / 1e6:.1f} MB/s"
+    return f"{value:.1f}"
+
+
+# --- charts ---------------------------------------------------------------------------------------
+
+
+def _charts(
+    run: Run, t0: float, t1: float, max_points: int
+) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
+    """(chart placeholders for the template, plotly figures by element id, notes on absent charts)."""
+    figs: dict[str, Any] = {}
+    notes: dict[str, str] = {}
+    missing: list[str] = []
+    edges = np.linspace(t0, t1, max(2, min(max_points, _samples(run) or max_points)) + 1)
+
+    cores = _heatmap(run, "cpu.core", edges, t0, "core")
+    if cores:
+        figs["chart-cpu-cores"] = _fig(cores, "CPU cores over time (% busy)", "seconds", "")
+    gpus = _heatmap(run, "gpu.util", edges, t0, "GPU")
+    if gpus:
+        figs["chart-gpus"] = _fig(gpus, "GPUs over time (% SM utilization)", "seconds", "")
+    else:
+        missing.append(
+            f"No GPU heatmap: {run.meta.get('gpu_unavailable') or 'NVML reported no GPUs'}."
+        )
+
+    steps = run.steps[np.isfinite(run.steps["duration"].to_numpy(dtype=float))]
+    figs["chart-util-steps"] = _util_vs_steps(run, steps, edges, t0, bool(gpus))
+    if len(steps):
+        figs["chart-step-breakdown"], notes["chart-step-breakdown"] = _breakdown(steps, max_points)
+        figs["chart-step-hist"] = _histogram(steps)
+    else:
+        missing.append("No per-step charts: the run recorded no steps.")
+    roles = _roles(run, edges, t0)
+    if roles:
+        figs["chart-roles"] = roles
+    if len(steps) and steps.groupby(["host", "rank"]).ngroups > 1:
+        figs["chart-ranks"] = _ranks(steps)
+    memory = _memory(run, edges, t0)
+    if memory:
+        figs["chart-memory"] = memory
+
+    pairs = {"chart-step-hist", "chart-roles", "chart-ranks", "chart-memory"}
+    order = [k for k in figs if k not in pairs] + [k for k in figs if k in pairs]
+    charts = [
+        {"id": k, "note": notes.get(k, ""), "pair_start": False, "pair_end": False} for k in order
+    ]
+    paired = [c for c in charts if c["id"] in pairs]
+    for i in range(0, len(paired) - 1, 2):
+        paired[i]["pair_start"], paired[i + 1]["pair_end"] = True, True
+    return charts, figs, missing
+
+
+def _heatmap(
+    run: Run, metric: str, edges: np.ndarray, t0: float, what: str
+) -> list[dict[str, Any]]:
+    rows = run.system[run.system["metric"] == metric]
+    if len(rows) == 0:
+        return []
+    multi = rows["host"].nunique() > 1
+    z, labels = [], []
+    groups = sorted(rows.groupby(["host", "device"]), key=lambda kv: (kv[0][0], _devkey(kv[0][1])))
+    for (host, device), g in groups:
+        z.append(_clean(_binned(g["time"], g["value"], edges)))
+        labels.append(_label(f"{host}:{what} {device}" if multi else f"{what} {device}"))
+    return [
+        {
+            "type": "heatmap",
+            "x": _clean(_centers(edges) - t0),
+            "y": labels,
+            "z": z,
+            "zmin": 0,
+            "zmax": 100,
+            "colorscale": "Viridis",
+            "colorbar": {"title": {"text": "%"}},
+        }
+    ]
+
+
+def _util_vs_steps(
+    run: Run, steps: pd.DataFrame, edges: np.ndarray, t0: float, has_gpu: bool
+) -> dict[str, Any]:
+    metric, name = (
+        ("gpu.util", "GPU utilization (mean of GPUs)")
+        if has_gpu
+        else ("cpu.util", "host CPU utilization")
+    )
+    rows = run.system[run.system["metric"] == metric]
+    x = _clean(_centers(edges) - t0)
+    traces = [
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": f"{name}, %",
+            "x": x,
+            "y": _clean(_binned(rows["time"], rows["value"], edges)),
+            "line": {"color": "#16a34a"},
+        }
+    ]
+    if len(steps):
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": "step time, ms",
+                "x": x,
+                "y": _clean(_binned(steps["end"], 1e3 * steps["duration"], edges)),
+                "yaxis": "y2",
+                "line": {"color": "#2563eb"},
+                "connectgaps": False,
+            }
+        )
+    title = ("GPU" if has_gpu else "CPU (no GPU data)") + " utilization and step time"
+    fig = _fig(traces, title, "seconds", "%")
+    fig["layout"]["yaxis"]["range"] = [0, 105]
+    fig["layout"]["yaxis2"] = {
+        "title": {"text": "ms"},
+        "overlaying": "y",
+        "side": "right",
+        "rangemode": "tozero",
+    }
+    return fig
+
+
+def _breakdown(steps: pd.DataFrame, max_points: int) -> tuple[dict[str, Any], str]:
+    rank = steps[(steps["host"] == steps["host"].iloc[0]) & (steps["rank"] == steps["rank"].min())]
+    rank = rank.sort_values("step")
+    n = len(rank)
+    per = max(1, math.ceil(n / max_points))
+    idx = np.arange(n) // per
+    count = np.bincount(idx)
+    wait = np.bincount(idx, rank["data_wait"].fillna(0.0).to_numpy()) / count
+    dur = np.bincount(idx, rank["duration"].to_numpy()) / count
+    x = rank["step"].to_numpy()[::per]
+    traces = [
+        {
+            "type": "bar",
+            "name": "data wait, ms",
+            "x": _clean(x),
+            "y": _clean(1e3 * wait),
+            "marker": {"color": "#f59e0b"},
+        },
+        {
+            "type": "bar",
+            "name": "compute, ms",
+            "x": _clean(x),
+            "y": _clean(1e3 * (dur - wait)),
+            "marker": {"color": "#2563eb"},
+        },
+    ]
+    fig = _fig(traces, "Per-step breakdown: data wait vs compute", "step", "ms")
+    fig["layout"] |= {"barmode": "stack", "bargap": 0}
+    note = f"rank {int(rank['rank'].iloc[0])}" + (f"; mean of every {per} steps" if per > 1 else "")
+    return fig, note
+
+
+def _histogram(steps: pd.DataFrame) -> dict[str, Any]:
+    ms = 1e3 * steps["duration"].to_numpy(dtype=float)
+    hi = float(np.percentile(ms, 99.5)) if len(ms) > 200 else float(ms.max())
+    counts, edges = np.histogram(np.minimum(ms, hi), bins=60, range=(0.0, max(hi, 1e-3)))
+    fig = _fig(
+        [
+            {
+                "type": "bar",
+                "x": _clean(_centers(edges)),
+                "y": counts.tolist(),
+                "marker": {"color": "#2563eb"},
+                "name": "steps",
+            }
+        ],
+        "Step time histogram (longest 0.5% in the last bin)"
+        if len(ms) > 200
+        else "Step time histogram",
+        "ms",
+        "steps",
+    )
+    fig["layout"]["bargap"] = 0.02
+    return fig
+
+
+def _roles(run: Run, edges: np.ndarray, t0: float) -> dict[str, Any] | None:
+    p = run.processes
+    if len(p) == 0:
+        return None
+    per_time = p.groupby(["time", "role"])["cpu"].sum().unstack(fill_value=0.0) / 100.0
+    times = per_time.index.to_numpy(dtype=float)
+    traces = []
+    for role in per_time.columns:
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "stackgroup": "roles",
+                "name": _label(f"{role} processes"),
+                "x": _clean(_centers(edges) - t0),
+                "y": _clean(_binned(times, per_time[role].to_numpy(), edges)),
+                "line": {"color": _ROLE_COLORS.get(str(role), "#64748b")},
+            }
+        )
+    return _fig(traces, "CPU by process role (cores busy)", "seconds", "cores")
+
+
+def _ranks(steps: pd.DataFrame) -> dict[str, Any]:
+    g = steps.groupby(["host", "rank"])
+    multi = steps["host"].nunique() > 1
+    labels = [_label(f"{h}:rank {r}" if multi else f"rank {r}") for h, r in g.groups]
+    wait = 1e3 * g["data_wait"].mean().fillna(0.0).to_numpy()
+    step = 1e3 * g["duration"].mean().to_numpy()
+    traces = [
+        {
+            "type": "bar",
+            "name": "data wait, ms",
+            "x": labels,
+            "y": _clean(wait),
+            "marker": {"color": "#f59e0b"},
+        },
+        {
+            "type": "bar",
+            "name": "compute, ms",
+            "x": labels,
+            "y": _clean(step - wait),
+            "marker": {"color": "#2563eb"},
+        },
+    ]
+    fig = _fig(traces, "Ranks: mean step time", "", "ms")
+    fig["layout"]["barmode"] = "stack"
+    return fig
+
+
+def _memory(run: Run, edges: np.ndarray, t0: float) -> dict[str, Any] | None:
+    traces = []
+    x = _clean(_centers(edges) - t0)
+    for metric, what in (("mem.used", "host"), ("gpu.mem_used", "GPU")):
+        rows = run.system[run.system["metric"] == metric]
+        for (host, device), g in rows.groupby(["host", "device"]):
+            name = f"{what} {device}".strip() + (f" ({host})" if rows["host"].nunique() > 1 else "")
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "name": _label(name),
+                    "x": x,
+                    "y": _clean(_binned(g["time"], g["value"] / 1e9, edges)),
+                }
+            )
+    return _fig(traces, "Memory used", "seconds", "GB") if traces else None
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+
+def _fig(data: list[dict[str, Any]], title: str, xtitle: str, ytitle: str) -> dict[str, Any]:
+    layout = json.loads(json.dumps(_LAYOUT))
+    layout |= {
+        "title": {"text": title, "x": 0.01, "font": {"size": 14}},
+        "xaxis": {"title": {"text": xtitle}},
+        "yaxis": {"title": {"text": ytitle}},
+    }
+    return {"data": data, "layout": layout}
+
+
+def _binned(times: Any, values: Any, edges: np.ndarray) -> np.ndarray:
+    """Mean of `values` in each time bin (NaN where a bin is empty)."""
+    t = np.asarray(times, dtype=float)
+    v = np.asarray(values, dtype=float)
+    ok = np.isfinite(t) & np.isfinite(v)
+    t, v = t[ok], v[ok]
+    bins = len(edges) - 1
+    idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, bins - 1)
+    count = np.bincount(idx, minlength=bins)
+    total = np.bincount(idx, v, minlength=bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def _centers(edges: np.ndarray) -> np.ndarray:
+    return (edges[:-1] + edges[1:]) / 2
+
+
+def _clean(values: Any) -> list[float | None]:
+    """JSON-safe list: NaN/inf become null, floats keep 4 significant digits to keep the file small."""
+    return [
+        float(f"{x:.4g}") if math.isfinite(x) else None for x in np.asarray(values, dtype=float)
+    ]
+
+
+def _samples(run: Run) -> int:
+    if len(run.system) == 0:
+        return 0
+    return int(run.system["time"].nunique())
+
+
+def _values(run: Run, metric: str) -> np.ndarray:
+    v = run.system.loc[run.system["metric"] == metric, "value"].to_numpy(dtype=float)
+    return v[np.isfinite(v)]
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if values.size else math.nan
+
+
+def _label(text: str) -> str:
+    """A run-derived string made safe for plotly, which renders a subset of HTML in labels."""
+    return html.escape(text, quote=True)
+
+
+def _devkey(device: str) -> tuple[int, str]:
+    return (int(device), "") if str(device).isdigit() else (-1, str(device))
+
+
+def _num(value: float, unit: str = "", digits: int = 0) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return f"{value:,.{digits}f}{unit}"
+
+
+def _secs(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "n/a"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _clock(epoch: float) -> str:
+    if not epoch:
+        return "unknown start"
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so a browser or CI never reads half a report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,167 @@
+"""Terminal output with rich: `gpufeed show RUN` (a run's summary) and `gpufeed ls` (runs in a folder)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from gpufeed.analyze.run import Run
+
+# How each metric's values are printed: (unit label, scale divisor, decimals).
+_UNITS: dict[str, tuple[str, float, int]] = {
+    "cpu.util": ("%", 1, 1),
+    "cpu.core": ("%", 1, 1),
+    "cpu.iowait": ("%", 1, 1),
+    "mem.used": ("GiB", 2**30, 2),
+    "mem.total": ("GiB", 2**30, 2),
+    "disk.read": ("MB/s", 1e6, 2),
+    "disk.write": ("MB/s", 1e6, 2),
+    "net.rx": ("MB/s", 1e6, 2),
+    "net.tx": ("MB/s", 1e6, 2),
+    "gpu.util": ("%", 1, 1),
+    "gpu.mem_util": ("%", 1, 1),
+    "gpu.mem_used": ("GiB", 2**30, 2),
+    "gpu.mem_total": ("GiB", 2**30, 2),
+    "gpu.power": ("W", 1, 1),
+    "gpu.sm_clock": ("MHz", 1, 0),
+    "gpu.pcie_rx": ("MB/s", 1e6, 2),
+    "gpu.pcie_tx": ("MB/s", 1e6, 2),
+}
+
+
+def show(run: Run | str | os.PathLike[str], console: Console | None = None) -> Run:
+    """Print a run's summary: what ran, phases, step throughput, and a percentile table per metric."""
+    from gpufeed.analyze.run import load
+    from gpufeed.analyze.stats import PERCENTILES, percentile_table, phases, step_summary
+
+    if not hasattr(run, "steps"):
+        run = load(run)  # type: ignore[arg-type]
+    console = console or Console()
+    meta = run.meta
+    console.print(f"[bold]gpufeed run[/bold] {run.path}")
+    console.print(f"  command   {' '.join(map(str, meta.get('command') or [])) or '?'}")
+    gpus = ", ".join(g.get("name", "?") for g in meta.get("gpus") or []) or "none"
+    console.print(
+        f"  hosts     {', '.join(meta.get('hosts') or []) or '?'} · {meta.get('cpu_count', '?')} CPUs "
+        f"({meta.get('cpu_model', '?')}) · GPUs: {gpus}"
+    )
+    if meta.get("gpu_unavailable"):
+        console.print(f"  [dim]{meta['gpu_unavailable']}[/dim]")
+    status = (
+        f"exit code {meta.get('exit_code')}"
+        if meta.get("finished")
+        else f"[yellow]{meta.get('not_finished', 'not finished')}[/yellow]"
+    )
+    console.print(f"  status    {status}")
+    if meta.get("dropped_events"):
+        console.print(f"  [yellow]{meta['dropped_events']} profiler events were dropped[/yellow]")
+
+    ph = phases(run)
+    table = Table(title="Phases", title_justify="left")
+    for col in ("phase", "duration", "share"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    total = float(ph["duration"].sum())
+    for row in ph.itertuples():
+        share = row.duration / total if total > 0 else math.nan
+        table.add_row(row.phase, _seconds(row.duration), _percent(share))
+    table.add_row("[bold]total[/bold]", _seconds(total), "")
+    console.print(table)
+
+    s = step_summary(run)
+    if s["steps"] == 0:
+        console.print(
+            "[yellow]No training steps were recorded[/yellow] (no optimizer step, no gpufeed.step())."
+        )
+    else:
+        table = Table(title="Training steps", title_justify="left")
+        for col in ("steps", "ranks", "steps/s", "samples/s", "step p50", "step p95", "data wait"):
+            table.add_column(col, justify="right")
+        table.add_row(
+            str(s["steps"]),
+            str(s["ranks"]),
+            _num(s["steps_per_s"], 2),
+            _num(s["samples_per_s"], 1),
+            _seconds(s["step_p50"]),
+            _seconds(s["step_p95"]),
+            _percent(s["data_wait_share"]) + " of step time",
+        )
+        console.print(table)
+
+    pt = percentile_table(run)
+    if len(pt) == 0:
+        console.print("[yellow]No system samples were recorded.[/yellow]")
+        return run
+    table = Table(title="System metrics", title_justify="left")
+    table.add_column("metric")
+    table.add_column("device")
+    table.add_column("unit")
+    for name, _ in PERCENTILES:
+        table.add_column(name, justify="right")
+    for (metric, device), row in pt.iterrows():
+        unit, scale, decimals = _UNITS.get(metric, ("", 1, 2))
+        values = [_num(row[name] / scale, decimals) for name, _ in PERCENTILES]
+        table.add_row(metric, device or "", unit, *values)
+    console.print(table)
+    return run
+
+
+def list_runs(out: str | os.PathLike[str], console: Console | None = None) -> list[Path]:
+    """Print the run directories under `out`, newest first; returns them."""
+    from gpufeed.profile.session import META_FILE
+
+    console = console or Console()
+    base = Path(out)
+    runs = sorted(
+        (p.parent for p in base.glob(f"*/{META_FILE}")), key=os.path.getmtime, reverse=True
+    )
+    if not runs:
+        console.print(f"No runs under {base}/ (create one with `gpufeed profile -- COMMAND`).")
+        return []
+    table = Table(title=f"Runs in {base}", title_justify="left")
+    for col in ("run", "started", "duration", "exit", "command"):
+        table.add_column(col, justify="right" if col in ("duration", "exit") else "left")
+    for run_dir in runs:
+        meta = _read_json(run_dir / META_FILE)
+        start, end = meta.get("start_time"), meta.get("end_time")
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start)) if start else "?"
+        duration = _seconds(end - start) if start and end else "[yellow]unfinished[/yellow]"
+        code = meta.get("exit_code")
+        command = " ".join(map(str, meta.get("command") or []))
+        table.add_row(
+            run_dir.name, started, duration, "" if code is None else str(code), command[:60]
+        )
+    console.print(table)
+    return runs
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _num(value: float, decimals: int) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{value:,.{decimals}f}"
+
+
+def _percent(share: float) -> str:
+    return "–" if share is None or not math.isfinite(share) else f"{100 * share:.1f}%"
+
+
+def _seconds(value: float) -> str:
+    if value is None or not math.isfinite(value):
+        return "–"
+    if value < 1:
+        return f"{value * 1000:.1f} ms"
+    if value < 120:
+        return f"{value:.2f} s"
+    return f"{value / 60:.1f} min"

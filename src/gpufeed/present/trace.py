@@ -1,0 +1,218 @@
+"""Chrome trace JSON (opens in Perfetto and chrome://tracing): per-rank step and data-wait spans, system counters.
+
+Layout: one trace process per host; in it one thread per rank with "step N" spans and "data wait" spans
+nested at their start, and counter tracks for every system metric (one series per device) and for
+CPU by process role. Times are microseconds from the run's start (or the window's).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from gpufeed.analyze.run import Run
+
+MAX_MB = 200.0
+_BYTES_PER_EVENT = 150  # measured average of the events below, rounded up
+_UNITS = {
+    "disk.": 1e-6,
+    "net.": 1e-6,
+    "gpu.pcie": 1e-6,
+    "mem.": 1e-9,
+    "gpu.mem_used": 1e-9,
+    "gpu.mem_total": 1e-9,
+}
+_UNIT_NAMES = {1e-6: "MB/s", 1e-9: "GB"}
+
+
+class TraceError(ValueError):
+    """The trace cannot be written as asked (too large, empty window); the message says what to do."""
+
+
+def write_trace(
+    run_path: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None = None,
+    start: float | None = None,
+    end: float | None = None,
+    max_mb: float = MAX_MB,
+    echo: Callable[[str], None] = print,
+) -> Path:
+    """Write the run's timeline (default RUN/trace.json); `start`/`end` are seconds from the run's start."""
+    from gpufeed.analyze.run import load
+
+    run = load(run_path)
+    trace = build_trace(run, start=start, end=end, max_mb=max_mb)
+    text = json.dumps(trace, separators=(",", ":"))
+    if len(text) > max_mb * 1e6:
+        raise TraceError(_too_big(run, len(text) / 1e6, max_mb, trace["otherData"]))
+    target = Path(out) if out is not None else Path(run_path) / "trace.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, target)
+    echo(
+        f"gpufeed: trace written to {target} ({len(text) / 1e6:.1f} MB, "
+        f"{len(trace['traceEvents']):,} events): open it in https://ui.perfetto.dev or chrome://tracing"
+    )
+    return target
+
+
+def build_trace(
+    run: Run, start: float | None = None, end: float | None = None, max_mb: float = MAX_MB
+) -> dict[str, Any]:
+    """The trace as a dict ({"traceEvents": [...], ...}); raises TraceError past `max_mb` (estimated)."""
+    from gpufeed.analyze.stats import run_span
+
+    t0, t1 = run_span(run)
+    if not math.isfinite(t0):
+        t0 = t1 = 0.0
+    lo = t0 + (start or 0.0)
+    hi = t0 + end if end is not None else max(t1, t0)
+    if end is not None and start is not None and end <= start:
+        raise TraceError(f"--end ({end:g} s) must be after --start ({start:g} s)")
+    steps = run.steps[np.isfinite(run.steps["duration"].to_numpy(dtype=float))]
+    steps = steps[(steps["end"] >= lo) & (steps["start"] <= hi)]
+    system = run.system[(run.system["time"] >= lo) & (run.system["time"] <= hi)]
+    procs = run.processes[(run.processes["time"] >= lo) & (run.processes["time"] <= hi)]
+    info = {
+        "run": str(run.path),
+        "name": run.meta.get("name"),
+        "window_start_s": round(lo - t0, 3),
+        "window_end_s": round(hi - t0, 3),
+        "run_seconds": round(t1 - t0, 3),
+    }
+    estimate = (
+        2 * len(steps) + system.groupby(["host", "metric"]).ngroups * system["time"].nunique()
+        if len(system)
+        else 2 * len(steps)
+    ) + procs["time"].nunique()
+    if estimate * _BYTES_PER_EVENT > max_mb * 1e6:
+        raise TraceError(_too_big(run, estimate * _BYTES_PER_EVENT / 1e6, max_mb, info))
+    if len(steps) == 0 and len(system) == 0 and (start is not None or end is not None):
+        raise TraceError(
+            f"the window {lo - t0:g}-{hi - t0:g} s holds no data; the run spans 0-{t1 - t0:.1f} s"
+        )
+
+    hosts = sorted({str(h) for h in [*steps["host"], *system["host"], *procs["host"]]})
+    pid_of = {h: i + 1 for i, h in enumerate(hosts)}
+    events: list[dict[str, Any]] = []
+    for host, pid in pid_of.items():
+        events.append(_meta(pid, 0, "process_name", host))
+        events.append(
+            {
+                "ph": "M",
+                "pid": pid,
+                "tid": 0,
+                "name": "process_sort_index",
+                "args": {"sort_index": pid},
+            }
+        )
+
+    def us(t: Any) -> Any:
+        return np.round((np.asarray(t, dtype=float) - lo) * 1e6, 1)
+
+    for (host, rank), g in steps.groupby(["host", "rank"], sort=True):
+        pid, tid = pid_of[str(host)], int(rank) + 1
+        events.append(
+            _meta(pid, tid, "thread_name", f"rank {int(rank)} (pid {int(g['pid'].iloc[0])})")
+        )
+        events.append(
+            {
+                "ph": "M",
+                "pid": pid,
+                "tid": tid,
+                "name": "thread_sort_index",
+                "args": {"sort_index": tid},
+            }
+        )
+        ts, dur = us(g["start"]), np.round(g["duration"].to_numpy(dtype=float) * 1e6, 1)
+        wait = np.round(g["data_wait"].fillna(0.0).to_numpy(dtype=float) * 1e6, 1)
+        samples = g["samples"].to_numpy(dtype=float)
+        for i, step in enumerate(g["step"].to_numpy()):
+            args: dict[str, Any] = {"step": int(step), "data_wait_ms": round(wait[i] / 1e3, 3)}
+            if math.isfinite(samples[i]):
+                args["samples"] = int(samples[i])
+            events.append(
+                {
+                    "name": f"step {int(step)}",
+                    "cat": "step",
+                    "ph": "X",
+                    "ts": ts[i],
+                    "dur": dur[i],
+                    "pid": pid,
+                    "tid": tid,
+                    "args": args,
+                }
+            )
+            if wait[i] > 0:
+                events.append(
+                    {
+                        "name": "data wait",
+                        "cat": "data",
+                        "ph": "X",
+                        "ts": ts[i],
+                        "dur": min(wait[i], dur[i]),
+                        "pid": pid,
+                        "tid": tid,
+                    }
+                )
+
+    for (host, metric), g in system.groupby(["host", "metric"], sort=True):
+        scale = next((v for k, v in _UNITS.items() if str(metric).startswith(k)), 1.0)
+        unit = _UNIT_NAMES.get(scale, "%" if "util" in str(metric) or "cpu." in str(metric) else "")
+        name = f"{metric} ({unit})" if unit else str(metric)
+        wide = g.pivot_table(index="time", columns="device", values="value", aggfunc="mean")
+        labels = [str(d) or "value" for d in wide.columns]
+        values = wide.to_numpy(dtype=float) * scale
+        for t, row in zip(us(wide.index.to_numpy()), values, strict=True):
+            args = {
+                k: round(float(v), 3) for k, v in zip(labels, row, strict=True) if math.isfinite(v)
+            }
+            events.append(
+                {"name": name, "ph": "C", "ts": t, "pid": pid_of[str(host)], "args": args}
+            )
+
+    for host, g in procs.groupby("host", sort=True):
+        wide = g.pivot_table(
+            index="time", columns="role", values="cpu", aggfunc="sum", fill_value=0.0
+        )
+        for t, row in zip(us(wide.index.to_numpy()), wide.to_numpy(dtype=float) / 100, strict=True):
+            args = {str(r): round(float(v), 3) for r, v in zip(wide.columns, row, strict=True)}
+            events.append(
+                {
+                    "name": "CPU by role (cores)",
+                    "ph": "C",
+                    "ts": t,
+                    "pid": pid_of[str(host)],
+                    "args": args,
+                }
+            )
+
+    for e in events:  # numpy scalars -> Python numbers for json
+        for key in ("ts", "dur"):
+            if key in e:
+                e[key] = float(e[key])
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": info}
+
+
+def _meta(pid: int, tid: int, kind: str, name: str) -> dict[str, Any]:
+    return {"ph": "M", "pid": pid, "tid": tid, "name": kind, "args": {"name": name}}
+
+
+def _too_big(run: Run, mb: float, max_mb: float, info: dict[str, Any]) -> str:
+    span = info["window_end_s"] - info["window_start_s"]
+    fits = max(1.0, span * max_mb / mb * 0.9)
+    a = info["window_start_s"]
+    return (
+        f"the trace of {run.path} would be about {mb:,.3g} MB, over the {max_mb:g} MB cap that Perfetto "
+        f"and chrome://tracing load comfortably. Pick a window of about {fits:,.0f} s with "
+        f"--start/--end (seconds from the run's start; the run spans 0-{info['run_seconds']:,.0f} s), "
+        f"e.g. --start {a:g} --end {a + fits:.0f}, or raise --max-mb."
+    )

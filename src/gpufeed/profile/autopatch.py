@@ -1,0 +1,199 @@
+"""Zero-code PyTorch hooks: optimizer steps end steps, DataLoader `__next__` measures data wait.
+
+Hooks are installed when torch's modules are imported (a post-import hook on `sys.meta_path`), so
+this module imports no torch itself. A process gets a recorder, and a store file, only at its first
+batch or optimizer step: processes that never train (the torchrun launcher, DataLoader workers,
+helper scripts) record nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpufeed.profile.session import ENV_RUN_DIR, identity, steps_store_path
+from gpufeed.profile.steps import Recorder
+
+_DISABLED: Any = False  # sentinel: this process does not record
+_recorder: Recorder | Any | None = None  # None: not decided yet
+_lock = threading.Lock()
+_optimizer_hook: Any = None
+_original_next: Callable[[Any], Any] | None = None
+_installed = False
+
+
+# --- the recorder of this process ---------------------------------------------------------------
+
+
+def recorder(create: bool = True) -> Recorder | None:
+    """This process's recorder, created on first use when a run directory is set; else None."""
+    rec = _recorder
+    if rec is None and create:
+        rec = _create()
+    return rec or None
+
+
+def _create() -> Recorder | Any:
+    global _recorder
+    with _lock:
+        if _recorder is not None:
+            return _recorder
+        run_dir = os.environ.get(ENV_RUN_DIR)
+        if not run_dir or _in_dataloader_worker():
+            _recorder = _DISABLED
+            return _recorder
+        who = identity()
+        info = {**who, "start": process_start_time()}
+        _recorder = Recorder(steps_store_path(run_dir, who["host"], who["pid"]), info)
+        atexit.register(close)
+        return _recorder
+
+
+def close() -> None:
+    """Flush and close this process's recorder (atexit, or the end of `gpufeed.profile()`)."""
+    global _recorder
+    with _lock:
+        rec, _recorder = _recorder, None
+    if rec and rec.path is not None:
+        rec.close()
+
+
+def reset() -> None:
+    """Forget the recorder without flushing (a forked child must not touch its parent's store)."""
+    global _recorder
+    _recorder = None
+
+
+def _in_dataloader_worker() -> bool:
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and data.get_worker_info() is not None
+
+
+def process_start_time() -> float:
+    """When this process started, in epoch seconds (psutil; the current time if unavailable)."""
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:
+        return time.time()
+
+
+os.register_at_fork(after_in_child=reset)
+
+
+# --- the hooks ----------------------------------------------------------------------------------
+
+
+def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    rec = _recorder if _recorder is not None else _create()
+    if rec:
+        rec.on_optimizer_step(optimizer)
+
+
+def _next(self: Any) -> Any:
+    t0 = time.perf_counter()
+    try:
+        batch = _original_next(self)  # type: ignore[misc]
+    except StopIteration:
+        rec = _recorder if _recorder is not None else _create()
+        if rec:
+            rec.on_wait(t0, time.perf_counter())
+        raise
+    t1 = time.perf_counter()
+    rec = _recorder if _recorder is not None else _create()
+    if rec:
+        rec.on_batch(t0, t1, batch, self)
+    return batch
+
+
+def _patch_optimizer(module: Any) -> None:
+    global _optimizer_hook
+    if _optimizer_hook is None:
+        _optimizer_hook = module.register_optimizer_step_post_hook(_on_optimizer_step)
+
+
+def _patch_dataloader(module: Any) -> None:
+    global _original_next
+    cls = module._BaseDataLoaderIter
+    if _original_next is None:
+        _original_next = cls.__next__
+        cls.__next__ = _next
+
+
+def install() -> None:
+    """Install the hooks now for torch modules already imported, else when they are imported."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    for name, patch in _PATCHES.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(module)
+    if any(name not in sys.modules for name in _PATCHES):
+        sys.meta_path.insert(0, _PostImportFinder())
+
+
+def uninstall() -> None:
+    """Remove the hooks (end of `gpufeed.profile()` in a process that was not launched under it)."""
+    global _optimizer_hook, _original_next, _installed
+    if _optimizer_hook is not None:
+        _optimizer_hook.remove()
+        _optimizer_hook = None
+    if _original_next is not None:
+        sys.modules["torch.utils.data.dataloader"]._BaseDataLoaderIter.__next__ = _original_next
+        _original_next = None
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportFinder)]
+    _installed = False
+
+
+_PATCHES: dict[str, Callable[[Any], None]] = {
+    "torch.optim.optimizer": _patch_optimizer,
+    "torch.utils.data.dataloader": _patch_dataloader,
+}
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Lets the real finders find a watched module and runs its patch right after it executes."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        patch = _PATCHES.get(fullname)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader, patch)
+                return spec
+        return None
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Delegates to the real loader; after `exec_module` applies the patch (errors only warn)."""
+
+    def __init__(self, loader: Any, patch: Callable[[Any], None]) -> None:
+        self._loader = loader
+        self._patch = patch
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        try:
+            self._patch(module)
+        except Exception as e:  # a torch change must never break the user's import
+            sys.stderr.write(f"gpufeed: warning: could not hook {module.__name__}: {e}\n")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)

@@ -1,0 +1,190 @@
+"""Run directory and identity: where a run is written, what its files are called, who is writing.
+
+Layout of a run directory::
+
+    meta.json                 what ran, when, on what (written by `gpufeed profile` or `gpufeed.profile()`)
+    system-<host>.db          one system sampler per host
+    steps-<host>-<pid>.db     one step recorder per training process
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+ENV_RUN_DIR = "GPUFEED_RUN_DIR"
+DEFAULT_OUT = "gpufeed-runs"
+DEFAULT_INTERVAL = 0.2
+MIN_INTERVAL, MAX_INTERVAL = 0.05, 60.0
+FLUSH_INTERVAL = 0.5
+META_FILE = "meta.json"
+
+
+class ProfileError(ValueError):
+    """Bad input to the profiler, with a message that says what to do; `exit_code` for the CLI."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def check_interval(interval: float) -> float:
+    """The sampling interval as a float, or a ProfileError if outside 0.05-60 s."""
+    try:
+        value = float(interval)
+    except (TypeError, ValueError):
+        raise ProfileError(f"--interval must be a number of seconds, got {interval!r}") from None
+    if not MIN_INTERVAL <= value <= MAX_INTERVAL:
+        raise ProfileError(
+            f"--interval {interval} is out of range: use {MIN_INTERVAL} to {MAX_INTERVAL:g} seconds"
+        )
+    return value
+
+
+def hostname() -> str:
+    """This host's name as used in run files and frames."""
+    return socket.gethostname() or "localhost"
+
+
+def file_safe(text: str) -> str:
+    """`text` reduced to letters, digits, '.', '_' and '-' so that it can name a file."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "run"
+
+
+def identity() -> dict[str, Any]:
+    """Host, rank, local rank and world size of this process (torchrun's env, else torch.distributed)."""
+    env = os.environ
+    rank, local_rank, world = env.get("RANK"), env.get("LOCAL_RANK"), env.get("WORLD_SIZE")
+    if rank is None:
+        # mp.spawn-style DDP sets no env; ask torch.distributed if the script already initialized it.
+        import sys
+
+        dist = sys.modules.get("torch.distributed")
+        try:
+            if dist is not None and dist.is_available() and dist.is_initialized():
+                rank, world = dist.get_rank(), dist.get_world_size()
+        except Exception:
+            pass
+    return {
+        "host": hostname(),
+        "rank": int(rank or 0),
+        "local_rank": int(local_rank if local_rank is not None else (rank or 0)),
+        "world_size": int(world or 1),
+        "pid": os.getpid(),
+    }
+
+
+def run_name(command: list[str]) -> str:
+    """A default run name from a command: the script's stem, the `-m` module, or the program."""
+    for i, arg in enumerate(command):
+        if arg == "-m" and i + 1 < len(command):
+            return file_safe(command[i + 1].rsplit(".", 1)[-1])
+        if arg.endswith(".py"):
+            return file_safe(Path(arg).stem)
+    return file_safe(Path(command[0]).name) if command else "run"
+
+
+def create_run_dir(out: str | os.PathLike[str] | None, name: str) -> Path:
+    """Create `<out>/<name>-<YYYYmmdd-HHMMSS>-<id>`; ProfileError if `out` cannot hold it."""
+    base = Path(out if out is not None else DEFAULT_OUT)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = base / f"{file_safe(name)}-{stamp}-{os.urandom(3).hex()}"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir()
+        probe = run_dir / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ProfileError(
+            f"cannot write the run directory under --out {str(base)!r}: {e.strerror or e}; "
+            "choose a writable directory with --out DIR"
+        ) from None
+    return run_dir
+
+
+def steps_store_path(run_dir: str | os.PathLike[str], host: str, pid: int) -> Path:
+    """Store file of one training process."""
+    return Path(run_dir) / f"steps-{file_safe(host)}-{pid}.db"
+
+
+def system_store_path(run_dir: str | os.PathLike[str], host: str) -> Path:
+    """Store file of the system sampler of one host."""
+    return Path(run_dir) / f"system-{file_safe(host)}.db"
+
+
+def main_pids(run_dir: str | os.PathLike[str], host: str) -> set[int]:
+    """Pids of this host's training processes, from the names of their store files."""
+    prefix = f"steps-{file_safe(host)}-"
+    pids = set()
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return pids
+    for n in names:
+        if n.startswith(prefix) and n.endswith(".db"):
+            tail = n[len(prefix) : -3]
+            if tail.isdigit():
+                pids.add(int(tail))
+    return pids
+
+
+def machine_meta() -> dict[str, Any]:
+    """Host, CPU and library facts for meta.json (no torch import: versions come from metadata)."""
+    import platform
+    from importlib import metadata
+
+    versions: dict[str, str] = {"python": platform.python_version()}
+    for dist in ("gpufeed", "torch", "numpy", "pandas", "psutil", "nvidia-ml-py"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[dist] = metadata.version(dist)
+    return {
+        "hosts": [hostname()],
+        "cpu_count": os.cpu_count() or 1,
+        "cpu_model": cpu_model(),
+        "platform": platform.platform(),
+        "versions": versions,
+    }
+
+
+def cpu_model() -> str:
+    """The CPU model name (Linux /proc/cpuinfo, else platform)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def write_meta(run_dir: str | os.PathLike[str], meta: dict[str, Any]) -> None:
+    """Write meta.json atomically (temp file + rename), so a reader never sees half a file."""
+    path = Path(run_dir) / META_FILE
+    tmp = path.with_name(f".{META_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(meta, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def read_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """meta.json of a run directory ({} if absent)."""
+    path = Path(run_dir) / META_FILE
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text())
+
+
+def update_meta(run_dir: str | os.PathLike[str], **items: Any) -> None:
+    """Merge `items` into meta.json."""
+    meta = read_meta(run_dir)
+    meta.update(items)
+    write_meta(run_dir, meta)

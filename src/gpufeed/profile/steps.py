@@ -1,0 +1,238 @@
+"""Step recorder: per-step timing kept in a bounded in-memory queue, written by a background thread.
+
+The training thread only reads a clock and appends a tuple (about a microsecond); a flush thread
+writes the queue to this process's store every FLUSH_INTERVAL seconds, and resolves CUDA events by
+polling `Event.query()`, so the host is never synchronized. If the store cannot be written, events
+are dropped and counted, one warning is printed, and training goes on.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gpufeed.profile.session import FLUSH_INTERVAL
+from gpufeed.profile.store import Store
+
+NAN = math.nan
+# Steps waiting for their CUDA events at most; older ones keep gpu_time NaN.
+_MAX_PENDING_GPU = 4096
+
+
+def batch_size(batch: Any, _depth: int = 0) -> int | None:
+    """Leading dimension of the first tensor-like (has `.shape`) in a batch of nested lists/dicts."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else None
+    if _depth < 4:
+        if isinstance(batch, (list, tuple)) and batch:
+            return batch_size(batch[0], _depth + 1)
+        if isinstance(batch, Mapping) and batch:
+            return batch_size(next(iter(batch.values())), _depth + 1)
+    return None
+
+
+class Recorder:
+    """Records the steps of one training process into its own store file."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        info: dict[str, Any],
+        capacity: int = 65536,
+        flush_interval: float = FLUSH_INTERVAL,
+    ) -> None:
+        self.path = Path(path)
+        self.dropped = 0
+        self._info = dict(info)
+        self._capacity = capacity
+        self._queue: deque[tuple] = deque()
+        self._workers: deque[tuple[int, float]] = deque()
+        self._offset = time.time() - time.perf_counter()  # perf_counter -> epoch seconds
+        self._step = 0
+        self._start: float | None = None  # start of the step in progress (perf_counter)
+        self._wait = 0.0
+        self._samples: float | None = None
+        self._explicit = False
+        self._primary: weakref.ref | None = None
+        self._last_iter = 0
+        self._cuda = None  # torch.cuda once it is initialized
+        self._ev_start: Any = None
+        self._ev_prev_end: Any = None
+        self._pending_gpu: deque[tuple[int, Any, Any]] = deque()
+        self._store: Store | None = None
+        self._warned = False
+        self._saved_dropped = 0
+        self._flush_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._flush_interval = flush_interval
+        self._thread = threading.Thread(target=self._run, name="gpufeed-flush", daemon=True)
+        self._thread.start()
+
+    # --- hot path (training thread) ------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Mark now as the start of the first step (the in-code API calls this on entry)."""
+        if self._start is None:
+            self._start = time.perf_counter()
+
+    def on_batch(self, t0: float, t1: float, batch: Any, iterator: Any = None) -> None:
+        """A DataLoader `__next__` blocked from t0 to t1 (perf_counter) and returned `batch`."""
+        if self._start is None:
+            self._start = t0
+        self._wait += t1 - t0
+        n = batch_size(batch)
+        if n is not None:
+            self._samples = n if self._samples is None else self._samples + n
+        if iterator is not None and id(iterator) != self._last_iter:
+            self._last_iter = id(iterator)
+            now = time.time()
+            for w in getattr(iterator, "_workers", ()):
+                self._workers.append((w.pid, now))
+        if self._ev_start is None and self._cuda_ready():
+            self._ev_start = self._cuda.Event(enable_timing=True)
+            self._ev_start.record()
+
+    def on_wait(self, t0: float, t1: float) -> None:
+        """A DataLoader `__next__` blocked from t0 to t1 and ended the epoch (StopIteration)."""
+        if self._start is None:
+            self._start = t0
+        self._wait += t1 - t0
+
+    def on_optimizer_step(self, optimizer: Any) -> None:
+        """Optimizer post-step hook: ends a step unless explicit steps or another optimizer lead."""
+        if self._explicit:
+            return
+        primary = self._primary() if self._primary is not None else None
+        if primary is not optimizer:
+            if primary is not None:
+                return  # several optimizers (e.g. a GAN): the first one to step marks the steps
+            self._primary = weakref.ref(optimizer)
+        self.end_step(None)
+
+    def mark_step(self, samples: float | None) -> None:
+        """`gpufeed.step()`: from now on explicit calls define the steps of this process."""
+        self._explicit = True
+        self.end_step(samples)
+
+    def end_step(self, samples: float | None) -> None:
+        """End the step in progress now."""
+        t = time.perf_counter()
+        start = self._start if self._start is not None else NAN
+        if samples is None:
+            samples = self._samples if self._samples is not None else NAN
+        ev0 = ev1 = None
+        if self._cuda_ready():
+            ev1 = self._cuda.Event(enable_timing=True)
+            ev1.record()
+            ev0 = self._ev_start or self._ev_prev_end
+        if len(self._queue) < self._capacity:
+            self._queue.append((self._step, start, t, self._wait, samples, ev0, ev1))
+        else:
+            self.dropped += 1
+        self._step += 1
+        self._start, self._wait, self._samples = t, 0.0, None
+        self._ev_start, self._ev_prev_end = None, ev1
+
+    def _cuda_ready(self) -> bool:
+        if self._cuda is not None:
+            return True
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            self._cuda = torch.cuda
+            return True
+        return False
+
+    # --- flushing (background thread) -----------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._flush_interval):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write queued steps and resolved GPU times; on a store error drop them, count, warn once."""
+        with self._flush_lock:
+            rows = _drain(self._queue)
+            workers = _drain(self._workers)
+            for step, _, _, _, _, ev0, ev1 in rows:
+                if ev0 is not None and ev1 is not None:
+                    self._pending_gpu.append((step, ev0, ev1))
+            while len(self._pending_gpu) > _MAX_PENDING_GPU:
+                self._pending_gpu.popleft()
+            gpu_times = self._resolve_gpu_times()
+            if not rows and not workers and not gpu_times and self._store is not None:
+                return
+            off = self._offset
+            step_rows = [(s, a + off, b + off, w, n, NAN) for s, a, b, w, n, _, _ in rows]
+            info = {"dropped_events": self.dropped} if self.dropped != self._saved_dropped else {}
+            try:
+                if self._store is None:
+                    self._store = Store(self.path)
+                    info = {**self._info, "dropped_events": self.dropped}
+                self._store.write(info, gpu_times, steps=step_rows, workers=workers)
+                self._saved_dropped = self.dropped
+            except Exception as e:  # any store failure: never let it reach training
+                self.dropped += len(rows)
+                self._warn(e)
+
+    def _resolve_gpu_times(self) -> list[tuple[float, int]]:
+        done: list[tuple[float, int]] = []
+        pending = self._pending_gpu
+        while pending:
+            step, ev0, ev1 = pending[0]
+            try:
+                if not ev1.query():
+                    break  # events complete in order; later ones are not done either
+                done.append((ev0.elapsed_time(ev1) / 1000.0, step))
+            except Exception:
+                pass  # a failed query leaves gpu_time NaN, it never stops recording
+            pending.popleft()
+        return done
+
+    def _warn(self, error: BaseException) -> None:
+        if not self._warned:
+            self._warned = True
+            sys.stderr.write(
+                f"gpufeed: warning: cannot write profile store {self.path}: {error}; "
+                "dropping profiler events, training continues\n"
+            )
+
+    def close(self, gpu_wait: float = 2.0) -> None:
+        """Stop the flush thread, write what is left and this process's end time."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        # Training is over: GPU times still in flight may be waited for, briefly.
+        deadline = time.monotonic() + gpu_wait
+        while self._pending_gpu and time.monotonic() < deadline:
+            self.flush()
+            if self._pending_gpu:
+                time.sleep(0.01)
+        self.flush()
+        with self._flush_lock:
+            try:
+                if self._store is not None:
+                    self._store.write({"end": time.time(), "dropped_events": self.dropped})
+                    self._store.close()
+                    self._store = None
+            except Exception as e:
+                self._warn(e)
+        if self.dropped:
+            sys.stderr.write(f"gpufeed: {self.dropped} profiler events were dropped\n")
+
+
+def _drain(queue: deque) -> list:
+    # deque.popleft is atomic, so the training thread may keep appending while we drain.
+    out = []
+    try:
+        while True:
+            out.append(queue.popleft())
+    except IndexError:
+        return out

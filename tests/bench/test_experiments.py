@@ -1,0 +1,108 @@
+"""`gpufeed bench`: the reduced grids run end to end on tiny data and write their tables and plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpufeed.bench.experiments import run_bench
+from gpufeed.bench.hardware import usable_cores
+from gpufeed.cli import app
+
+TINY = {"images": 32, "steps": 2, "batch_size": 8, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("bench-cache")
+
+
+def read_rows(out: Path) -> list[dict[str, str]]:
+    with open(out / "results.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_reduced_augload_grid_runs_end_to_end_and_writes_its_table(
+    tmp_path: Path, cache: Path
+) -> None:
+    out = run_bench("augload", tmp_path / "augload", full=False, cache=cache, **TINY)
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["complete"] is True
+    assert doc["hardware"]["cpu_cores"] >= 1 and doc["hardware"]["cpu_model"]
+    assert "torch" in doc["hardware"]["versions"]
+    rows = read_rows(out)
+    assert [(r["preprocess"], r["load"]) for r in rows] == [("synthetic", "")] + [
+        (mode, str(load)) for load in (1, 4, 8, 12) for mode in ("cpu", "gpu")
+    ]
+    ceiling = float(rows[0]["images_per_s"])
+    for r in rows[1:]:  # efficiency is measured against the synthetic-data run of the same model
+        assert float(r["efficiency"]) == pytest.approx(
+            float(r["images_per_s"]) / ceiling, rel=1e-3, abs=1e-3
+        )
+        assert float(r["epoch_s"]) == pytest.approx(32 / float(r["images_per_s"]), rel=1e-2)
+    by = {(r["preprocess"], r["load"]): r for r in rows}
+    cpu, gpu = float(by[("cpu", "12")]["epoch_s"]), float(by[("gpu", "12")]["epoch_s"])
+    assert float(by[("gpu", "12")]["improvement_pct"]) == pytest.approx(
+        100 * (cpu - gpu) / cpu, abs=0.2
+    )
+
+    md = (out / "results.md").read_text()
+    assert "| model | load L | cpu s/epoch | gpu s/epoch |" in md
+    assert md.count("| resnet18 |") == 4
+    assert "Reduced grid" in md and "Hardware:" in md
+    assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_spent_time_budget_stops_the_grid_and_says_so(tmp_path: Path, cache: Path) -> None:
+    out = run_bench("augload", tmp_path / "a", full=False, cache=cache, budget_s=1e-6, **TINY)
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["complete"] is False
+    assert doc["rows"] == []
+    assert any("Time budget of 1e-06 s reached: 0 of 9" in n for n in doc["notes"])
+
+
+def test_workers_runs_each_configuration_under_the_profiler(tmp_path: Path, cache: Path) -> None:
+    out = run_bench("workers", tmp_path / "w", full=False, cache=cache, **TINY)
+    rows = read_rows(out)
+    many = str(max(2, usable_cores() - 1))
+    assert [(r["data"].split()[0], r["workers"]) for r in rows] == [
+        ("resize", "1"), ("resize", many), ("pre-resized", "1"), ("pre-resized", many),
+    ]  # fmt: skip
+    for r in rows:
+        assert (out / r["run"] / "meta.json").is_file()
+        assert r["util_of"] in ("cpu", "gpu") and 0 <= float(r["util_mean"]) <= 100
+        assert float(r["images_per_s"]) > 0
+    assert rows[0]["speedup"] == "1.0"
+    assert "| images | workers | img/s |" in (out / "results.md").read_text()
+
+
+def test_batch_reports_whether_the_batch_size_rule_fires(tmp_path: Path, cache: Path) -> None:
+    import torch
+
+    out = run_bench("batch", tmp_path / "b", full=False, cache=cache, **TINY)
+    rows = read_rows(out)
+    assert [r["batch_size"] for r in rows] == ["4", "64"]
+    assert all(r["batchsize_rule"] in ("fires", "silent") for r in rows)
+    if not torch.cuda.is_available():  # the rule reads GPU utilization and memory
+        assert all(r["batchsize_rule"] == "silent" for r in rows)
+        assert "stays silent on a CPU-only machine" in (out / "results.md").read_text()
+
+
+def test_cli_names_unknown_experiments_and_bad_options(tmp_path: Path) -> None:
+    runner = CliRunner()
+    r = runner.invoke(app, ["bench", "warp"])
+    assert r.exit_code == 2 and "unknown experiment 'warp'" in r.output
+    r = runner.invoke(app, ["bench", "augload", "--steps", "0"])
+    assert r.exit_code == 2 and "--steps must be at least 1" in r.output
+    r = runner.invoke(app, ["bench", "augload", "--data", str(tmp_path / "missing")])
+    assert r.exit_code == 2 and "no such directory" in r.output
+
+
+def test_bench_help_lists_the_experiments() -> None:
+    r = CliRunner().invoke(app, ["bench", "--help"])
+    assert r.exit_code == 0
+    assert all(name in r.output for name in ("augload", "workers", "batch"))

@@ -1,0 +1,146 @@
+"""Fixtures for the feed tests: tiny photo-like images, packed shards, and a real S3 server on loopback."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import struct
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from gpufeed.bench.synth import make_image_folder
+from gpufeed.data.pack import pack
+
+N_IMAGES = 48
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_image_folder(
+        tmp_path_factory.mktemp("images"), N_IMAGES, 4, short_side=(40, 64), quality=(85, 90)
+    )
+
+
+@pytest.fixture(scope="session")
+def id_list(image_folder: Path) -> Path:
+    """A list file giving every image its own label, so labels identify samples exactly."""
+    paths = sorted(image_folder.glob("*/*.jpg"))
+    lst = image_folder.parent / "ids.txt"
+    lst.write_text("".join(f"{p} {i}\n" for i, p in enumerate(paths)))
+    return lst
+
+
+@pytest.fixture(scope="session")
+def shards(id_list: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """48 samples (label = sample id) in 7 uneven shards."""
+    out = tmp_path_factory.mktemp("shards")
+    with pytest.warns(UserWarning, match="outside 1-128 MB"):
+        pack(id_list, out, shard_size="16KB", workers=1, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A moto S3 server on 127.0.0.1 (real HTTP, real S3 protocol), with dummy credentials."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": s3_server,
+    }.items():
+        monkeypatch.setenv(k, v)
+    return s3_server
+
+
+class FaultyProxy:
+    """A loopback HTTP proxy in front of the S3 server that fails some shard GETs for real:
+    every `every`-th ranged GET of a .tar object alternately gets an HTTP 500 or a TCP reset."""
+
+    def __init__(self, upstream: str, every: int = 3) -> None:
+        self.upstream = upstream.split("://", 1)[1]
+        self.every, self.gets, self.injected = every, 0, {"500": 0, "reset": 0}
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                fault = proxy._fault(self.command, self.path)
+                if fault == "reset":
+                    self.connection.setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                    )
+                    self.connection.close()
+                    self.close_connection = True
+                    return
+                if fault == "500":
+                    msg = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
+                    self.send_response(500)
+                    self.send_header("Content-Length", str(len(msg)))
+                    self.end_headers()
+                    self.wfile.write(msg)
+                    return
+                conn = http.client.HTTPConnection(proxy.upstream, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                headers["Host"] = self.headers.get("Host", proxy.upstream)
+                conn.request(self.command, self.path, body=body or None, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def _fault(self, method: str, path: str) -> str | None:
+        if method != "GET" or ".tar" not in path:
+            return None
+        with self.lock:
+            self.gets += 1
+            if self.gets % self.every:
+                return None
+            kind = "500" if (self.gets // self.every) % 2 else "reset"
+            self.injected[kind] += 1
+            return kind
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def faulty_proxy(s3_server: str):
+    proxy = FaultyProxy(s3_server)
+    yield proxy
+    proxy.close()

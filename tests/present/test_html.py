@@ -1,0 +1,204 @@
+"""The HTML report: self-contained, opens in real headless Chromium without errors, escapes the run's
+strings, stays small for a 24-hour run, and `gpufeed report` writes it (also while the run goes on)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import gpufeed
+from gpufeed.analyze.run import Run
+from gpufeed.present.html import render_html
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+CHROMIUM = (
+    shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+)
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed (`make chromium` installs Debian's)"
+)
+XSS = "<script>alert(1)</script>"
+
+# Two seconds of an input-bound loop: one worker sleeping per sample, so the report has a finding.
+SCRIPT = """
+import time, torch
+from torch.utils.data import DataLoader, Dataset
+class Slow(Dataset):
+    def __len__(self): return 320
+    def __getitem__(self, i):
+        time.sleep(0.003)
+        return torch.randn(16), i % 2
+model = torch.nn.Linear(16, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in DataLoader(Slow(), batch_size=8, num_workers=1):
+    opt.zero_grad(); torch.nn.functional.cross_entropy(model(x), y).backward(); opt.step()
+    time.sleep(0.01)
+"""
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory) -> Path:
+    """A real run named like an XSS payload, profiled once for this module."""
+    out = tmp_path_factory.mktemp("runs")
+    cmd = [sys.executable, "-m", "gpufeed.cli", "profile", "--out", str(out), "--interval", "0.1"]
+    cmd += ["--name", XSS, "--", sys.executable, "-c", SCRIPT]
+    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert cp.returncode == 0, cp.stderr
+    return Path(re.search(r"profiling into (.+)", cp.stderr).group(1).strip())
+
+
+def chromium(url: str, *flags: str) -> str:
+    """Run headless Chromium on `url` with a fresh profile; return what it printed to stdout."""
+    with tempfile.TemporaryDirectory() as profile:
+        cp = subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--virtual-time-budget=15000", *flags, url],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    return cp.stdout
+
+
+@needs_chromium
+def test_report_renders_in_chromium_without_errors_and_escapes_the_name(profiled: Path) -> None:
+    report = profiled / "report.html"
+    cp = subprocess.run(
+        [sys.executable, "-m", "gpufeed.cli", "report", str(profiled)],
+        capture_output=True,
+        text=True,
+    )
+    assert cp.returncode == 0 and f"report written to {report}" in cp.stdout, cp.stderr
+    dom = chromium(report.as_uri(), "--dump-dom")
+    figures = json.loads(
+        re.search(r'id="chart-data">(.*?)</script>', report.read_text(), re.S).group(1)
+    )
+    assert re.search(r'<pre id="js-errors"></pre>', dom), re.search(r"js-errors.{0,500}", dom)
+    assert f'data-charts-rendered="{len(figures)}"' in dom
+    assert {"chart-cpu-cores", "chart-util-steps", "chart-step-breakdown", "chart-step-hist",
+            "chart-roles"} <= set(figures)  # fmt: skip
+    starts = sorted((dom.index(f'id="{chart}"'), chart) for chart in figures)
+    for (start, chart), (end, _) in zip(starts, [*starts[1:], (len(dom), "")], strict=True):
+        assert "main-svg" in dom[start:end], f"{chart} did not render"  # plotly's SVG is inside
+    # The name is text in the page, never markup: no alert script was injected anywhere.
+    assert '<span id="run-name">&lt;script&gt;alert(1)&lt;/script&gt;</span>' in dom
+    assert XSS not in dom and "alert(1)</script>" not in report.read_text()
+    assert "DataLoaderBottleneck" in dom and "estimated speedup" in dom
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report.png"
+    chromium(report.as_uri(), f"--screenshot={shot}", "--window-size=1400,3200")
+    assert shot.stat().st_size > 20_000
+
+
+def test_report_is_self_contained(profiled: Path, tmp_path: Path) -> None:
+    html = render_html(gpufeed.load(profiled), [])
+    assert not re.search(r"""<(script|link|img)[^>]+(src|href)=["']?(https?:)?//""", html)
+    assert "No bottleneck found" in html  # no findings passed: the healthy message
+
+
+def test_cli_writes_json_findings_and_rejects_bad_options(profiled: Path, tmp_path: Path) -> None:
+    out, js = tmp_path / "r.html", tmp_path / "f.json"
+    cli = [sys.executable, "-m", "gpufeed.cli", "report", str(profiled), "-o", str(out)]
+    cp = subprocess.run([*cli, "--json", str(js)], capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+    data = json.loads(js.read_text())
+    assert data["name"] == XSS and data["healthy"] is False and data["finished"] is True
+    assert data["findings"][0]["rule"] == "DataLoaderBottleneck"
+    cp = subprocess.run([*cli, "--set", "DataLoaderBottleneck.enabled=false", "--json", str(js)],
+                        capture_output=True, text=True)  # fmt: skip
+    assert "DataLoaderBottleneck" not in {f["rule"] for f in json.loads(js.read_text())["findings"]}
+    cp = subprocess.run(
+        [*cli, "--set", "DataLoaderBottleneck.treshold=1"], capture_output=True, text=True
+    )
+    assert cp.returncode == 2 and "unknown parameter DataLoaderBottleneck.treshold" in cp.stderr
+    cp = subprocess.run([*cli[:4], str(tmp_path / "nope")], capture_output=True, text=True)
+    assert cp.returncode == 2 and "is not a directory" in cp.stderr and "Traceback" not in cp.stderr
+    bad = tmp_path / "gpufeed.toml"
+    bad.write_text("[rules.Nope]\nx = 1\n")
+    cp = subprocess.run([*cli, "--config", str(bad)], capture_output=True, text=True)
+    assert cp.returncode == 2 and "gpufeed.toml: unknown rule 'Nope'" in cp.stderr
+
+
+def test_watch_rewrites_the_report_until_the_run_ends(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT + "\ntime.sleep(2)\n")
+    prof = subprocess.Popen(
+        [sys.executable, "-m", "gpufeed.cli", "profile", "--out", str(runs), "--interval", "0.1",
+         "--", sys.executable, str(script)],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 60
+        while not any(runs.glob("*/meta.json")) and time.time() < deadline:
+            time.sleep(0.1)
+        run_dir = next(runs.glob("*/meta.json")).parent
+        watch = subprocess.run(
+            [sys.executable, "-m", "gpufeed.cli", "report", str(run_dir), "--watch", "0.5"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        prof.wait(timeout=120)
+    assert watch.returncode == 0, watch.stderr
+    lines = watch.stdout.splitlines()
+    assert len(lines) >= 2 and "run still in progress" in lines[0]
+    assert "in progress" not in lines[-1]  # the last rewrite saw the finished run, then it stopped
+    assert "run still in progress" not in (run_dir / "report.html").read_text()
+
+
+def big_run(hours: float = 24, interval: float = 0.2, cores: int = 4) -> Run:
+    """A synthetic day-long run at the default interval: one GPU, `cores` cores, 4 workers."""
+    t = 1_700_000_000 + np.arange(0, hours * 3600, interval)
+    n = len(t)
+    rng = np.random.default_rng(0)
+    series = [("cpu.util", ""), ("cpu.iowait", ""), ("mem.used", ""), ("mem.total", ""),
+              ("disk.read", ""), ("net.rx", ""), ("gpu.util", "0"), ("gpu.mem_used", "0"),
+              ("gpu.mem_total", "0")] + [("cpu.core", str(c)) for c in range(cores)]  # fmt: skip
+    system = pd.DataFrame(
+        {
+            "time": np.tile(t, len(series)),
+            "host": pd.Categorical(["node0"] * (n * len(series))),
+            "metric": pd.Categorical(np.repeat([m for m, _ in series], n)),
+            "device": pd.Categorical(np.repeat([d for _, d in series], n)),
+            "value": rng.uniform(0, 100, n * len(series)),
+        }
+    )
+    d = 0.5 + 0.01 * rng.standard_normal(int(hours * 3600 / 0.5))
+    end = t[0] + 5 + np.cumsum(d)
+    steps = pd.DataFrame(
+        {"host": "node0", "rank": 0, "local_rank": 0, "pid": 1000, "step": np.arange(len(d)),
+         "start": end - d, "end": end, "duration": d, "data_wait": 0.01 * d, "samples": 256.0,
+         "gpu_time": np.nan}
+    )  # fmt: skip
+    pt = t[::5]
+    processes = pd.DataFrame(
+        {"time": np.tile(pt, 3), "host": "node0", "pid": np.repeat([1000, 2000, 2001], len(pt)),
+         "role": np.repeat(["main", "worker", "worker"], len(pt)), "cpu": 50.0, "rss": 2e9}
+    )  # fmt: skip
+    meta = {"name": "day", "command": ["python", "train.py"], "start_time": t[0], "end_time": t[-1],
+            "exit_code": 0, "interval": interval, "hosts": ["node0"], "cpu_count": cores,
+            "gpus": [{"index": 0, "name": "NVIDIA H100", "memory_total": 8e10}], "ranks": [],
+            "finished": True}  # fmt: skip
+    return Run(Path("day"), meta, system, steps, processes)
+
+
+@pytest.mark.slow
+def test_a_24_hour_run_gives_a_report_under_10_mb() -> None:
+    run = big_run()
+    html = render_html(run, gpufeed.analyze(run))
+    size = len(html.encode())
+    assert size < 10e6, f"{size / 1e6:.1f} MB"
+    # Every series was binned: no chart carries more points than the cap.
+    figures = json.loads(re.search(r'id="chart-data">(.*?)</script>', html, re.S).group(1))
+    longest = max(len(tr.get("x") or []) for f in figures.values() for tr in f["data"])
+    assert 100 < longest <= 1200

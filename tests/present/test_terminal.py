@@ -1,0 +1,65 @@
+"""`gpufeed show` and `gpufeed ls`: what a user reads in the terminal."""
+
+from __future__ import annotations
+
+import subprocess
+
+from rich.console import Console
+
+from gpufeed.present.terminal import list_runs, show
+
+
+def _text(fn, *args) -> str:
+    console = Console(record=True, width=160)
+    fn(*args, console=console)
+    return console.export_text()
+
+
+STEPS = {0: [(i, 1010.0 + i, 1011.0 + i, 0.25, 16.0, None) for i in range(10)]}
+CPU = [(1000.0 + i, "cpu.util", "", float(10 * i)) for i in range(11)]
+
+
+def test_show_prints_phases_throughput_and_percentiles(make_run):
+    out = _text(
+        show, make_run(system=CPU, ranks=STEPS, meta={"gpu_unavailable": "NVML unavailable (x)"})
+    )
+    for part in ("Phases", "initialization", "training", "finalization", "Training steps"):
+        assert part in out
+    assert "1.00" in out and "16.0" in out  # steps/s and samples/s
+    assert "25.0% of step time" in out
+    assert "cpu.util" in out and "100.0" in out  # max of 0..100
+    assert "gpu." not in out and "NVML unavailable" in out
+
+
+def test_show_lists_gpu_rows_where_gpus_were_read(make_run):
+    gpu = [(1000.0 + i, "gpu.util", "0", 90.0) for i in range(5)]
+    out = _text(show, make_run(system=CPU + gpu, meta={"gpus": [{"index": 0, "name": "H100"}]}))
+    assert "gpu.util" in out and "H100" in out
+
+
+def test_show_a_run_with_zero_steps_says_so(make_run):
+    out = _text(show, make_run(system=CPU))
+    assert "No training steps were recorded" in out
+
+
+def test_show_an_unfinished_run_says_so(make_run):
+    out = _text(show, make_run(ranks=STEPS, meta={"end_time": None}))
+    assert "did not finish cleanly" in out
+
+
+def test_show_cli_on_a_bad_path_is_a_clear_error(tmp_path, gpufeed_cli):
+    cp = subprocess.run(gpufeed_cli("show", str(tmp_path)), capture_output=True, text=True)
+    assert cp.returncode == 2
+    assert "not a gpufeed run directory" in cp.stderr and "Traceback" not in cp.stderr
+
+
+def test_ls_lists_runs_newest_first(make_run, tmp_path):
+    first, second = make_run(), make_run(meta={"end_time": None})
+    runs = list_runs(tmp_path, console=Console(record=True, width=200))
+    assert set(runs) == {first, second}
+    out = _text(list_runs, tmp_path)
+    assert first.name in out and "unfinished" in out
+
+
+def test_ls_of_an_empty_folder_says_how_to_make_a_run(tmp_path):
+    assert "gpufeed profile" in _text(list_runs, tmp_path)

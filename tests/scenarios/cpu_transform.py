@@ -1,0 +1,31 @@
+"""CPU-bound in the training process: a heavy augmentation per sample with num_workers=0."""
+
+from __future__ import annotations
+
+import torch
+from healthy import model_and_optimizer, train_step
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+STEPS = 40
+
+
+class HeavyAugment(Dataset):
+    def __len__(self) -> int:
+        return STEPS * 8
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        x = torch.randn(3, 128, 128)
+        for _ in range(12):  # repeated blur + flip, the kind of augmentation stack that eats a core
+            x = nn.functional.avg_pool2d(x.unsqueeze(0), 5, 1, 2).squeeze(0).flip(-1)
+        return x[:, ::8, ::8].contiguous(), i % 10
+
+
+def main() -> None:
+    model, opt = model_and_optimizer()
+    for x, y in DataLoader(HeavyAugment(), batch_size=8, num_workers=0):
+        train_step(model, opt, x, y)
+
+
+if __name__ == "__main__":
+    main()
