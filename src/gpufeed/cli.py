@@ -225,6 +225,9 @@ def bench_cmd(
         None, "--budget", help="Stop starting new configurations after this many seconds."
     ),
     steps: int | None = typer.Option(None, "--steps", help="Steps per configuration."),
+    repeats: int | None = typer.Option(
+        None, "--repeats", help="augload: interleaved repeats of the grid (medians reported)."
+    ),
     images: int | None = typer.Option(None, "--images", help="Images to generate."),
     batch_size: int | None = typer.Option(
         None, "--batch-size", help="Batch size (augload, workers)."
@@ -243,12 +246,88 @@ def bench_cmd(
 
     try:
         path = run_bench(
-            name, out, full=full, data=data, budget_s=budget, steps=steps, images=images,
-            batch_size=batch_size, workers=workers, cache=cache,
+            name, out, full=full, data=data, budget_s=budget, steps=steps, repeats=repeats,
+            images=images, batch_size=batch_size, workers=workers, cache=cache,
         )  # fmt: skip
     except BenchError as e:
         raise fail(str(e)) from None
     typer.echo(f"gpufeed: wrote {path}/results.md (+ .csv, .json, .png)")
+
+
+# demo, diagnose, tune (the main job)
+
+
+@app.command("demo")
+def demo_cmd(
+    tiny: bool = typer.Option(False, "--tiny", help="A few hundred images, seconds (what CI runs)."),
+    images: int | None = typer.Option(None, "--images", help="Images to generate (default 1200)."),
+    steps: int | None = typer.Option(None, "--steps", help="Training steps per run (default 150)."),
+    model: str | None = typer.Option(None, "--model", help="resnet18 (default), resnet50, ..."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Batch size (default 32)."),
+    image_size: int | None = typer.Option(
+        None, "--image-size", help="Training image size (default 32 on CPU, 224 with a GPU)."
+    ),
+    out: str = typer.Option("gpufeed-demo", "--out", "-o", help="Work dir; data is cached here."),
+) -> None:
+    """Profile a naive training pipeline, show its bottleneck, then fix it with the gpufeed loader."""
+    from gpufeed.bench.demo import DemoError, demo_config, run_demo
+
+    try:
+        cfg = demo_config(tiny, images, steps, model, batch_size, image_size)
+        run_demo(cfg, out)
+    except (DemoError, ValueError) as e:
+        raise fail(str(e)) from None
+
+
+@app.command("diagnose")
+def diagnose_cmd(
+    data: str = typer.Option(
+        ..., "--data", help="Image folder, shard directory, or module:function returning a loader."
+    ),
+    model: str = typer.Option(
+        "resnet18", "--model", help="resnet18, resnet50, resnet152 or module:function."
+    ),
+    batch_size: int = typer.Option(64, "--batch-size", help="Batch size (folder and shards)."),
+    device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda if any)."),
+    workers: int | None = typer.Option(
+        None, "--workers", help="Loader workers for a folder or shards (default: half the cores)."
+    ),
+    image_size: int = typer.Option(224, "--image-size", help="Training image size."),
+    seconds: float = typer.Option(4.0, "--seconds", help="Seconds per measurement."),
+) -> None:
+    """Input-bound or compute-bound? Measure the loader alone and the model alone, in seconds."""
+    from gpufeed.bench.diagnose import diagnose
+    from gpufeed.bench.measure import MeasureError
+
+    try:
+        diagnose(data, model, batch_size, device, workers, image_size, seconds)
+    except MeasureError as e:
+        raise fail(str(e)) from None
+
+
+@app.command("tune")
+def tune_cmd(
+    data: str = typer.Option(..., "--data", help="Shard directory (or an image folder)."),
+    model: str | None = typer.Option(
+        None, "--model", help="Stop once the loader outruns this model (name or module:function)."
+    ),
+    batch_size: int = typer.Option(64, "--batch-size", help="Batch size."),
+    device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda if any)."),
+    image_size: int = typer.Option(224, "--image-size", help="Training image size."),
+    allow_batch_change: bool = typer.Option(
+        False, "--allow-batch-change", help="Also try half and double the batch size."
+    ),
+    out: str = typer.Option("gpufeed-tune.json", "--out", "-o", help="Where to write the winner."),
+    seconds: float = typer.Option(2.5, "--seconds", help="Seconds per trial."),
+) -> None:
+    """Search loader workers, prefetch, CPU/GPU preprocessing (and batch size) by measured trials."""
+    from gpufeed.bench.measure import MeasureError
+    from gpufeed.bench.tune import tune
+
+    try:
+        tune(data, model, batch_size, device, image_size, allow_batch_change, out, seconds)
+    except MeasureError as e:
+        raise fail(str(e)) from None
 
 
 def main() -> None:

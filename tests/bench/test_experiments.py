@@ -13,7 +13,7 @@ from gpufeed.bench.experiments import run_bench
 from gpufeed.bench.hardware import usable_cores
 from gpufeed.cli import app
 
-TINY = {"images": 32, "steps": 2, "batch_size": 8, "progress": False}
+TINY = {"images": 32, "steps": 2, "batch_size": 8, "repeats": 1, "progress": False}
 
 
 @pytest.fixture(scope="module")
@@ -29,31 +29,43 @@ def read_rows(out: Path) -> list[dict[str, str]]:
 def test_reduced_augload_grid_runs_end_to_end_and_writes_its_table(
     tmp_path: Path, cache: Path
 ) -> None:
-    out = run_bench("augload", tmp_path / "augload", full=False, cache=cache, **TINY)
+    out = run_bench(
+        "augload", tmp_path / "augload", full=False, cache=cache, **{**TINY, "repeats": 2}
+    )
     doc = json.loads((out / "results.json").read_text())
     assert doc["complete"] is True
     assert doc["hardware"]["cpu_cores"] >= 1 and doc["hardware"]["cpu_model"]
     assert "torch" in doc["hardware"]["versions"]
-    rows = read_rows(out)
-    assert [(r["preprocess"], r["load"]) for r in rows] == [("synthetic", "")] + [
+    rows = read_rows(out)  # every measurement, the grid twice, interleaved
+    grid = [("synthetic", "")] + [
         (mode, str(load)) for load in (1, 4, 8, 12) for mode in ("cpu", "gpu")
     ]
-    ceiling = float(rows[0]["images_per_s"])
-    for r in rows[1:]:  # efficiency is measured against the synthetic-data run of the same model
-        assert float(r["efficiency"]) == pytest.approx(
-            float(r["images_per_s"]) / ceiling, rel=1e-3, abs=1e-3
-        )
-        assert float(r["epoch_s"]) == pytest.approx(32 / float(r["images_per_s"]), rel=1e-2)
-    by = {(r["preprocess"], r["load"]): r for r in rows}
-    cpu, gpu = float(by[("cpu", "12")]["epoch_s"]), float(by[("gpu", "12")]["epoch_s"])
-    assert float(by[("gpu", "12")]["improvement_pct"]) == pytest.approx(
-        100 * (cpu - gpu) / cpu, abs=0.2
-    )
+    assert [(r["repeat"], r["preprocess"], r["load"]) for r in rows] == [
+        (str(rep), mode, load) for rep in (0, 1) for mode, load in grid
+    ]
+    ips = {(r["repeat"], r["preprocess"], r["load"]): float(r["images_per_s"]) for r in rows}
+
+    def median(mode: str, load: str) -> float:
+        return (ips[("0", mode, load)] + ips[("1", mode, load)]) / 2  # the median of two
+
+    summary = doc["summary"]
+    assert [s["load"] for s in summary] == [1, 4, 8, 12]
+    ceiling = median("synthetic", "")
+    for s in summary:
+        for mode in ("cpu", "gpu"):
+            med = median(mode, str(s["load"]))
+            assert s[f"{mode}_ips"] == pytest.approx(med)
+            assert s[f"{mode}_efficiency"] == pytest.approx(med / ceiling, abs=1e-3)
+            assert s[f"{mode}_epoch_s"] == pytest.approx(32 / med, rel=1e-3)
+        cpu, gpu = s["cpu_epoch_s"], s["gpu_epoch_s"]
+        assert s["gpu_gain_pct"] == pytest.approx(100 * (cpu - gpu) / cpu, abs=0.1)
+        assert s["repeats"] == 2
 
     md = (out / "results.md").read_text()
     assert "| model | load L | cpu s/epoch | gpu s/epoch |" in md
     assert md.count("| resnet18 |") == 4
     assert "Reduced grid" in md and "Hardware:" in md
+    assert (out / "summary.csv").read_text().count("\n") == 5
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -63,6 +75,33 @@ def test_a_spent_time_budget_stops_the_grid_and_says_so(tmp_path: Path, cache: P
     assert doc["complete"] is False
     assert doc["rows"] == []
     assert any("Time budget of 1e-06 s reached: 0 of 9" in n for n in doc["notes"])
+
+
+def test_a_failing_configuration_is_recorded_and_the_grid_goes_on(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpufeed.bench import experiments
+
+    real = experiments.make_loader
+
+    def out_of_memory_at_load_8(cfg, data, *, preprocess="cpu", load=1, **kw):
+        if preprocess == "gpu" and load == 8:  # what a too-large batch does on a real GPU
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\n(details)")
+        return real(cfg, data, preprocess=preprocess, load=load, **kw)
+
+    monkeypatch.setattr(experiments, "AUG_LOADS", (1, 8))
+    monkeypatch.setattr(experiments, "make_loader", out_of_memory_at_load_8)
+    out = run_bench("augload", tmp_path / "oom", full=False, cache=cache, **TINY)
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["complete"] is True and len(doc["rows"]) == 5
+    failed = [r for r in doc["rows"] if r.get("error")]
+    assert [(r["preprocess"], r["load"], r["error"]) for r in failed] == [
+        ("gpu", 8, "RuntimeError")
+    ]
+    assert any("gpu L=8 failed: CUDA out of memory" in n for n in doc["notes"])
+    by_load = {s["load"]: s for s in doc["summary"]}
+    assert by_load[8]["gpu_ips"] is None and by_load[8]["cpu_ips"] > 0
+    assert "| resnet18 | 8 |" in (out / "results.md").read_text()
 
 
 def test_workers_runs_each_configuration_under_the_profiler(tmp_path: Path, cache: Path) -> None:

@@ -31,6 +31,19 @@ def test_show_prints_phases_throughput_and_percentiles(make_run):
     assert "gpu." not in out and "NVML unavailable" in out
 
 
+def test_show_sums_cpu_and_memory_per_process_role(make_run):
+    procs = [(1000.0 + t, pid, role, cpu, 2**30) for t in range(3) for pid, role, cpu in PROCS]
+    out = _text(show, make_run(system=CPU, ranks=STEPS, processes=procs))
+    assert "Processes" in out
+    lines = {line.split()[1]: line for line in out.splitlines() if line.startswith("│ ")}
+    assert lines["main"].split("│")[2].strip() == "1" and "180%" in lines["main"]
+    assert lines["worker"].split("│")[2].strip() == "2" and "100%" in lines["worker"]
+    assert "2.00 GiB" in lines["worker"]
+
+
+PROCS = [(100, "main", 180.0), (201, "worker", 60.0), (202, "worker", 40.0)]
+
+
 def test_show_lists_gpu_rows_where_gpus_were_read(make_run):
     gpu = [(1000.0 + i, "gpu.util", "0", 90.0) for i in range(5)]
     out = _text(show, make_run(system=CPU + gpu, meta={"gpus": [{"index": 0, "name": "H100"}]}))

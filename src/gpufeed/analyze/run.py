@@ -38,6 +38,8 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     Also: finished (bool: the run wrote its end time), not_finished (str reason, only when not
     finished: still running or killed), env (performance-relevant environment variables, secrets
     redacted), cwd, platform.
+    Optional, read by the MixedPrecision rule (silent when absent): precision ("fp32", "fp16",
+    "bf16" or "mixed": what the training computed in), gpus[i].compute_capability ("8.0").
     A step whose start is unknown (the first step of a process that never asked a DataLoader for a
     batch before it, outside `gpufeed.profile()`) has start, duration = NaN.
 """

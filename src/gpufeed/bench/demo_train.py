@@ -65,6 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--prefetch", type=int, default=2)
     ap.add_argument("--preprocess", default="auto", help="gpufeed pipeline: cpu, gpu or auto")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads when training on CPU (default 1: the model stands in for an "
+        "accelerator on one core and leaves the other cores to the input pipeline)",
+    )
     ap.add_argument("--result", help="write the measured figures here as JSON")
     args = ap.parse_args(argv)
 
@@ -78,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     classes = loader.dataset.classes
     model = resnet(args.model, num_classes=max(2, len(classes)))
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        torch.set_num_threads(args.threads)
     amp = "bf16" if device == "cuda" else None
     result = fit(
         model,
@@ -97,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": args.batch_size,
         "image_size": args.image_size,
         "workers": args.workers,
+        "threads": torch.get_num_threads(),
         "steps": result.steps,
         "measured_steps": result.measured_steps,
         "seconds": result.seconds,

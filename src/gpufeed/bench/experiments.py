@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,13 @@ def _finish(res: ResultSet, planned: int, cfg: BenchConfig) -> None:
     res.save(complete=done >= planned)
 
 
+def _release_device_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def _hardware_line(res: ResultSet) -> str:
     from gpufeed.bench.hardware import describe
 
@@ -98,7 +106,11 @@ def _hardware_line(res: ResultSet) -> str:
 
 def augload(cfg: BenchConfig, out_dir: Path) -> ResultSet:
     """Seconds per epoch and images/s of CPU-worker vs device-side preprocessing at each load
-    factor, and input-pipeline efficiency against the model's synthetic-data ceiling."""
+    factor, and input-pipeline efficiency against the model's synthetic-data ceiling.
+
+    Repeats are interleaved (the whole grid, then again) so that a slow spell of a shared machine
+    hits every configuration alike; the table reports medians.
+    """
     models = ("resnet18", "resnet50", "resnet152") if cfg.full else ("resnet18",)
     res = _start(cfg, out_dir, "augload", models=list(models), loads=list(AUG_LOADS))
     if cfg.device == "cpu":
@@ -110,68 +122,114 @@ def augload(cfg: BenchConfig, out_dir: Path) -> ResultSet:
     n_images = n_samples(data)
     res.params["dataset_images"] = n_images
     steps = cfg.steps_for(cfg.batch_size)
-    plan: list[tuple[str, str, int]] = []
-    for model in models:
-        plan.append((model, "synthetic", 0))
-        plan += [(model, mode, load) for load in AUG_LOADS for mode in PREPROCESS]
-    ceiling: dict[str, float] = {}
-    epoch_s: dict[tuple[str, str, int], float] = {}
+    plan: list[tuple[int, str, str, int | None]] = []
+    for repeat in range(cfg.repeats):
+        for model in models:
+            plan.append((repeat, model, "synthetic", None))
+            plan += [(repeat, model, mode, load) for load in AUG_LOADS for mode in PREPROCESS]
 
-    def label(item: tuple[str, str, int]) -> str:
-        model, mode, load = item
-        return f"{model} {mode}" + (f" L={load}" if mode != "synthetic" else "")
+    def label(item: tuple[int, str, str, int | None]) -> str:
+        repeat, model, mode, load = item
+        return f"#{repeat + 1} {model} {mode}" + (f" L={load}" if load is not None else "")
 
-    for model, mode, load in progress(cfg, plan, label, "augload"):
-        if mode == "synthetic":
-            m = train(cfg, model, synthetic(cfg), steps, cfg.batch_size)
-            ceiling[model] = m.images_per_s
-        else:
-            loader = make_loader(cfg, data, preprocess=mode, load=load)
-            m = train(cfg, model, loader, steps, cfg.batch_size)
-        row: dict[str, Any] = {
-            "model": model,
-            "preprocess": mode,
-            "load": load if mode != "synthetic" else None,
-            "batch_size": cfg.batch_size,
-            "steps": m.steps,
-            "images_per_s": round(m.images_per_s, 2),
-            "epoch_s": round(n_images / m.images_per_s, 3) if m.images_per_s > 0 else math.nan,
-            "efficiency": round(m.images_per_s / ceiling[model], 4) if model in ceiling else None,
-            "improvement_pct": None,
-            "data_wait": round(m.data_wait, 4),
-            "cpu_util": round(m.cpu_util, 1),
-            "decoder": m.loader.get("decoder", "workers" if mode == "cpu" else None),
-            "device_bytes_bound": m.loader.get("device_bytes_bound"),
-            "device_max_allocated": m.loader.get("device_max_allocated"),
-            "wall_s": round(m.wall_s, 2),
-        }
-        epoch_s[(model, mode, load)] = row["epoch_s"]
-        base = epoch_s.get((model, "cpu", load))
-        if mode == "gpu" and base:
-            row["improvement_pct"] = round(100.0 * (base - row["epoch_s"]) / base, 1)
-        res.add(row)
+    for repeat, model, mode, load in progress(cfg, plan, label, "augload"):
+        row: dict[str, Any] = {"repeat": repeat, "model": model, "preprocess": mode, "load": load}
+        row["batch_size"] = cfg.batch_size
+        try:
+            if mode == "synthetic":
+                m = train(cfg, model, synthetic(cfg), steps, cfg.batch_size)
+            else:
+                loader = make_loader(cfg, data, preprocess=mode, load=load or 1)
+                m = train(cfg, model, loader, steps, cfg.batch_size)
+        except (RuntimeError, ValueError) as e:  # e.g. out of GPU memory: record it, go on
+            _release_device_memory()
+            res.note(f"{label((repeat, model, mode, load))} failed: {str(e).splitlines()[0][:300]}")
+            res.add(row | {"images_per_s": None, "error": type(e).__name__})
+            continue
+        res.add(
+            row
+            | {
+                "steps": m.steps,
+                "images_per_s": round(m.images_per_s, 2),
+                "data_wait": round(m.data_wait, 4),
+                "cpu_util": round(m.cpu_util, 1),
+                "decoder": m.loader.get("decoder", "workers" if mode == "cpu" else None),
+                "device_bytes_bound": m.loader.get("device_bytes_bound"),
+                "device_max_allocated": m.loader.get("device_max_allocated"),
+                "wall_s": round(m.wall_s, 2),
+            }
+        )
+        res.set_summary(augload_summary(res.rows, models, n_images))
     _finish(res, len(plan), cfg)
     _augload_report(res, models, n_images)
     return res
 
 
-def _augload_shape(res: ResultSet, models: tuple[str, ...]) -> list[str]:
+def augload_summary(
+    rows: list[dict[str, Any]], models: tuple[str, ...], n_images: int
+) -> list[dict[str, Any]]:
+    """One row per (model, load): median images/s of each path, seconds per epoch, the gain of
+    the gpu path over cpu workers and input-pipeline efficiency (÷ synthetic-data images/s)."""
+    ips: dict[tuple[str, str, int | None], list[float]] = {}
+    for r in rows:
+        if r["images_per_s"]:
+            ips.setdefault((r["model"], r["preprocess"], r["load"]), []).append(r["images_per_s"])
+    out = []
+    for model in models:
+        synth = ips.get((model, "synthetic", None))
+        ceiling = statistics.median(synth) if synth else None
+        for load in AUG_LOADS:
+            row: dict[str, Any] = {"model": model, "load": load, "synthetic_ips": ceiling}
+            for mode in PREPROCESS:
+                got = ips.get((model, mode, load))
+                med = statistics.median(got) if got else None
+                row[f"{mode}_ips"] = med
+                row[f"{mode}_ips_range"] = f"{min(got):.1f}-{max(got):.1f}" if got else None
+                row[f"{mode}_ips_spread_pct"] = (
+                    round(100.0 * (max(got) - min(got)) / med, 1) if got and med else None
+                )
+                row[f"{mode}_epoch_s"] = round(n_images / med, 3) if med else None
+                row[f"{mode}_efficiency"] = round(med / ceiling, 3) if med and ceiling else None
+                row["repeats"] = max(row.get("repeats", 0), len(got or ()))
+            cpu_s, gpu_s = row["cpu_epoch_s"], row["gpu_epoch_s"]
+            row["gpu_gain_pct"] = (
+                round(100.0 * (cpu_s - gpu_s) / cpu_s, 1) if cpu_s and gpu_s else None
+            )
+            if row["repeats"]:
+                out.append(row)
+    return out
+
+
+def _augload_shape(summary: list[dict[str, Any]], models: tuple[str, ...]) -> list[str]:
     """Sentences comparing the measured trend with the published one."""
     gain = {
-        (r["model"], r["load"]): r["improvement_pct"]
-        for r in res.rows
-        if r["preprocess"] == "gpu" and r["improvement_pct"] is not None
+        (r["model"], r["load"]): r["gpu_gain_pct"] for r in summary if r["gpu_gain_pct"] is not None
     }
     out = []
     for model in models:
         g = [(load, gain[(model, load)]) for load in AUG_LOADS if (model, load) in gain]
-        if len(g) >= 2:
-            trend = "grows" if g[-1][1] > g[0][1] else "does not grow"
-            out.append(
-                f"{model}: gain of the gpu path over cpu workers {trend} with the load "
-                f"({g[0][1]:+.1f}% at L={g[0][0]} → {g[-1][1]:+.1f}% at L={g[-1][0]}; "
-                "published: grows)."
-            )
+        if len(g) < 2:
+            continue
+        xs, ys = [x for x, _ in g], [y for _, y in g]
+        change = statistics.linear_regression(xs, ys).slope * (xs[-1] - xs[0])
+        spread = max(
+            (r[f"{mode}_ips_spread_pct"] or 0.0)
+            for r in summary
+            if r["model"] == model
+            for mode in PREPROCESS
+        )
+        trend = "grows" if change > 0 else "shrinks"
+        verdict = (
+            f"{trend} by {abs(change):.1f} points over the loads (least-squares fit)"
+            if abs(change) > spread
+            else f"shows no trend beyond the noise ({change:+.1f} points fitted, repeats spread "
+            f"up to {spread:.0f}%)"
+        )
+        out.append(
+            f"{model}: the gain of the gpu path over cpu workers {verdict}: "
+            + ", ".join(f"{y:+.1f}% at L={x}" for x, y in g)
+            + " (published: grows with the load)."
+        )
     top = max(AUG_LOADS)
     at_top = [(m, gain[(m, top)]) for m in models if (m, top) in gain]
     if len(at_top) >= 2:
@@ -182,9 +240,9 @@ def _augload_shape(res: ResultSet, models: tuple[str, ...]) -> list[str]:
             + ", ".join(f"{m} {v:+.1f}%" for m, v in at_top)
             + "; published: shrinks)."
         )
-    eff = {(r["model"], r["preprocess"], r["load"]): r["efficiency"] for r in res.rows}
-    if ("resnet50", "gpu", top) in eff and eff[("resnet50", "gpu", top)] is not None:
-        e = eff[("resnet50", "gpu", top)]
+    eff = {(r["model"], r["load"]): r["gpu_efficiency"] for r in summary}
+    e = eff.get(("resnet50", top))
+    if e is not None:
         out.append(
             f"ResNet-50 input-pipeline efficiency with the gpu path at L={top}: {e:.2f} "
             f"(target ≥ 0.9: {'met' if e >= 0.9 else 'NOT met'})."
@@ -195,71 +253,48 @@ def _augload_shape(res: ResultSet, models: tuple[str, ...]) -> list[str]:
 def _augload_report(res: ResultSet, models: tuple[str, ...], n_images: int) -> None:
     from gpufeed.bench.plots import line_panels
 
-    by = {(r["model"], r["preprocess"], r["load"]): r for r in res.rows}
-    table = []
-    for model in models:
-        synth = by.get((model, "synthetic", None))
-        for load in AUG_LOADS:
-            cpu, gpu = by.get((model, "cpu", load)), by.get((model, "gpu", load))
-            if cpu is None and gpu is None:
-                continue
-            table.append(
-                {
-                    "model": model,
-                    "load": load,
-                    "cpu_s": cpu and cpu["epoch_s"],
-                    "gpu_s": gpu and gpu["epoch_s"],
-                    "gain": gpu and gpu["improvement_pct"],
-                    "cpu_ips": cpu and cpu["images_per_s"],
-                    "gpu_ips": gpu and gpu["images_per_s"],
-                    "synth_ips": synth and synth["images_per_s"],
-                    "cpu_eff": cpu and cpu["efficiency"],
-                    "gpu_eff": gpu and gpu["efficiency"],
-                }
-            )
+    summary = res.summary
     columns = [
         Column("model", "model"),
         Column("load", "load L"),
-        Column("cpu_s", "cpu s/epoch", "{:.2f}"),
-        Column("gpu_s", "gpu s/epoch", "{:.2f}"),
-        Column("gain", "gpu gain", "{:+.1f}%"),
+        Column("cpu_epoch_s", "cpu s/epoch", "{:.2f}"),
+        Column("gpu_epoch_s", "gpu s/epoch", "{:.2f}"),
+        Column("gpu_gain_pct", "gpu gain", "{:+.1f}%"),
         Column("cpu_ips", "cpu img/s", "{:.1f}"),
         Column("gpu_ips", "gpu img/s", "{:.1f}"),
-        Column("synth_ips", "synthetic img/s", "{:.1f}"),
-        Column("cpu_eff", "cpu efficiency", "{:.2f}"),
-        Column("gpu_eff", "gpu efficiency", "{:.2f}"),
+        Column("synthetic_ips", "synthetic img/s", "{:.1f}"),
+        Column("cpu_efficiency", "cpu efficiency", "{:.2f}"),
+        Column("gpu_efficiency", "gpu efficiency", "{:.2f}"),
+        Column("repeats", "repeats"),
     ]
-    for sentence in _augload_shape(res, models):
+    for sentence in _augload_shape(summary, models):
         res.note(sentence)
     res.note(
         f"s/epoch = {n_images} images ÷ steady-state images/s (warm-up steps excluded); "
-        "efficiency = images/s ÷ synthetic-data images/s of the same model and batch."
+        "efficiency = images/s ÷ synthetic-data images/s of the same model and batch; medians of "
+        "interleaved repeats (each measurement is a row of results.csv, ranges in summary.csv)."
     )
     res.write_markdown(
         "augload: CPU vs GPU preprocessing under augmentation load",
         columns,
         _hardware_line(res),
-        table,
+        summary,
     )
     panels = {
         model: {
             mode: (
-                [r["load"] for r in table if r["model"] == model and r[f"{mode}_s"] is not None],
+                [r["load"] for r in summary if r["model"] == model and r[f"{mode}_epoch_s"]],
                 [
-                    r[f"{mode}_s"]
-                    for r in table
-                    if r["model"] == model and r[f"{mode}_s"] is not None
+                    r[f"{mode}_epoch_s"]
+                    for r in summary
+                    if r["model"] == model and r[f"{mode}_epoch_s"]
                 ],
             )
             for mode in PREPROCESS
         }
         for model in models
     }
-    ceilings = {
-        m: n_images / by[(m, "synthetic", None)]["images_per_s"]
-        for m in models
-        if (m, "synthetic", None) in by
-    }
+    ceilings = {r["model"]: n_images / r["synthetic_ips"] for r in summary if r["synthetic_ips"]}
     line_panels(
         res.out_dir / "results.png", "seconds per epoch vs augmentation load", panels, "load factor L",
         "s/epoch", ceilings,

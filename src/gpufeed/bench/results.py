@@ -39,6 +39,19 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _csv(rows: Sequence[dict[str, Any]]) -> str:
+    keys: list[str] = []
+    for row in rows:
+        keys += [k for k in row if k not in keys]
+    if not keys:
+        return ""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
 class ResultSet:
     """Rows of one experiment with its parameters and hardware, kept on disk as they arrive."""
 
@@ -51,6 +64,7 @@ class ResultSet:
         self.params = params
         self.hardware = hardware
         self.rows: list[dict[str, Any]] = []
+        self.summary: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.started = time.time()
         self.complete = False
@@ -72,6 +86,11 @@ class ResultSet:
         self.rows.append(row)
         self.save()
 
+    def set_summary(self, rows: list[dict[str, Any]]) -> None:
+        """Replace the derived table (e.g. medians over repeats) and rewrite the files."""
+        self.summary = rows
+        self.save()
+
     def note(self, text: str) -> None:
         """A sentence for the reader (what was reduced, what was skipped and why)."""
         if text not in self.notes:
@@ -83,17 +102,9 @@ class ResultSet:
         None, keeps) whether every planned configuration ran."""
         if complete is not None:
             self.complete = complete
-        keys: list[str] = []
-        for row in self.rows:
-            keys += [k for k in row if k not in keys]
-        lines: list[str] = []
-        if keys:
-            buf = io.StringIO()
-            writer = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
-            writer.writeheader()
-            writer.writerows(self.rows)
-            lines.append(buf.getvalue())
-        _atomic_write(self.csv_path, "".join(lines))
+        _atomic_write(self.csv_path, _csv(self.rows))
+        if self.summary:
+            _atomic_write(self.out_dir / "summary.csv", _csv(self.summary))
         doc = {
             "experiment": self.experiment,
             "complete": self.complete,
@@ -103,6 +114,7 @@ class ResultSet:
             "hardware": self.hardware,
             "notes": self.notes,
             "rows": self.rows,
+            "summary": self.summary,
         }
         _atomic_write(self.json_path, json.dumps(doc, indent=2, default=str) + "\n")
 

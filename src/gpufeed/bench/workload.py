@@ -41,6 +41,7 @@ class BenchConfig:
     channels_last: bool
     workers: int
     classes: int = 10
+    repeats: int = 1  # augload: interleaved repeats of the whole grid, reported as medians
     device: str = "cpu"
     threads: int | None = None  # torch threads of the training process on a CPU device
     data: Path | None = None
@@ -57,8 +58,8 @@ class BenchConfig:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in out.items()}
 
     def steps_for(self, batch_size: int) -> int:
-        """Steps per configuration: the cap, or one pass over the data set."""
-        return self.steps or max(1, self.images // batch_size)
+        """Steps per configuration: the cap, or one pass over the data set (at least 10 measured)."""
+        return self.steps or max(self.warmup + 10, self.images // batch_size)
 
 
 def default_config(full: bool | None = None, **overrides: Any) -> BenchConfig:
@@ -70,9 +71,9 @@ def default_config(full: bool | None = None, **overrides: Any) -> BenchConfig:
     full = cuda if full is None else full
     workers = max(1, usable_cores() - 1)
     if full:
-        cfg = BenchConfig(True, 2560, (300, 500), 224, 32, None, 5, "bf16", True, workers)
+        cfg = BenchConfig(True, 2048, (300, 500), 224, 32, None, 5, "bf16", True, workers)
     else:
-        cfg = BenchConfig(False, 320, (96, 160), 64, 16, 16, 3, None, False, workers)
+        cfg = BenchConfig(False, 320, (96, 160), 64, 16, 16, 3, None, False, workers, repeats=3)
     cfg.device = "cuda" if cuda else "cpu"
     if not cuda:
         cfg.amp, cfg.channels_last = (
@@ -84,7 +85,7 @@ def default_config(full: bool | None = None, **overrides: Any) -> BenchConfig:
         # Leave the loader workers their cores: OpenMP threads competing for a busy core spin and
         # slow every op down by an order of magnitude, which would measure the scheduler.
         cfg.threads = max(1, usable_cores() - cfg.workers)
-    for name in ("images", "image_size", "batch_size", "workers", "classes"):
+    for name in ("images", "image_size", "batch_size", "workers", "classes", "repeats"):
         if getattr(cfg, name) < 1:
             raise BenchError(
                 f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}"

@@ -101,7 +101,7 @@ class Augment:
 
     def min_decode_size(self, size: tuple[int, int], box: Box) -> tuple[int, int]:
         """Smallest decoded (height, width) whose scaled box still covers the output: lets the
-        JPEG decoder DCT-scale by 1/2, 1/4 or 1/8 when the crop is much larger than the output."""
+        JPEG decoder DCT-scale (in 1/8 steps) when the crop is much larger than the output."""
         h, w = size
         _, _, bh, bw = box
         return math.ceil(self.size[0] * h / bh), math.ceil(self.size[1] * w / bw)

@@ -34,7 +34,7 @@ def image_size(data: bytes) -> tuple[int, int]:
 
 
 def decode(data: bytes, min_height: int = 0, min_width: int = 0) -> np.ndarray:
-    """RGB uint8 HxWx3. With min sizes, a JPEG is DCT-scaled (1/2, 1/4, 1/8) to the smallest
+    """RGB uint8 HxWx3. With min sizes, a JPEG is DCT-scaled (in steps of 1/8) to the smallest
     size that still covers them, which decodes several times faster than full size."""
     try:
         if is_jpeg(data):

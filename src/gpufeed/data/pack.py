@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import warnings
@@ -127,7 +128,10 @@ def list_inputs(
                 skipped.append((f"{src}:{n}", "malformed line: expected 'PATH LABEL'"))
                 continue
             path = Path(parts[0]) if Path(parts[0]).is_absolute() else src.parent / parts[0]
-            rows.append((str(path), parts[0].lstrip("/"), parts[1]))
+            rows.append((str(path), "", parts[1]))
+        if rows:  # keys: paths relative to the deepest folder holding all listed files
+            common = os.path.commonpath([os.path.dirname(os.path.abspath(r[0])) for r in rows])
+            rows = [(p, os.path.relpath(os.path.abspath(p), common), c) for p, _, c in rows]
         names = sorted({r[2] for r in rows})
         classes = (
             [str(i) for i in range(max(int(x) for x in names) + 1)]
@@ -198,7 +202,7 @@ def convert(path: str, resize: int | None, quality: int, verify: bool) -> tuple[
             if needs_resize:
                 assert resize is not None
                 s = resize / min(h, w)
-                arr = decode(data, min_height=int(h * s), min_width=int(w * s))
+                arr = decode(data, min_height=math.ceil(h * s), min_width=math.ceil(w * s))
             else:
                 arr = decode(data)
         except CorruptImage as e:

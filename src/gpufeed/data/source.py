@@ -233,6 +233,11 @@ class RangeReader(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
+            if self._tmp is not None and self.entry.bytes - self.pos <= 2 * self.source.chunk_size:
+                # stopped just short of the end (the tar trailer): finish so the cache is complete
+                buf = bytearray(self.source.chunk_size)
+                while self.readinto(buf):
+                    pass
             for fut in self._pending:
                 fut.cancel()
             self._pool.shutdown(wait=False, cancel_futures=True)

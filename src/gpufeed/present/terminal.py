@@ -95,6 +95,9 @@ def show(run: Run | str | os.PathLike[str], console: Console | None = None) -> R
         )
         console.print(table)
 
+    if len(run.processes):
+        _print_processes(run, console)
+
     pt = percentile_table(run)
     if len(pt) == 0:
         console.print("[yellow]No system samples were recorded.[/yellow]")
@@ -113,6 +116,28 @@ def show(run: Run | str | os.PathLike[str], console: Console | None = None) -> R
     return run
 
 
+def _print_processes(run: Run, console: Console) -> None:
+    """Per role: how many processes, their CPU (% of one core, summed per sample) and peak memory."""
+    procs = run.processes
+    table = Table(title="Processes", title_justify="left")
+    for col in ("role", "processes", "CPU p50", "CPU p95", "peak RSS"):
+        table.add_column(col, justify="left" if col == "role" else "right")
+    for role in ("main", "worker", "other"):
+        rows = procs[procs["role"] == role]
+        if len(rows) == 0:
+            continue
+        cpu = rows.groupby("time")["cpu"].sum()
+        rss = rows.groupby("time")["rss"].sum()
+        table.add_row(
+            role,
+            str(rows["pid"].nunique()),
+            _num(float(cpu.quantile(0.5)), 0) + "%",
+            _num(float(cpu.quantile(0.95)), 0) + "%",
+            _num(float(rss.max()) / 2**30, 2) + " GiB",
+        )
+    console.print(table)
+
+
 def list_runs(out: str | os.PathLike[str], console: Console | None = None) -> list[Path]:
     """Print the run directories under `out`, newest first; returns them."""
     from gpufeed.profile.session import META_FILE
@@ -126,8 +151,11 @@ def list_runs(out: str | os.PathLike[str], console: Console | None = None) -> li
         console.print(f"No runs under {base}/ (create one with `gpufeed profile -- COMMAND`).")
         return []
     table = Table(title=f"Runs in {base}", title_justify="left")
-    for col in ("run", "started", "duration", "exit", "command"):
-        table.add_column(col, justify="right" if col in ("duration", "exit") else "left")
+    table.add_column("run", no_wrap=True)
+    table.add_column("started", no_wrap=True)
+    table.add_column("duration", justify="right")
+    table.add_column("exit", justify="right")
+    table.add_column("command", overflow="ellipsis", no_wrap=True)
     for run_dir in runs:
         meta = _read_json(run_dir / META_FILE)
         start, end = meta.get("start_time"), meta.get("end_time")

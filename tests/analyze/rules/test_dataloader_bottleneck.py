@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import RunBuilder, healthy
+from rule_runs import RunBuilder, healthy
 
 from gpufeed.analyze.rules import run_rules
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from conftest import RunBuilder
+from rule_runs import RunBuilder
 
 from gpufeed.analyze.rules import run_rules
 

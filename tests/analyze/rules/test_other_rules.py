@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import T0, RunBuilder, healthy
+from rule_runs import T0, RunBuilder, healthy
 
 from gpufeed.analyze.rules import run_rules
 

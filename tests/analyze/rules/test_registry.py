@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import RunBuilder, healthy
+from rule_runs import RunBuilder, healthy
 
 from gpufeed.analyze.rules import RULES, run_rules, settings
 
@@ -56,3 +56,16 @@ def test_settings_lists_the_warm_up_first() -> None:
 
 def test_runs_without_steps_or_samples_yield_nothing_rather_than_crash() -> None:
     assert run_rules(RunBuilder().build()) == []
+
+
+def test_gpufeed_rules_lists_every_rule_with_its_parameters() -> None:
+    import subprocess
+    import sys
+
+    cp = subprocess.run(
+        [sys.executable, "-m", "gpufeed.cli", "rules"], capture_output=True, text=True
+    )
+    assert cp.returncode == 0, cp.stderr
+    for rid in ["warmup", *RULES]:
+        assert f"\n{rid}: " in cp.stdout
+    assert "    threshold = 0.2  data-wait share of step time that triggers a warning" in cp.stdout

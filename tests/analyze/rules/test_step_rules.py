@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import RunBuilder, healthy
+from rule_runs import RunBuilder, healthy
 
 from gpufeed.analyze.rules import run_rules
 

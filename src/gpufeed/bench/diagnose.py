@@ -1,0 +1,376 @@
+"""`gpufeed diagnose`: is a training job input-bound or compute-bound? Measured in well under a minute.
+
+The loader is timed alone (batches pulled as fast as it delivers them, no model) and the model is
+timed alone (one batch of the loader's shape resident on the device: forward, backward, optimizer
+step). The slower of the two sets the pace: GPU idle share to expect = 1 − min(1, loader / model).
+For an input-bound job, the usual fixes are measured too: more workers, pre-resized shards (a quick
+pack of a sample into a temporary directory) and GPU preprocessing where CUDA exists.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpufeed.bench.measure import (
+    MeasureError,
+    Rate,
+    build_model,
+    check_device,
+    load_object,
+    measure_loader,
+    measure_model,
+)
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+SAMPLE_IMAGES = 512  # images packed for the pre-resized alternative
+
+
+@dataclass
+class Alternative:
+    """A measured way to feed the model faster."""
+
+    name: str
+    images_per_s: float
+
+
+@dataclass
+class Diagnosis:
+    """The two measurements, the verdict they give, and measured alternatives when input-bound."""
+
+    data: str
+    loader_desc: str
+    model: str
+    device: str
+    loader: Rate
+    model_rate: Rate
+    alternatives: list[Alternative] = field(default_factory=list)
+
+    @property
+    def input_bound(self) -> bool:
+        return self.loader.images_per_s < self.model_rate.images_per_s
+
+    @property
+    def verdict(self) -> str:
+        return "input-bound" if self.input_bound else "compute-bound"
+
+    @property
+    def ratio(self) -> float:
+        """How many times faster the faster side is than the slower one."""
+        a, b = self.loader.images_per_s, self.model_rate.images_per_s
+        return max(a, b) / min(a, b)
+
+    @property
+    def gpu_idle_share(self) -> float:
+        """Share of time the accelerator would wait for data: 1 − min(1, loader / model)."""
+        return 1.0 - min(1.0, self.loader.images_per_s / self.model_rate.images_per_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "data": self.data,
+            "loader": self.loader_desc,
+            "model": self.model,
+            "device": self.device,
+            "loader_images_per_s": self.loader.images_per_s,
+            "model_images_per_s": self.model_rate.images_per_s,
+            "batch_shape": list(self.loader.batch_shape),
+            "verdict": self.verdict,
+            "ratio": self.ratio,
+            "gpu_idle_share": self.gpu_idle_share,
+            "alternatives": [vars(a) for a in self.alternatives],
+        }
+
+
+@dataclass
+class DataSpec:
+    """What `--data` named: an image folder, a shard directory, or a `module:function` loader."""
+
+    kind: str  # "folder" | "shards" | "function"
+    where: str
+    loader: Iterable[Any] | None = None  # the user's own loader (kind "function")
+
+
+def resolve_data(data: str) -> DataSpec:
+    """Classify `--data`; MeasureError naming the path or function when it is unusable."""
+    path = Path(data)
+    if path.is_dir():
+        return DataSpec("shards" if (path / "index.json").is_file() else "folder", str(path))
+    if path.exists():
+        raise MeasureError(
+            f"--data {data}: is a file; give an image folder (ROOT/<class>/<image>), a directory "
+            "of shards made by `gpufeed pack`, or module:function returning your DataLoader"
+        )
+    if ":" in data:
+        loader = load_object(data, "--data")
+        if not hasattr(loader, "__iter__"):
+            raise MeasureError(
+                f"--data {data} returned a {type(loader).__name__}, which cannot be iterated: "
+                "return your DataLoader (or any iterable of (images, labels) batches)"
+            )
+        return DataSpec("function", data, loader)
+    raise MeasureError(
+        f"--data {data}: no such directory; give an image folder, a shard directory "
+        "or module:function returning your DataLoader"
+    )
+
+
+def default_workers() -> int:
+    """Loader workers assumed for an image folder or shards when `--workers` is not given."""
+    from gpufeed.bench.hardware import usable_cores
+
+    return max(1, usable_cores() // 2)
+
+
+def make_pipeline(
+    spec: DataSpec, batch_size: int, workers: int, image_size: int, device: str
+) -> tuple[str, Iterable[Any]]:
+    """(description, loader) for what `--data` names, as the user would run it."""
+    if spec.kind == "function":
+        assert spec.loader is not None
+        nw = getattr(spec.loader, "num_workers", None)
+        return f"your loader ({spec.where}" + (f", {nw} workers)" if nw is not None else ")"), (
+            spec.loader
+        )
+    if spec.kind == "folder":
+        from gpufeed.bench.naive import naive_loader
+
+        try:
+            loader = naive_loader(spec.where, batch_size, workers, image_size)
+        except ValueError as e:
+            raise MeasureError(f"--data {spec.where}: {e}") from None
+        return f"PyTorch DataLoader + Pillow decode, {workers} workers", loader
+    return f"gpufeed Loader (CPU preprocessing, {workers} workers)", _gpufeed_loader(
+        spec.where, batch_size, workers, image_size, device, "cpu"
+    )
+
+
+def _gpufeed_loader(
+    shards: str, batch_size: int, workers: int, image_size: int, device: str, preprocess: str
+) -> Any:
+    from gpufeed.data.augment import Augment
+    from gpufeed.data.loader import Loader
+    from gpufeed.data.shards import ShardError
+
+    try:
+        return Loader(
+            shards,
+            batch_size,
+            num_workers=workers,
+            preprocess=preprocess,
+            device=device,
+            augment=Augment(size=(image_size, image_size)),
+        )
+    except (ShardError, ValueError) as e:
+        raise MeasureError(f"--data {shards}: {e}") from None
+
+
+def pack_sample(folder: str, dst: Path, image_size: int, n: int = SAMPLE_IMAGES) -> Path:
+    """Pack up to `n` images of an image folder (an even sample), pre-resized for `image_size`."""
+    import warnings
+
+    from gpufeed.data.pack import list_inputs, pack
+
+    items, classes, _ = list_inputs(folder)
+    step = max(1, len(items) // n)
+    lst = dst / "sample.txt"
+    dst.mkdir(parents=True, exist_ok=True)
+    lst.write_text("".join(f"{it.path}\t{classes[it.label]}\n" for it in items[::step][:n]))
+    with warnings.catch_warnings():  # a sample is far below the 1-128 MB shard advice
+        warnings.simplefilter("ignore")
+        pack(lst, dst / "shards", resize=math.ceil(image_size * 1.15), progress=False)
+    return dst / "shards"
+
+
+def _more_workers(loader: Any, workers: int) -> Any | None:
+    """The same torch DataLoader with more worker processes, or None if it cannot be rebuilt."""
+    import torch.utils.data
+
+    if not isinstance(loader, torch.utils.data.DataLoader) or loader.num_workers >= workers:
+        return None
+    if isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        return None  # an iterable dataset may not split itself across workers
+    return torch.utils.data.DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=loader.sampler,
+        num_workers=workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+    )
+
+
+def alternatives(
+    spec: DataSpec,
+    loader: Iterable[Any],
+    workers: int,
+    batch_size: int,
+    image_size: int,
+    device: str,
+    seconds: float,
+    tmp: Path,
+    note: Callable[[str], None] = lambda s: None,
+) -> list[Alternative]:
+    """Measured alternatives for an input-bound job (only those that apply to this data)."""
+    import torch
+
+    from gpufeed.bench.hardware import usable_cores
+
+    cores = usable_cores()
+    plans: list[tuple[str, Callable[[], Any]]] = []
+    if spec.kind == "function":
+        faster = _more_workers(loader, cores)
+        if faster is not None:
+            plans.append((f"your loader with {cores} workers", lambda: faster))
+    elif spec.kind == "folder":
+        from gpufeed.bench.naive import naive_loader
+
+        if cores > workers:
+            plans.append(
+                (
+                    f"PyTorch DataLoader + Pillow decode, {cores} workers",
+                    lambda: naive_loader(spec.where, batch_size, cores, image_size),
+                )
+            )
+        shards: list[Path] = []
+
+        def sample() -> str:
+            if not shards:
+                note(f"packing a sample of up to {SAMPLE_IMAGES} images, pre-resized …")
+                shards.append(pack_sample(spec.where, tmp, image_size))
+            return str(shards[0])
+
+        plans.append(
+            (
+                f"pre-resized shards, gpufeed Loader (CPU, {cores} workers)",
+                lambda: _gpufeed_loader(sample(), batch_size, cores, image_size, device, "cpu"),
+            )
+        )
+        if torch.cuda.is_available() and device == "cuda":
+            plans.append(
+                (
+                    f"pre-resized shards, gpufeed Loader (GPU preprocessing, {cores} workers)",
+                    lambda: _gpufeed_loader(sample(), batch_size, cores, image_size, device, "gpu"),
+                )
+            )
+    else:
+        if cores > workers:
+            plans.append(
+                (
+                    f"gpufeed Loader (CPU preprocessing, {cores} workers)",
+                    lambda: _gpufeed_loader(
+                        spec.where, batch_size, cores, image_size, device, "cpu"
+                    ),
+                )
+            )
+        if torch.cuda.is_available() and device == "cuda":
+            plans.append(
+                (
+                    f"gpufeed Loader (GPU preprocessing, {workers} workers)",
+                    lambda: _gpufeed_loader(
+                        spec.where, batch_size, workers, image_size, device, "gpu"
+                    ),
+                )
+            )
+    out = []
+    for name, make in plans:
+        note(f"measuring alternative: {name}")
+        out.append(Alternative(name, measure_loader(make(), seconds=seconds).images_per_s))
+    return out
+
+
+def diagnose(
+    data: str,
+    model: str = "resnet18",
+    batch_size: int = 64,
+    device: str | None = None,
+    workers: int | None = None,
+    image_size: int = 224,
+    seconds: float = 4.0,
+    console: Console | None = None,
+) -> Diagnosis:
+    """Measure loader alone and model alone, print the verdict and, if input-bound, alternatives."""
+    import torch
+    from rich.console import Console
+
+    console = console or Console()
+    device = check_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    for name, value, least in (
+        ("--batch-size", batch_size, 1),
+        ("--image-size", image_size, 16),
+        ("--workers", 0 if workers is None else workers, 0),
+    ):
+        if value < least:
+            raise MeasureError(f"{name} must be at least {least}, got {value}")
+    net = build_model(model)  # fail early on a bad model, before measuring anything
+    spec = resolve_data(data)
+    workers = default_workers() if workers is None else workers
+
+    def note(text: str) -> None:
+        console.print(f"[dim]  {text}[/]")
+
+    desc, loader = make_pipeline(spec, batch_size, workers, image_size, device)
+    note(f"measuring the loader alone: {desc} …")
+    loader_rate = measure_loader(loader, seconds=seconds)
+    if len(loader_rate.batch_shape) != 4:
+        raise MeasureError(
+            f"--data {data}: batches of images have shape {loader_rate.batch_shape}; "
+            "expected N×C×H×W image tensors"
+        )
+    note(f"measuring the model alone: {model}, batch {loader_rate.batch_shape[0]}, on {device} …")
+    model_rate = measure_model(net, loader_rate.batch_shape, device, seconds=seconds)
+    result = Diagnosis(data, desc, model, device, loader_rate, model_rate)
+    if result.input_bound:
+        with tempfile.TemporaryDirectory(prefix="gpufeed-diagnose-") as tmp:
+            result.alternatives = alternatives(
+                spec, loader, workers, batch_size, image_size, device, seconds, Path(tmp), note
+            )
+    print_diagnosis(console, result)
+    return result
+
+
+def print_diagnosis(console: Console, d: Diagnosis) -> None:
+    """The two measurements, the verdict, and the alternatives as a table."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    shape = "×".join(str(x) for x in d.loader.batch_shape)
+    table = Table(title=f"gpufeed diagnose: {escape(d.data)}", title_justify="left")
+    table.add_column("measured alone")
+    table.add_column("images/s", justify="right")
+    table.add_row(f"loader: {escape(d.loader_desc)}", f"{d.loader.images_per_s:,.1f}")
+    table.add_row(
+        f"model: {escape(d.model)} on {d.device}, batch {shape}",
+        f"{d.model_rate.images_per_s:,.1f}",
+    )
+    console.print(table)
+    color = "red" if d.input_bound else "green"
+    slower = "the loader is" if d.input_bound else "the model is"
+    console.print(
+        f"[bold {color}]{d.verdict.upper()}[/]: {slower} the limit, {d.ratio:.1f}× slower than "
+        f"the other side; expect the {'GPU' if d.device == 'cuda' else 'accelerator'} to be idle "
+        f"{d.gpu_idle_share:.0%} of the time"
+    )
+    if d.alternatives:
+        alt = Table(title="Measured alternatives (loader alone)", title_justify="left")
+        alt.add_column("alternative")
+        alt.add_column("images/s", justify="right")
+        alt.add_column("vs now", justify="right")
+        alt.add_column("verdict with it")
+        for a in d.alternatives:
+            then = "input-bound" if a.images_per_s < d.model_rate.images_per_s else "compute-bound"
+            alt.add_row(
+                escape(a.name),
+                f"{a.images_per_s:,.1f}",
+                f"×{a.images_per_s / d.loader.images_per_s:.2f}",
+                then,
+            )
+        console.print(alt)
+    elif d.input_bound:
+        console.print("  no alternative applies to this loader")

@@ -1,0 +1,177 @@
+"""Short measurements shared by `diagnose` and `tune`: a loader alone, a model alone, and the user's
+own objects named as `module:function` (or `path/to/file.py:function`)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import os
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class MeasureError(ValueError):
+    """Bad user input (a path, a `module:function`, a model name); the message says what to do."""
+
+
+@dataclass
+class Rate:
+    """Images delivered (or trained) per second after the warm-up, and the batch shape seen."""
+
+    images: int
+    seconds: float
+    batch_shape: tuple[int, ...] = ()
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else math.nan
+
+
+def measure_loader(
+    loader: Iterable[Any], seconds: float = 4.0, max_batches: int = 200, warmup: int = 1
+) -> Rate:
+    """Iterate `loader` with nothing else running: images/s after `warmup` batches (worker start,
+    first decode), for `seconds` or `max_batches` batches, starting new epochs as needed (their
+    start-up counts, as it does in training)."""
+    shape: tuple[int, ...] = ()
+    images = batches = 0
+    t0 = None
+    while True:
+        it = iter(loader)
+        got = False
+        try:
+            for batch in it:
+                got = True
+                x = _images(batch)
+                shape = tuple(x.shape)
+                if t0 is None:
+                    warmup -= 1
+                    if warmup <= 0:
+                        t0 = time.perf_counter()
+                    continue
+                images += int(x.shape[0])
+                batches += 1
+                if batches >= max_batches or time.perf_counter() - t0 >= seconds:
+                    return Rate(images, time.perf_counter() - t0, shape)
+        finally:
+            if hasattr(it, "close"):  # a generator (gpufeed Loader): stops its workers now
+                it.close()
+        if not got:
+            raise MeasureError("the data loader yielded no batch: give it data or a smaller batch")
+
+
+def _images(batch: Any) -> Any:
+    if isinstance(batch, dict) and "images" in batch:
+        return batch["images"]
+    if isinstance(batch, (tuple, list)) and batch and hasattr(batch[0], "shape"):
+        return batch[0]
+    raise MeasureError(
+        f"the data loader yielded a {type(batch).__name__}; it must yield (images, labels) "
+        "pairs or dicts with 'images' and 'labels'"
+    )
+
+
+def measure_model(
+    model: Any,
+    batch_shape: tuple[int, ...],
+    device: str,
+    seconds: float = 4.0,
+    max_steps: int = 500,
+    warmup: int = 2,
+) -> Rate:
+    """Forward + backward + optimizer step on one batch resident on `device` (no input pipeline):
+    the model-only ceiling, in images/s."""
+    import torch
+
+    from gpufeed.train.loop import SyntheticData, fit
+
+    n, _, h, w = batch_shape
+    model = model.to(device)
+    with torch.no_grad():  # the number of classes the model predicts, for the synthetic labels
+        was = model.training
+        classes = int(model.eval()(torch.zeros(1, 3, h, w, device=device)).shape[-1])
+        model.train(was)
+    result = fit(
+        model,
+        SyntheticData(n, max(h, w), classes, steps=max_steps + warmup),
+        device=device,
+        warmup=warmup,
+        max_seconds=seconds,
+        verbose=False,
+    )
+    images = result.measured_steps * n
+    return Rate(images, images / result.images_per_s, tuple(batch_shape))
+
+
+def load_object(spec: str, what: str) -> Any:
+    """Call `module:function` (or `file.py:function`) with no arguments and return its result."""
+    mod_name, sep, func_name = spec.rpartition(":")
+    if not sep or not mod_name or not func_name:
+        raise MeasureError(f"{what} {spec!r}: expected module:function, e.g. mytrain:make_loader")
+    try:
+        if mod_name.endswith(".py"):
+            path = Path(mod_name)
+            if not path.is_file():
+                raise MeasureError(f"{what} {spec!r}: file {mod_name} does not exist")
+            module = sys.modules.get(path.stem)
+            if getattr(module, "__file__", None) != str(path.resolve()):
+                modspec = importlib.util.spec_from_file_location(path.stem, path.resolve())
+                assert modspec is not None and modspec.loader is not None
+                module = importlib.util.module_from_spec(modspec)
+                sys.modules[path.stem] = module
+                modspec.loader.exec_module(module)
+        else:
+            if os.getcwd() not in sys.path:  # like `python -m`: the current directory first
+                sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(mod_name)
+    except MeasureError:
+        raise
+    except ImportError as e:
+        raise MeasureError(f"{what} {spec!r}: cannot import {mod_name!r}: {e}") from None
+    except Exception as e:
+        raise MeasureError(
+            f"{what} {spec!r}: importing {mod_name!r} raised {type(e).__name__}: {e}"
+        ) from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise MeasureError(f"{what} {spec!r}: {mod_name} has no function {func_name!r}")
+    try:
+        return func()
+    except Exception as e:
+        raise MeasureError(f"{what} {spec!r}: calling it raised {type(e).__name__}: {e}") from None
+
+
+def build_model(spec: str) -> Any:
+    """A ResNet by name (resnet18/50/152, also 34/101) or the nn.Module a `module:function` returns."""
+    from torch import nn
+
+    from gpufeed.train.resnet import MODELS, resnet
+
+    if ":" not in spec:
+        try:
+            return resnet(spec)
+        except ValueError:
+            raise MeasureError(
+                f"--model {spec!r} is not known: choose one of {', '.join(MODELS)} "
+                "or give module:function returning your nn.Module"
+            ) from None
+    model = load_object(spec, "--model")
+    if not isinstance(model, nn.Module):
+        raise MeasureError(f"--model {spec!r} returned a {type(model).__name__}, not an nn.Module")
+    return model
+
+
+def check_device(device: str) -> str:
+    """'cpu' or 'cuda' (only where CUDA is available); MeasureError otherwise."""
+    import torch
+
+    if device not in ("cpu", "cuda"):
+        raise MeasureError(f"--device {device!r}: choose cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise MeasureError("--device cuda: no CUDA device is available here; use --device cpu")
+    return device

@@ -1,0 +1,276 @@
+"""`gpufeed tune`: find the `Loader` settings that feed a model fastest, by short measured trials.
+
+The first trial is the Loader's defaults; then loader workers, prefetch depth, CPU vs GPU
+preprocessing (GPU only where CUDA exists) and, if allowed, the batch size, each varied around the
+best so far. With a model, its images/s alone is measured first and the search stops as soon as the
+loader outruns it (more speed would only idle). The winner is written as JSON:
+
+    from gpufeed.bench.tune import load_settings
+    loader = Loader("shards/", **load_settings("gpufeed-tune.json"))
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpufeed.bench.measure import MeasureError, build_model, check_device, measure_loader
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+DEFAULT_OUT = "gpufeed-tune.json"
+SETTING_KEYS = ("batch_size", "num_workers", "prefetch", "preprocess")
+
+
+class TuneError(ValueError):
+    """A settings file that cannot be used; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One loader configuration (Loader keyword arguments) and its measured images/s."""
+
+    batch_size: int
+    num_workers: int
+    prefetch: int
+    preprocess: str
+    images_per_s: float = math.nan
+    note: str = ""
+
+    def settings(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in SETTING_KEYS}
+
+
+@dataclass
+class TuneResult:
+    """Every trial in order (the default first), the winner, and the model's rate if measured."""
+
+    data: str
+    device: str
+    image_size: int
+    trials: list[Trial]
+    model: str | None = None
+    model_images_per_s: float | None = None
+    stopped_early: bool = False
+    out: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def default(self) -> Trial:
+        return self.trials[0]
+
+    @property
+    def best(self) -> Trial:
+        return max(self.trials, key=lambda t: t.images_per_s)
+
+    def to_json(self) -> str:
+        from gpufeed.bench.hardware import describe, hardware
+
+        return json.dumps(
+            {
+                "loader": self.best.settings(),
+                "images_per_s": self.best.images_per_s,
+                "default_images_per_s": self.default.images_per_s,
+                "model": self.model,
+                "model_images_per_s": self.model_images_per_s,
+                "stopped_early": self.stopped_early,
+                "data": self.data,
+                "device": self.device,
+                "image_size": self.image_size,
+                "hardware": describe(hardware()),
+                "trials": [asdict(t) for t in self.trials],
+            },
+            indent=2,
+        )
+
+
+def load_settings(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The winning Loader keyword arguments from a `gpufeed tune` file: `Loader(data, **them)`."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise TuneError(f"{p}: no such settings file; write one with `gpufeed tune`") from None
+    except (OSError, ValueError) as e:
+        raise TuneError(
+            f"{p}: not a readable JSON settings file ({e}); run `gpufeed tune` again"
+        ) from None
+    loader = doc.get("loader") if isinstance(doc, dict) else None
+    if not isinstance(loader, dict):
+        raise TuneError(f"{p}: no 'loader' object; this is not a file written by `gpufeed tune`")
+    missing = [k for k in SETTING_KEYS if k not in loader]
+    unknown = sorted(set(loader) - set(SETTING_KEYS))
+    if missing or unknown:
+        raise TuneError(
+            f"{p}: 'loader' has "
+            + (f"missing keys {missing}" if missing else f"unknown keys {unknown}")
+            + f"; expected exactly {list(SETTING_KEYS)}"
+        )
+    for key in ("batch_size", "num_workers", "prefetch"):
+        if not isinstance(loader[key], int) or loader[key] < (1 if key != "num_workers" else 0):
+            raise TuneError(f"{p}: loader.{key} = {loader[key]!r} is not a valid count")
+    if loader["preprocess"] not in ("cpu", "gpu", "auto"):
+        raise TuneError(f"{p}: loader.preprocess = {loader['preprocess']!r}: use cpu, gpu or auto")
+    return {k: loader[k] for k in SETTING_KEYS}
+
+
+def _worker_counts(cores: int) -> list[int]:
+    counts = {0, 1, cores, max(1, cores - 1)}
+    n = 2
+    while n < cores:
+        counts.add(n)
+        n *= 2
+    return sorted(counts)
+
+
+def tune(
+    data: str,
+    model: str | None = None,
+    batch_size: int = 64,
+    device: str | None = None,
+    image_size: int = 224,
+    allow_batch_change: bool = False,
+    out: str | os.PathLike[str] | None = DEFAULT_OUT,
+    seconds: float = 2.5,
+    console: Console | None = None,
+) -> TuneResult:
+    """Run the trials, print them as a table and write the winner to `out` (None: don't write)."""
+    import torch
+    from rich.console import Console
+
+    from gpufeed.bench.diagnose import pack_sample, resolve_data
+    from gpufeed.bench.hardware import usable_cores
+
+    console = console or Console()
+    device = check_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if batch_size < 1 or image_size < 16:
+        raise MeasureError("--batch-size must be at least 1 and --image-size at least 16")
+    if ":" in data and not Path(data).is_dir():
+        raise MeasureError(
+            f"--data {data}: tune searches the gpufeed Loader's settings; give shards "
+            "(`gpufeed pack`) or an image folder, not your own loader (use `gpufeed diagnose`)"
+        )
+    spec = resolve_data(data)
+    net = build_model(model) if model else None
+    with tempfile.TemporaryDirectory(prefix="gpufeed-tune-") as tmp:
+        shards = spec.where
+        notes = []
+        if spec.kind == "folder":
+            console.print("[dim]  an image folder: packing a pre-resized sample to tune on …[/]")
+            shards = str(pack_sample(spec.where, Path(tmp), image_size))
+            notes.append("tuned on a pre-resized sample of the image folder; pack it to use them")
+        result = TuneResult(data, device, image_size, [], model, notes=notes)
+        if net is not None:
+            from gpufeed.bench.measure import measure_model
+
+            console.print(f"[dim]  measuring the model alone: {model} on {device} …[/]")
+            shape = (batch_size, 3, image_size, image_size)
+            result.model_images_per_s = measure_model(net, shape, device, seconds).images_per_s
+        _search(result, shards, batch_size, allow_batch_change, usable_cores(), seconds, console)
+    if out is not None:
+        result.out = Path(out)
+        result.out.write_text(result.to_json() + "\n")
+    print_trials(console, result)
+    return result
+
+
+def _search(
+    result: TuneResult,
+    shards: str,
+    batch_size: int,
+    allow_batch_change: bool,
+    cores: int,
+    seconds: float,
+    console: Console,
+) -> None:
+    """Coordinate search from the defaults: workers, then prefetch, preprocess, batch size."""
+    import torch
+
+    from gpufeed.data.augment import Augment
+    from gpufeed.data.loader import Loader
+
+    def run(trial: Trial) -> bool:
+        """Measure a trial; True when the search should stop (the loader outruns the model)."""
+        if any(t.settings() == trial.settings() for t in result.trials):
+            return False
+        console.print(
+            f"[dim]  trial {len(result.trials) + 1}: {trial.num_workers} workers, prefetch "
+            f"{trial.prefetch}, {trial.preprocess}, batch {trial.batch_size} …[/]"
+        )
+        loader = Loader(
+            shards,
+            trial.batch_size,
+            num_workers=trial.num_workers,
+            prefetch=trial.prefetch,
+            preprocess=trial.preprocess,
+            device=result.device,
+            augment=Augment(size=(result.image_size, result.image_size)),
+        )
+        rate = measure_loader(loader, seconds=seconds).images_per_s
+        result.trials.append(Trial(**trial.settings(), images_per_s=rate, note=trial.note))
+        target = result.model_images_per_s
+        if target is not None and result.best.images_per_s >= target:
+            result.stopped_early = True
+            return True
+        return False
+
+    base = Trial(batch_size, cores, 2, "cpu", note="Loader defaults")
+    if run(base):
+        return
+    for n in _worker_counts(cores):
+        if run(Trial(batch_size, n, 2, "cpu")):
+            return
+    best = result.best
+    for depth in (4, 8):
+        if run(Trial(batch_size, best.num_workers, depth, "cpu")):
+            return
+    if torch.cuda.is_available() and result.device == "cuda":
+        best = result.best
+        if run(Trial(batch_size, best.num_workers, best.prefetch, "gpu")):
+            return
+    if allow_batch_change:
+        best = result.best
+        for b in (batch_size // 2, batch_size * 2):
+            if b >= 1 and run(Trial(b, best.num_workers, best.prefetch, best.preprocess)):
+                return
+
+
+def print_trials(console: Console, result: TuneResult) -> None:
+    """The trials as a table (the winner in bold), the early stop, and where the settings went."""
+    from rich.table import Table
+
+    best = result.best
+    table = Table(title=f"gpufeed tune: {result.data}", title_justify="left")
+    for col in ("#", "workers", "prefetch", "preprocess", "batch", "images/s", "vs default", ""):
+        table.add_column(col, justify="right" if col not in ("preprocess", "") else "left")
+    for i, t in enumerate(result.trials, 1):
+        style = "bold green" if t is best else None
+        table.add_row(
+            str(i),
+            str(t.num_workers),
+            str(t.prefetch),
+            t.preprocess,
+            str(t.batch_size),
+            f"{t.images_per_s:,.1f}",
+            f"×{t.images_per_s / result.default.images_per_s:.2f}",
+            t.note + (" ← best" if t is best else ""),
+            style=style,
+        )
+    console.print(table)
+    if result.model_images_per_s is not None:
+        state = (
+            "stopped early: the loader outruns the model"
+            if result.stopped_early
+            else "the loader stays slower than the model in every trial: input-bound"
+        )
+        console.print(f"model alone: {result.model_images_per_s:,.1f} images/s; {state}")
+    for n in result.notes:
+        console.print(f"[dim]{n}[/]")
+    if result.out is not None:
+        console.print(f"settings written to {result.out}: Loader(data, **load_settings(path))")

@@ -1,0 +1,69 @@
+"""`gpufeed demo --tiny`: the naive run is profiled and diagnosed, the gpufeed run is faster, and
+both HTML reports exist. Runs the real command line end to end (two profiled training runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpufeed.bench.demo import demo_config
+
+
+@pytest.mark.slow
+def test_tiny_demo_runs_end_to_end_and_gpufeed_beats_the_naive_pipeline(
+    tmp_path: Path, gpufeed_cli
+):
+    work = tmp_path / "demo"
+    cp = subprocess.run(
+        gpufeed_cli("demo", "--tiny", "--out", str(work)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "300"},  # no line wrapping of the report paths
+    )
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-3000:]
+    out = cp.stdout
+    assert "Findings for the naive run" in out
+    assert "Before / after (measured)" in out
+    assert "speedup ×" in out
+
+    result = json.loads((work / "demo-result.json").read_text())
+    naive, fed = result["naive"], result["gpufeed"]
+    # the naive run's bottleneck is named, with its numbers
+    rules = {f["rule"]: f for f in naive["findings"]}
+    assert "DataLoaderBottleneck" in rules, naive["findings"]
+    assert rules["DataLoaderBottleneck"]["evidence"]["data_wait_share"] >= 0.2
+    assert naive["data_wait_share"] > fed["data_wait_share"]
+    # same work in both runs, and the measured speedup is real
+    assert naive["steps"] == fed["steps"] == result["config"]["steps"]
+    assert fed["images_per_s"] > naive["images_per_s"], result
+    assert result["speedup"] == pytest.approx(fed["images_per_s"] / naive["images_per_s"])
+    for r in (naive, fed):
+        report = Path(r["report"])
+        assert report.is_file() and report.stat().st_size > 10_000
+        assert str(report) in out
+    # the data set is generated once and reused by the next run
+    assert len(list((work / "data").glob("images-*/*/*.jpg"))) == result["config"]["images"]
+
+
+def test_bad_options_are_refused_by_name():
+    with pytest.raises(ValueError, match="--model 'resnet9' is not known"):
+        demo_config(model="resnet9")
+    with pytest.raises(ValueError, match="--steps must be at least 8"):
+        demo_config(tiny=True, steps=2)
+
+
+def test_bad_model_on_the_command_line_exits_2_with_a_clear_message(tmp_path: Path, gpufeed_cli):
+    cp = subprocess.run(
+        gpufeed_cli("demo", "--tiny", "--model", "vgg", "--out", str(tmp_path / "d")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cp.returncode == 2
+    assert "--model 'vgg' is not known" in cp.stderr and "Traceback" not in cp.stderr

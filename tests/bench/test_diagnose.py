@@ -1,0 +1,120 @@
+"""`gpufeed diagnose`: a deliberately slow loader is input-bound, a heavy model compute-bound, the
+alternatives are measured, and bad input gets a clear error naming the option."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from typer.testing import CliRunner
+
+from gpufeed.bench.diagnose import diagnose
+from gpufeed.bench.measure import MeasureError
+from gpufeed.bench.synth import make_image_folder
+from gpufeed.cli import app
+
+THIS = __file__  # the user objects below are named as THIS:function, like a user's train.py
+
+
+class _Images(Dataset):
+    def __init__(self, n: int, size: int, sleep: float) -> None:
+        self.x = torch.randn(n, 3, size, size)
+        self.sleep = sleep
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if self.sleep:
+            time.sleep(self.sleep)
+        return self.x[i], i % 4
+
+
+def slow_loader() -> DataLoader:
+    """Every item takes 25 ms (slow storage): at most 40 images/s with one process."""
+    return DataLoader(_Images(400, 32, 0.025), batch_size=16, num_workers=0)
+
+
+def fast_loader() -> DataLoader:
+    """Tensors already in memory: thousands of images/s."""
+    return DataLoader(_Images(512, 32, 0.0), batch_size=16, num_workers=0)
+
+
+def tiny_cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 8, 3, stride=4), nn.Flatten(), nn.LazyLinear(4))
+
+
+def not_a_model() -> str:
+    return "oops"
+
+
+def test_a_slow_loader_is_input_bound_and_more_workers_are_measured():
+    d = diagnose(f"{THIS}:slow_loader", model=f"{THIS}:tiny_cnn", device="cpu", seconds=1.5)
+    assert d.verdict == "input-bound"
+    assert d.loader.images_per_s < 41  # bounded by the 25 ms sleep per item
+    assert d.model_rate.images_per_s > 2 * d.loader.images_per_s
+    assert d.ratio == pytest.approx(d.model_rate.images_per_s / d.loader.images_per_s)
+    assert d.gpu_idle_share == pytest.approx(1 - d.loader.images_per_s / d.model_rate.images_per_s)
+    assert d.gpu_idle_share > 0.5
+    (alt,) = d.alternatives
+    assert "workers" in alt.name
+    assert alt.images_per_s > 1.3 * d.loader.images_per_s  # two sleeping workers overlap
+
+
+def test_a_heavy_model_is_compute_bound_with_no_idle_time():
+    d = diagnose(f"{THIS}:fast_loader", model="resnet18", device="cpu", seconds=1.5)
+    assert d.verdict == "compute-bound"
+    assert d.loader.batch_shape == (16, 3, 32, 32)
+    assert d.loader.images_per_s > d.model_rate.images_per_s
+    assert d.gpu_idle_share == 0.0
+    assert d.alternatives == []
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_image_folder(tmp_path_factory.mktemp("photos"), 64, 4, short_side=(300, 400))
+
+
+def test_an_image_folder_is_measured_with_pre_resized_shards_as_an_alternative(photos: Path):
+    d = diagnose(
+        str(photos), model=f"{THIS}:tiny_cnn", batch_size=32, device="cpu", workers=1,
+        image_size=32, seconds=1.5,
+    )  # fmt: skip
+    assert "Pillow" in d.loader_desc and d.loader.batch_shape == (32, 3, 32, 32)
+    assert d.verdict == "input-bound"
+    shards = [a for a in d.alternatives if "pre-resized shards" in a.name]
+    assert len(shards) == 1
+    assert shards[0].images_per_s > d.loader.images_per_s  # far less decode work per image
+
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--data", "/no/such/dir"], "--data /no/such/dir: no such directory"),
+        (["--data", f"{THIS}:missing"], "has no function 'missing'"),
+        (["--data", "no_such_module_xyz:f"], "cannot import 'no_such_module_xyz'"),
+        (["--data", f"{THIS}:fast_loader", "--model", "resnet9"], "--model 'resnet9' is not known"),
+        (["--data", f"{THIS}:fast_loader", "--model", f"{THIS}:not_a_model"], "not an nn.Module"),
+        (["--data", f"{THIS}:fast_loader", "--device", "tpu"], "--device 'tpu'"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_option(args: list[str], message: str):
+    res = runner.invoke(app, ["diagnose", *args])
+    assert res.exit_code == 2, res.output
+    assert message in res.output.replace("\n", "")
+
+
+def test_a_function_that_returns_no_loader_is_refused():
+    with pytest.raises(MeasureError, match="cannot be iterated"):
+        diagnose(f"{THIS}:time_is_not_a_loader", model=f"{THIS}:tiny_cnn", device="cpu")
+
+
+def time_is_not_a_loader() -> float:
+    return 3.0

@@ -1,0 +1,120 @@
+"""`gpufeed tune`: measured trials from the Loader's defaults, a winner at least as fast as them,
+an early stop once the loader outruns the model, and a settings file the Loader reads back."""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from gpufeed.bench.hardware import usable_cores
+from gpufeed.bench.synth import make_image_folder
+from gpufeed.bench.tune import TuneError, load_settings, tune
+from gpufeed.data.augment import Augment
+from gpufeed.data.loader import Loader
+from gpufeed.data.pack import pack
+
+THIS = __file__
+
+
+class _Sluggish(nn.Module):
+    """A model that takes 0.2 s per step whatever the batch: any loader outruns it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.2)
+        return self.fc(x.mean((2, 3)))
+
+
+def sluggish_model() -> nn.Module:
+    return _Sluggish()
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    images = make_image_folder(tmp_path_factory.mktemp("img"), 96, 4, short_side=(300, 400))
+    out = tmp_path_factory.mktemp("shards")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tiny shards, below the 1-128 MB advice
+        pack(images, out, progress=False, workers=1)
+    return out
+
+
+def test_tune_finds_settings_at_least_as_fast_as_the_defaults(shards: Path, tmp_path: Path):
+    out = tmp_path / "tune.json"
+    r = tune(
+        str(shards), batch_size=16, device="cpu", image_size=32, allow_batch_change=True,
+        out=out, seconds=1.0,
+    )  # fmt: skip
+    default = r.trials[0]
+    assert (default.num_workers, default.prefetch, default.preprocess) == (usable_cores(), 2, "cpu")
+    assert len(r.trials) >= 5 and not r.stopped_early
+    assert {t.num_workers for t in r.trials} >= {0, 1, usable_cores()}
+    assert {t.batch_size for t in r.trials} == {8, 16, 32}
+    assert all(t.images_per_s > 0 for t in r.trials)
+    assert r.best.images_per_s >= default.images_per_s
+    assert r.best.images_per_s == max(t.images_per_s for t in r.trials)
+
+    settings = load_settings(out)
+    assert settings == r.best.settings()
+    doc = json.loads(out.read_text())
+    assert doc["default_images_per_s"] == pytest.approx(default.images_per_s)
+    assert len(doc["trials"]) == len(r.trials)
+    # the file is directly usable as Loader keyword arguments
+    loader = Loader(shards, **settings, augment=Augment(size=(32, 32)))
+    images, _ = next(iter(loader))
+    assert images.shape[1:] == (3, 32, 32) and images.shape[0] <= settings["batch_size"]
+
+
+def test_tune_stops_as_soon_as_the_loader_outruns_the_model(shards: Path, tmp_path: Path):
+    r = tune(
+        str(shards), model=f"{THIS}:sluggish_model", batch_size=16, device="cpu", image_size=32,
+        out=None, seconds=1.0,
+    )  # fmt: skip
+    assert r.model_images_per_s is not None and r.model_images_per_s < 16 / 0.2 * 1.01
+    assert r.stopped_early and len(r.trials) == 1  # the defaults already outrun it
+    assert r.trials[0].images_per_s >= r.model_images_per_s
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such settings file"),
+        ("{not json", "not a readable JSON settings file"),
+        ('{"x": 1}', "no 'loader' object"),
+        ('{"loader": {"batch_size": 8}}', "missing keys"),
+        (
+            '{"loader": {"batch_size": 8, "num_workers": -1, "prefetch": 2, "preprocess": "cpu"}}',
+            "loader.num_workers = -1",
+        ),
+        (
+            '{"loader": {"batch_size": 8, "num_workers": 1, "prefetch": 2, "preprocess": "tpu"}}',
+            "loader.preprocess = 'tpu'",
+        ),
+    ],
+)
+def test_a_bad_settings_file_is_refused_naming_the_file(tmp_path: Path, content, message):
+    path = tmp_path / "s.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(TuneError, match=message) as e:
+        load_settings(path)
+    assert str(path) in str(e.value)
+
+
+def test_tune_refuses_a_users_own_loader():
+    from typer.testing import CliRunner
+
+    from gpufeed.cli import app
+
+    res = CliRunner().invoke(app, ["tune", "--data", "mytrain:make_loader"])
+    assert res.exit_code == 2
+    assert "tune searches the gpufeed Loader" in res.output.replace("\n", "")

@@ -1,0 +1,79 @@
+"""Batched augmentations: correct geometry, load factor, fused = unfused, device-agnostic parameters."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from gpufeed.data.augment import Augment
+
+
+def _smooth(n: int = 4, size: int = 64) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    return F.interpolate(
+        torch.rand(n, 3, 8, 8, generator=g) * 255, size=(size, size), mode="bilinear"
+    )
+
+
+def test_random_resized_crop_boxes_fit_the_image_and_vary():
+    aug = Augment(size=(32, 32))
+    boxes = aug.boxes([(300, 500)] * 50, torch.Generator().manual_seed(1))
+    for y, x, h, w in boxes:
+        assert y >= 0 and x >= 0 and y + h <= 300 and x + w <= 500 and h > 0 and w > 0
+    assert len(set(boxes)) == 50
+
+
+def test_eval_crop_is_a_deterministic_center_crop():
+    aug = Augment(size=(100, 100), train=False)
+    assert aug.boxes([(200, 400)], torch.Generator()) == [(12, 112, 175, 175)]
+
+
+def test_decode_size_lets_jpeg_scale_down_when_the_crop_is_large():
+    aug = Augment(size=(224, 224))
+    assert aug.min_decode_size((1000, 1000), (0, 0, 1000, 1000)) == (224, 224)
+    assert aug.min_decode_size((1000, 1000), (0, 0, 224, 224)) == (1000, 1000)
+
+
+def test_flips_only_load_is_exact_and_fused_equals_unfused():
+    x = _smooth()
+    params = Augment(load=3, degrees=0).flips_and_angles(4, torch.Generator().manual_seed(2))
+    unfused = Augment(load=3, degrees=0).apply_batch(x.clone(), params, torch.float32)
+    fused = Augment(load=3, degrees=0, fused=True).apply_batch(x.clone(), params, torch.float32)
+    torch.testing.assert_close(unfused, fused, atol=1e-4, rtol=0)
+    h, v, _ = params
+    flip_h, flip_v = h.sum(0) % 2 == 1, v.sum(0) % 2 == 1
+    expect = x.clone()
+    for i in range(4):
+        if flip_h[i]:
+            expect[i] = expect[i].flip(-1)
+        if flip_v[i]:
+            expect[i] = expect[i].flip(-2)
+    want = Augment(load=0).apply_batch(
+        expect, Augment(load=0).flips_and_angles(4, torch.Generator()), torch.float32
+    )
+    torch.testing.assert_close(unfused, want, atol=1e-4, rtol=0)
+
+
+def test_rotations_compose_the_same_fused_or_unfused_away_from_the_border():
+    x = _smooth()
+    aug = Augment(load=4, degrees=20)
+    params = aug.flips_and_angles(4, torch.Generator().manual_seed(3))
+    unfused = aug.apply_batch(x.clone(), params, torch.float32)
+    fused = Augment(load=4, degrees=20, fused=True).apply_batch(x.clone(), params, torch.float32)
+    c = slice(22, 42)
+    assert (unfused - fused)[..., c, c].abs().mean() < 0.03 * unfused[..., c, c].abs().mean()
+
+
+def test_load_factor_draws_l_independent_flip_flip_rotation_blocks():
+    h, v, a = Augment(load=12).flips_and_angles(256, torch.Generator().manual_seed(0))
+    assert h.shape == v.shape == a.shape == (12, 256)
+    assert 0.4 < h.float().mean() < 0.6 and a.abs().max() <= torch.deg2rad(torch.tensor(15.0))
+
+
+def test_uint8_output_skips_normalization_and_float_output_is_normalized():
+    x = torch.full((2, 3, 8, 8), 255 * 0.485)
+    p = Augment(load=0).flips_and_angles(2, torch.Generator())
+    out = Augment(load=0).apply_batch(x.clone(), p, torch.float32)
+    assert out[:, 0].abs().max() < 1e-5
+    u8 = Augment(load=0).apply_batch(x.clone(), p, torch.uint8)
+    assert u8.dtype == torch.uint8 and int(u8[0, 0, 0, 0]) == round(255 * 0.485)

@@ -1,0 +1,182 @@
+"""pack: image folder or list → shards + index.json; bad input converted/skipped by policy; atomic, resumable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from gpufeed.cli import app
+from gpufeed.data.dataset import ShardDataset
+from gpufeed.data.decode import decode, image_size
+from gpufeed.data.pack import STATE_NAME, PackError, pack, parse_size
+from gpufeed.data.shards import INDEX_NAME
+
+
+def _index(d: Path) -> dict:
+    return json.loads((d / INDEX_NAME).read_text())
+
+
+def test_image_folder_round_trip_keeps_every_image_and_label(image_folder: Path, tmp_path: Path):
+    with pytest.warns(UserWarning, match="outside 1-128 MB"):
+        res = pack(image_folder, tmp_path / "out", shard_size="64KB", workers=2, progress=False)
+    idx = _index(tmp_path / "out")
+    assert res.samples == idx["total"] == 48 and res.shards == len(idx["shards"]) > 1
+    assert idx["classes"] == ["class_000", "class_001", "class_002", "class_003"]
+    by_key = {}
+    for s in ShardDataset(tmp_path / "out", shuffle=False).iter_worker(0, 1):
+        by_key[s.key] = s
+    for p in image_folder.glob("*/*.jpg"):
+        s = by_key[f"{p.parent.name}_{p.stem}"]
+        assert s.data == p.read_bytes()  # copied untouched without --resize
+        assert s.label == idx["classes"].index(p.parent.name)
+
+
+def test_resize_pre_shrinks_to_the_short_side(image_folder: Path, tmp_path: Path):
+    pack(image_folder, tmp_path / "out", resize=32, quality=80, workers=1, progress=False)
+    for s in ShardDataset(tmp_path / "out").iter_worker(0, 1):
+        assert min(image_size(s.data)) == 32
+
+
+def _bad_inputs(root: Path, good: Path) -> None:
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "good.jpg").write_bytes(good.read_bytes())
+    (root / "a" / "empty.jpg").write_bytes(b"")
+    (root / "a" / "notes.txt").write_text("not an image")
+    (root / "a" / "half.jpg").write_bytes(good.read_bytes()[:200])
+    rgb = np.asarray(Image.open(good).convert("RGB"))
+    Image.fromarray(rgb).save(root / "a" / "pic.png")
+    Image.fromarray(rgb).convert("L").save(root / "a" / "gray.jpg")
+    Image.fromarray(rgb).convert("CMYK").save(root / "a" / "cmyk.jpg")
+    (root / "a" / "good.jpeg").write_bytes(good.read_bytes())  # same key as good.jpg
+
+
+def test_bad_inputs_are_converted_or_skipped_by_path_and_nothing_crashes(image_folder, tmp_path):
+    src = tmp_path / "src"
+    _bad_inputs(src, next(image_folder.glob("*/*.jpg")))
+    res = pack(src, tmp_path / "out", workers=1, progress=False)
+    skipped = {Path(p).name: why for p, why in res.skipped}
+    converted = {Path(p).name: why for p, why in res.converted}
+    assert skipped["empty.jpg"] == "empty file"
+    assert "not a readable image" in skipped["notes.txt"]
+    assert "not a readable image" in skipped["half.jpg"]
+    assert "duplicate key 'a_good'" in skipped["good.jpg"]  # good.jpeg sorts first and wins
+    assert set(converted) == {"pic.png", "gray.jpg", "cmyk.jpg"}
+    assert "PNG" in converted["pic.png"] and "CMYK" in converted["cmyk.jpg"]
+    samples = list(ShardDataset(tmp_path / "out").iter_worker(0, 1))
+    assert sorted(s.key for s in samples) == ["a_cmyk", "a_good", "a_gray", "a_pic"]
+    for s in samples:
+        assert decode(s.data).shape[2] == 3
+    assert "skipped 4:" in res.summary() and "converted 3:" in res.summary()
+
+
+def test_verify_decodes_every_image_and_skips_corrupt_jpegs(image_folder: Path, tmp_path: Path):
+    good = next(image_folder.glob("*/*.jpg"))
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    (tmp_path / "src" / "a" / "ok.jpg").write_bytes(good.read_bytes())
+    data = good.read_bytes()
+    (tmp_path / "src" / "a" / "cut.jpg").write_bytes(data[: len(data) // 2])
+    plain = pack(tmp_path / "src", tmp_path / "plain", workers=1, progress=False)
+    assert plain.samples == 2  # without --verify a cut scan is not noticed
+    checked = pack(tmp_path / "src", tmp_path / "checked", workers=1, verify=True, progress=False)
+    assert (
+        checked.samples == 1
+        and "corrupt JPEG" in dict(checked.skipped)[str(tmp_path / "src/a/cut.jpg")]
+    )
+
+
+def test_list_file_with_malformed_lines_and_repeats(image_folder: Path, tmp_path: Path):
+    paths = sorted(image_folder.glob("*/*.jpg"))[:3]
+    lst = tmp_path / "list.txt"
+    lst.write_text(
+        f"# comment\n{paths[0]} cat\n{paths[1]},dog\nbroken-line\n{paths[0]} cat\n{paths[2]}\tdog\n"
+    )
+    res = pack(lst, tmp_path / "out", workers=1, progress=False)
+    assert res.samples == 3 and _index(tmp_path / "out")["classes"] == ["cat", "dog"]
+    reasons = [why for _, why in res.skipped]
+    assert any("malformed line" in r for r in reasons) and any("listed twice" in r for r in reasons)
+
+
+def test_shard_size_outside_the_useful_range_warns_with_the_trade_off(image_folder, tmp_path):
+    with pytest.warns(
+        UserWarning, match="tiny objects are slow to fetch.*cannot be fetched in parallel"
+    ):
+        pack(image_folder, tmp_path / "out", shard_size="200KB", workers=1, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("text", "n"),
+    [("64MB", 64_000_000), ("512KiB", 524_288), ("1.5G", 1_500_000_000), ("4096", 4096)],
+)
+def test_parse_size(text: str, n: int):
+    assert parse_size(text) == n
+
+
+def test_bad_options_and_sources_are_clear_errors(image_folder: Path, tmp_path: Path):
+    with pytest.raises(PackError, match="cannot read size 'big'"):
+        pack(image_folder, tmp_path / "o", shard_size="big")
+    with pytest.raises(PackError, match=r"SRC .* does not exist"):
+        pack(tmp_path / "nope", tmp_path / "o")
+    with pytest.raises(PackError, match="--quality must be 1-100"):
+        pack(image_folder, tmp_path / "o", quality=0)
+
+
+def test_a_finished_pack_is_not_redone_and_a_different_one_is_refused(image_folder, tmp_path):
+    pack(image_folder, tmp_path / "out", workers=1, progress=False)
+    assert pack(image_folder, tmp_path / "out", workers=1, progress=False).already_packed
+    with pytest.raises(PackError, match="exists from a different pack"):
+        pack(image_folder, tmp_path / "out", workers=1, resize=32, progress=False)
+
+
+def test_interrupted_pack_leaves_no_complete_looking_shard_and_resumes_identically(
+    image_folder: Path, tmp_path: Path
+):
+    """SIGKILL a real pack after its first shards, then resume: same shards as an uninterrupted pack."""
+    out = tmp_path / "out"
+    code = (
+        "import sys; from gpufeed.data.pack import pack; "
+        f"pack({str(image_folder)!r}, {str(out)!r}, shard_size='8KB', resize=48, workers=1, progress=False)"
+    )
+    proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", code])
+    deadline = time.time() + 60
+    while not (out / STATE_NAME).exists() and time.time() < deadline:
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / INDEX_NAME).exists()  # nothing claims to be a complete data set
+    state = json.loads((out / STATE_NAME).read_text())
+    finished = {s["name"] for s in state["shards"]}
+    for tar in out.glob("shard-*.tar"):  # every shard under its final name is complete or is redone
+        assert tar.name in finished or tar.stat().st_size > 0
+    with pytest.warns(UserWarning):
+        res = pack(image_folder, out, shard_size="8KB", resize=48, workers=1, progress=False)
+    assert res.resumed_shards >= 1 and not list(out.glob("*.tmp-*"))
+    with pytest.warns(UserWarning):
+        pack(
+            image_folder, tmp_path / "clean", shard_size="8KB", resize=48, workers=1, progress=False
+        )
+    a, b = _index(out), _index(tmp_path / "clean")
+    assert [s["sha256"] for s in a["shards"]] == [s["sha256"] for s in b["shards"]]
+
+
+def test_cli_pack_prints_what_it_wrote(image_folder: Path, tmp_path: Path):
+    result = CliRunner().invoke(
+        app, ["pack", str(image_folder), str(tmp_path / "o"), "--workers", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "wrote 48 images in 1 shards" in result.output
+
+
+def test_cli_pack_bad_input_exits_2_with_a_message(tmp_path: Path):
+    result = CliRunner().invoke(app, ["pack", str(tmp_path / "missing"), str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "does not exist" in result.output
