@@ -68,7 +68,7 @@ class PillowFolder(torch.utils.data.Dataset):
             if random.random() < 0.5:
                 im = im.transpose(Image.FLIP_TOP_BOTTOM)
             im = im.rotate(random.uniform(-15, 15), resample=Image.BILINEAR)
-        t = torch.from_numpy(np.asarray(im)).permute(2, 0, 1).float().div_(255)
+        t = torch.from_numpy(np.array(im)).permute(2, 0, 1).float().div_(255)
         return (t - self.mean) / self.std, self.classes.index(f.parent.name)
 
 
@@ -91,11 +91,9 @@ def baseline(root: Path, load: int, workers: int) -> float:
     return _time(dl)
 
 
-def gpufeed(shards: Path, load: int, workers: int) -> float:
-    loader = Loader(
-        shards, BATCH, num_workers=workers, augment=Augment(size=(SIZE, SIZE), load=load)
-    )
-    return _time(loader)
+def gpufeed(shards: Path, load: int, workers: int, fused: bool = False) -> float:
+    aug = Augment(size=(SIZE, SIZE), load=load, fused=fused)
+    return _time(Loader(shards, BATCH, num_workers=workers, augment=aug))
 
 
 def _decode_all(datas: list[bytes]) -> int:
@@ -149,16 +147,18 @@ def main() -> None:
         f"as-is {limit_asis:.0f} img/s, resized-256 {limit_small:.0f} img/s.",
         "",
         "| load L | baseline img/s | gpufeed as-is img/s | × baseline | % of decode limit "
-        "| gpufeed --resize 256 img/s | × baseline | % of decode limit |",
-        "|---|---|---|---|---|---|---|---|",
+        "| gpufeed --resize 256 img/s | × baseline | % of decode limit | gpufeed as-is, fused "
+        "load img/s | × baseline |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for load in args.loads:
         b = baseline(root, load, cores)
         g = gpufeed(asis, load, cores)
         r = gpufeed(small, load, cores)
+        f = gpufeed(asis, load, cores, fused=True)
         row = (
             f"| {load} | {b:.0f} | {g:.0f} | {g / b:.2f}× | {100 * g / limit_asis:.0f}% "
-            f"| {r:.0f} | {r / b:.2f}× | {100 * r / limit_small:.0f}% |"
+            f"| {r:.0f} | {r / b:.2f}× | {100 * r / limit_small:.0f}% | {f:.0f} | {f / b:.2f}× |"
         )
         print(row, flush=True)
         lines.append(row)

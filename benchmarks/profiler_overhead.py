@@ -43,7 +43,7 @@ LOOP = textwrap.dedent(
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def train(limit):
-        steps, t0 = 0, time.perf_counter()
+        steps, t0, c0 = 0, time.perf_counter(), time.process_time()
         while True:
             for xb, yb in loader:
                 opt.zero_grad(set_to_none=True)
@@ -51,28 +51,28 @@ LOOP = textwrap.dedent(
                 opt.step()
                 steps += 1
                 if time.perf_counter() - t0 >= limit:
-                    return steps, time.perf_counter() - t0
+                    return steps, time.perf_counter() - t0, time.process_time() - c0
 
     train(1.0)  # warm-up
-    steps, elapsed = train(seconds)
-    print(f"THROUGHPUT {steps / elapsed:.3f} steps/s ({steps} steps in {elapsed:.2f} s)", flush=True)
+    steps, elapsed, cpu = train(seconds)
+    print(f"THROUGHPUT {steps / elapsed:.3f} steps/s CPU {cpu / steps * 1e3:.4f} ms/step", flush=True)
     """
 )
 
 
 def run_loop(
     script: Path, seconds: float, threads: int, profiled: bool, out: Path, interval: float
-) -> float:
-    """One run of the loop; returns its steps/s."""
+) -> tuple[float, float]:
+    """One run of the loop; returns its steps/s and the training process's CPU ms per step."""
     cmd = [sys.executable, str(script), str(seconds), str(threads)]
     if profiled:
         prefix = [sys.executable, "-m", "gpufeed.cli", "profile", "--out", str(out)]
         cmd = [*prefix, "--interval", str(interval), "--", *cmd]
     cp = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    m = re.search(r"THROUGHPUT ([0-9.]+)", cp.stdout)
+    m = re.search(r"THROUGHPUT ([0-9.]+) steps/s CPU ([0-9.]+)", cp.stdout)
     if m is None:
         raise RuntimeError(f"no throughput in output:\n{cp.stdout}\n{cp.stderr}")
-    return float(m.group(1))
+    return float(m.group(1)), float(m.group(2))
 
 
 def recorder_cost(n: int = 50_000) -> tuple[float, float]:
@@ -165,7 +165,7 @@ def main() -> None:
     print(f"flush: {flush_cost():.2f} ms CPU per flush of 200 steps (one flush per 0.5 s)")
     print(f"sampler: {sampler_cost():.2f} ms CPU per tick (one tick per {args.interval} s)")
 
-    plain, profiled = [], []
+    plain, profiled, cpu_plain, cpu_profiled = [], [], [], []
     with tempfile.TemporaryDirectory() as d:
         script = Path(d) / "loop.py"
         script.write_text(LOOP)
@@ -173,13 +173,13 @@ def main() -> None:
             # Alternate which side goes first so that neither always runs on a warmer machine.
             order = [False, True] if i % 2 == 0 else [True, False]
             for prof in order:
-                v = run_loop(
+                v, c = run_loop(
                     script, args.seconds, args.threads, prof, Path(d) / "runs", args.interval
                 )
                 (profiled if prof else plain).append(v)
-                print(
-                    f"  pair {i + 1}: {'gpufeed profile' if prof else 'plain python  '} {v:8.1f} steps/s"
-                )
+                (cpu_profiled if prof else cpu_plain).append(c)
+                side = "gpufeed profile" if prof else "plain python   "
+                print(f"  pair {i + 1}: {side} {v:8.1f} steps/s, {c:.3f} CPU ms/step")
     p, q = statistics.median(plain), statistics.median(profiled)
     print(f"plain python (baseline): median {p:.1f} steps/s  {[round(v, 1) for v in plain]}")
     print(f"gpufeed profile:         median {q:.1f} steps/s  {[round(v, 1) for v in profiled]}")
@@ -191,6 +191,11 @@ def main() -> None:
     )
     # On a shared machine the fastest run of each side is the one least disturbed by others.
     print(f"best-of-{len(plain)} ratio: {max(profiled) / max(plain):.3f}")
+    # CPU time per step of the training process hardly depends on other load: in-process overhead.
+    cp, cq = statistics.median(cpu_plain), statistics.median(cpu_profiled)
+    print(
+        f"training-process CPU per step: plain {cp:.3f} ms, profiled {cq:.3f} ms, ratio {cp / cq:.3f}"
+    )
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 

@@ -15,10 +15,20 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch.distributed
+
 from gpufeed.data.augment import Augment
 from gpufeed.data.loader import Loader
 from gpufeed.data.pack import pack
-from gpufeed.train import MODELS, SyntheticData, cleanup_distributed, fit, resnet, setup_distributed
+from gpufeed.train import (
+    MODELS,
+    DistInfo,
+    SyntheticData,
+    cleanup_distributed,
+    fit,
+    resnet,
+    setup_distributed,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -59,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def make_loader(args: argparse.Namespace, device: object) -> Loader:
+def make_loader(args: argparse.Namespace, dist: DistInfo) -> Loader:
     data = args.data
     if "://" not in data and not (Path(data) / "index.json").is_file():
         if not Path(data).is_dir():
@@ -67,14 +77,17 @@ def make_loader(args: argparse.Namespace, device: object) -> Loader:
                 f"train_resnet.py: --data {data}: no such directory (want shards or an image folder)"
             )
         shards = Path(args.pack_dir) / Path(data).resolve().name
-        print(pack(data, shards).summary(), file=sys.stderr)
+        if dist.local_rank == 0:  # one packer per machine; the other ranks wait for it
+            print(pack(data, shards).summary(), file=sys.stderr)
+        if dist.world_size > 1:
+            torch.distributed.barrier()
         data = str(shards)
     return Loader(
         data,
         args.batch_size,
         num_workers=args.workers,
         preprocess=args.preprocess,
-        device=device,
+        device=dist.device,
         augment=Augment(size=(args.image_size, args.image_size), load=args.load),
         channels_last=args.channels_last,
     )
@@ -87,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         classes = args.num_classes or 1000
         data = SyntheticData(args.batch_size, args.image_size, classes, steps=args.steps or 100)
     else:
-        data = make_loader(args, dist.device)
+        data = make_loader(args, dist)
         classes = args.num_classes or len(data.dataset.classes)
     model = resnet(args.model, num_classes=classes)
     result = fit(

@@ -259,11 +259,13 @@ def bench_cmd(
 
 @app.command("demo")
 def demo_cmd(
-    tiny: bool = typer.Option(False, "--tiny", help="A few hundred images, seconds (what CI runs)."),
+    tiny: bool = typer.Option(
+        False, "--tiny", help="A few hundred images, seconds (what CI runs)."
+    ),
     images: int | None = typer.Option(None, "--images", help="Images to generate (default 1200)."),
-    steps: int | None = typer.Option(None, "--steps", help="Training steps per run (default 150)."),
+    steps: int | None = typer.Option(None, "--steps", help="Training steps per run (default 100)."),
     model: str | None = typer.Option(None, "--model", help="resnet18 (default), resnet50, ..."),
-    batch_size: int | None = typer.Option(None, "--batch-size", help="Batch size (default 32)."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Batch size (default 64)."),
     image_size: int | None = typer.Option(
         None, "--image-size", help="Training image size (default 32 on CPU, 224 with a GPU)."
     ),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,8 @@ def test_bad_options_are_refused_by_name():
         demo_config(model="resnet9")
     with pytest.raises(ValueError, match="--steps must be at least 8"):
         demo_config(tiny=True, steps=2)
+    with pytest.raises(ValueError, match="--images 40 is too few for --batch-size 32"):
+        demo_config(tiny=True, images=40, batch_size=32)
 
 
 def test_bad_model_on_the_command_line_exits_2_with_a_clear_message(tmp_path: Path, gpufeed_cli):
@@ -67,3 +70,19 @@ def test_bad_model_on_the_command_line_exits_2_with_a_clear_message(tmp_path: Pa
     )
     assert cp.returncode == 2
     assert "--model 'vgg' is not known" in cp.stderr and "Traceback" not in cp.stderr
+
+
+def test_the_data_set_is_generated_once_and_reused(tmp_path: Path):
+    from gpufeed.bench.demo import demo_images, demo_shards
+
+    cfg = replace(demo_config(tiny=True), images=8, classes=2, short_side=(64, 80), batch_size=2)
+    seen: list[int] = []
+    first = demo_images(tmp_path, cfg, on_images=seen.append)
+    assert seen[-1] == 8 and len(list(first.glob("*/*.jpg"))) == 8
+    stamps = {p: p.stat().st_mtime_ns for p in first.glob("*/*.jpg")}
+    shards = demo_shards(first, cfg)
+    index = (shards / "index.json").stat().st_mtime_ns
+    again = demo_images(tmp_path, cfg)
+    assert again == first
+    assert {p: p.stat().st_mtime_ns for p in again.glob("*/*.jpg")} == stamps
+    assert (demo_shards(again, cfg) / "index.json").stat().st_mtime_ns == index

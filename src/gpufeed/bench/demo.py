@@ -39,8 +39,8 @@ class DemoConfig:
     images: int = 1200
     classes: int = 10
     short_side: tuple[int, int] = (300, 500)
-    steps: int = 150
-    batch_size: int = 32
+    steps: int = 100
+    batch_size: int = 64
     image_size: int = 32  # CPU-only; 224 where CUDA exists (see `demo_config`)
     model: str = "resnet18"
     naive_workers: int = 0  # PyTorch's default: the training process decodes every batch itself
@@ -58,7 +58,11 @@ class DemoConfig:
         return self.workers if self.workers is not None else max(1, usable_cores() - 1)
 
 
-TINY = DemoConfig(images=160, classes=4, short_side=(300, 400), steps=30)
+# CI's run: few images, and training images small enough that the model (on one CPU core) is
+# clearly faster than full-size Pillow decoding, as an accelerator would be.
+TINY = DemoConfig(
+    images=320, classes=4, short_side=(300, 400), steps=30, batch_size=128, image_size=16
+)
 GPU_IMAGE_SIZE = 224
 
 
@@ -92,13 +96,19 @@ class DemoResult:
         return self.gpufeed.images_per_s / self.naive.images_per_s
 
     def to_json(self) -> str:
+        """Config, speedup and both runs; paths as strings, unmeasured figures (NaN) as null."""
+
+        def plain(r: PipelineResult) -> dict[str, Any]:
+            return {
+                k: str(v) if isinstance(v, Path) else None if v != v else v  # NaN != NaN
+                for k, v in vars(r).items()
+            }
+
         doc = {
             "config": asdict(self.config),
             "speedup": self.speedup,
-            "naive": {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.naive).items()},
-            "gpufeed": {
-                k: str(v) if isinstance(v, Path) else v for k, v in vars(self.gpufeed).items()
-            },
+            "naive": plain(self.naive),
+            "gpufeed": plain(self.gpufeed),
         }
         return json.dumps(doc, indent=2)
 
@@ -118,7 +128,7 @@ def demo_config(
 
     cfg = TINY if tiny else DemoConfig()
     if torch.cuda.is_available() and image_size is None:
-        cfg = replace(cfg, image_size=GPU_IMAGE_SIZE, batch_size=64)
+        cfg = replace(cfg, image_size=GPU_IMAGE_SIZE, batch_size=max(64, cfg.batch_size))
     changes = {
         k: v
         for k, v in {
@@ -142,28 +152,55 @@ def demo_config(
         if getattr(cfg, name) < least:
             flag = "--" + name.replace("_", "-")
             raise ValueError(f"{flag} must be at least {least}, got {getattr(cfg, name)}")
+    if cfg.images < 2 * cfg.batch_size:
+        raise ValueError(
+            f"--images {cfg.images} is too few for --batch-size {cfg.batch_size}: "
+            "give at least two batches of images"
+        )
     return cfg
 
 
-def prepare_data(work: Path, cfg: DemoConfig) -> tuple[Path, Path]:
-    """(image folder, shard directory) for this configuration, generated and packed once."""
-    import warnings
+def demo_images(
+    work: Path, cfg: DemoConfig, on_images: Callable[[int], None] = lambda n: None
+) -> Path:
+    """The image folder for this configuration, generated once (then reused).
+
+    `on_images(n)` hears how many images exist while they are generated (counted on disk by a
+    watcher thread, since the generator has no callback)."""
+    import threading
 
     from gpufeed.bench.synth import make_image_folder
-    from gpufeed.data.pack import pack
 
     lo, hi = cfg.short_side
-    images = make_image_folder(
-        work / "data" / f"images-{cfg.images}x{cfg.classes}-{lo}-{hi}",
-        cfg.images,
-        cfg.classes,
-        short_side=cfg.short_side,
-    )
-    shards = work / "data" / f"shards-{cfg.images}x{cfg.classes}-{lo}-{hi}-r{cfg.pack_resize}"
+    root = work / "data" / f"images-{cfg.images}x{cfg.classes}-{lo}-{hi}"
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.5):
+            on_images(sum(1 for _ in root.glob("*/*.jpg")))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        images = make_image_folder(root, cfg.images, cfg.classes, short_side=cfg.short_side)
+    finally:
+        done.set()
+        watcher.join()
+    on_images(cfg.images)
+    return images
+
+
+def demo_shards(images: Path, cfg: DemoConfig) -> Path:
+    """The images packed into shards pre-resized for the training size, once (then reused)."""
+    import warnings
+
+    from gpufeed.data.pack import pack
+
+    shards = images.parent / f"{images.name.replace('images-', 'shards-')}-r{cfg.pack_resize}"
     with warnings.catch_warnings():  # the demo set is far below the 1-128 MB shard advice
         warnings.simplefilter("ignore")
         pack(images, shards, resize=cfg.pack_resize, shard_size="8MB", progress=False)
-    return images, shards
+    return shards
 
 
 def train_command(pipeline: str, data: Path, cfg: DemoConfig, result: Path) -> list[str]:
@@ -312,9 +349,13 @@ def run_demo(
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("embedded data set (generated once, then cached)", total=None)
-        images, shards = prepare_data(work, cfg)
-        progress.update(task, total=1, completed=1)
+        task = progress.add_task(
+            "photo-like images (generated once, then cached)", total=cfg.images
+        )
+        images = demo_images(work, cfg, on_images=lambda n, t=task: progress.update(t, completed=n))
+        task = progress.add_task(f"pack shards, pre-resized to {cfg.pack_resize} px", total=1)
+        shards = demo_shards(images, cfg)
+        progress.update(task, completed=1)
         results = {}
         for pipeline, data in (("naive", images), ("gpufeed", shards)):
             what = (

@@ -21,6 +21,7 @@ from gpufeed.bench.measure import (
     Rate,
     build_model,
     check_device,
+    cpu_threads_beside,
     load_object,
     measure_loader,
     measure_model,
@@ -51,6 +52,7 @@ class Diagnosis:
     loader: Rate
     model_rate: Rate
     alternatives: list[Alternative] = field(default_factory=list)
+    threads: int | None = None  # torch threads of the model measurement on a CPU device
 
     @property
     def input_bound(self) -> bool:
@@ -77,6 +79,7 @@ class Diagnosis:
             "loader": self.loader_desc,
             "model": self.model,
             "device": self.device,
+            "threads": self.threads,
             "loader_images_per_s": self.loader.images_per_s,
             "model_images_per_s": self.model_rate.images_per_s,
             "batch_shape": list(self.loader.batch_shape),
@@ -174,16 +177,19 @@ def pack_sample(folder: str, dst: Path, image_size: int, n: int = SAMPLE_IMAGES)
     """Pack up to `n` images of an image folder (an even sample), pre-resized for `image_size`."""
     import warnings
 
-    from gpufeed.data.pack import list_inputs, pack
+    from gpufeed.data.pack import PackError, list_inputs, pack
 
-    items, classes, _ = list_inputs(folder)
-    step = max(1, len(items) // n)
-    lst = dst / "sample.txt"
-    dst.mkdir(parents=True, exist_ok=True)
-    lst.write_text("".join(f"{it.path}\t{classes[it.label]}\n" for it in items[::step][:n]))
-    with warnings.catch_warnings():  # a sample is far below the 1-128 MB shard advice
-        warnings.simplefilter("ignore")
-        pack(lst, dst / "shards", resize=math.ceil(image_size * 1.15), progress=False)
+    try:
+        items, classes, _ = list_inputs(folder)
+        step = max(1, len(items) // n)
+        lst = dst / "sample.txt"
+        dst.mkdir(parents=True, exist_ok=True)
+        lst.write_text("".join(f"{it.path}\t{classes[it.label]}\n" for it in items[::step][:n]))
+        with warnings.catch_warnings():  # a sample is far below the 1-128 MB shard advice
+            warnings.simplefilter("ignore")
+            pack(lst, dst / "shards", resize=math.ceil(image_size * 1.15), progress=False)
+    except PackError as e:
+        raise MeasureError(f"--data {folder}: {e}") from None
     return dst / "shards"
 
 
@@ -323,9 +329,16 @@ def diagnose(
             f"--data {data}: batches of images have shape {loader_rate.batch_shape}; "
             "expected N×C×H×W image tensors"
         )
-    note(f"measuring the model alone: {model}, batch {loader_rate.batch_shape[0]}, on {device} …")
-    model_rate = measure_model(net, loader_rate.batch_shape, device, seconds=seconds)
+    nw = getattr(loader, "num_workers", workers)
+    with cpu_threads_beside(nw, device) as threads:
+        where = f"{device}, {threads} threads" if device == "cpu" else device
+        note(
+            f"measuring the model alone: {model}, batch {loader_rate.batch_shape[0]}, on {where} …"
+        )
+        model_rate = measure_model(net, loader_rate.batch_shape, device, seconds=seconds)
     result = Diagnosis(data, desc, model, device, loader_rate, model_rate)
+    if device == "cpu":
+        result.threads = threads
     if result.input_bound:
         with tempfile.TemporaryDirectory(prefix="gpufeed-diagnose-") as tmp:
             result.alternatives = alternatives(
@@ -346,7 +359,9 @@ def print_diagnosis(console: Console, d: Diagnosis) -> None:
     table.add_column("images/s", justify="right")
     table.add_row(f"loader: {escape(d.loader_desc)}", f"{d.loader.images_per_s:,.1f}")
     table.add_row(
-        f"model: {escape(d.model)} on {d.device}, batch {shape}",
+        f"model: {escape(d.model)} on {d.device}"
+        + (f" ({d.threads} threads)" if d.threads else "")
+        + f", batch {shape}",
         f"{d.model_rate.images_per_s:,.1f}",
     )
     console.print(table)

@@ -218,9 +218,11 @@ def _augload_shape(summary: list[dict[str, Any]], models: tuple[str, ...]) -> li
             if r["model"] == model
             for mode in PREPROCESS
         )
+        single = max(r["repeats"] for r in summary if r["model"] == model) < 2
         trend = "grows" if change > 0 else "shrinks"
         verdict = (
-            f"{trend} by {abs(change):.1f} points over the loads (least-squares fit)"
+            f"{trend} by {abs(change):.1f} points over the loads (least-squares fit"
+            + ("; one run per point, so the noise is unknown)" if single else ")")
             if abs(change) > spread
             else f"shows no trend beyond the noise ({change:+.1f} points fitted, repeats spread "
             f"up to {spread:.0f}%)"

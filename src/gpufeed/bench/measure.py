@@ -9,7 +9,8 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,10 +43,13 @@ def measure_loader(
     images = batches = 0
     t0 = None
     while True:
-        it = iter(loader)
+        try:
+            it = iter(loader)
+        except Exception as e:
+            raise MeasureError(f"the data loader failed to start: {type(e).__name__}: {e}") from e
         got = False
         try:
-            for batch in it:
+            for batch in _guarded(it):
                 got = True
                 x = _images(batch)
                 shape = tuple(x.shape)
@@ -65,6 +69,18 @@ def measure_loader(
             raise MeasureError("the data loader yielded no batch: give it data or a smaller batch")
 
 
+def _guarded(it: Iterator[Any]) -> Iterator[Any]:
+    """The loader's batches; an exception inside the loader becomes a MeasureError saying so."""
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except Exception as e:
+            raise MeasureError(f"the data loader raised {type(e).__name__}: {e}") from e
+        yield batch
+
+
 def _images(batch: Any) -> Any:
     if isinstance(batch, dict) and "images" in batch:
         return batch["images"]
@@ -82,7 +98,7 @@ def measure_model(
     device: str,
     seconds: float = 4.0,
     max_steps: int = 500,
-    warmup: int = 2,
+    warmup: int = 3,
 ) -> Rate:
     """Forward + backward + optimizer step on one batch resident on `device` (no input pipeline):
     the model-only ceiling, in images/s."""
@@ -106,6 +122,24 @@ def measure_model(
     )
     images = result.measured_steps * n
     return Rate(images, images / result.images_per_s, tuple(batch_shape))
+
+
+@contextmanager
+def cpu_threads_beside(loader_workers: int, device: str) -> Iterator[int]:
+    """On a CPU device, train with the cores the loader workers leave free (at least one), as
+    training beside them would; OpenMP threads fighting workers for a core slow every op down
+    many times. Yields the thread count; restores torch's setting afterwards."""
+    import torch
+
+    from gpufeed.bench.hardware import usable_cores
+
+    before = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(max(1, usable_cores() - loader_workers))
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
 
 
 def load_object(spec: str, what: str) -> Any:

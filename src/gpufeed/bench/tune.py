@@ -167,11 +167,12 @@ def tune(
             notes.append("tuned on a pre-resized sample of the image folder; pack it to use them")
         result = TuneResult(data, device, image_size, [], model, notes=notes)
         if net is not None:
-            from gpufeed.bench.measure import measure_model
+            from gpufeed.bench.measure import cpu_threads_beside, measure_model
 
             console.print(f"[dim]  measuring the model alone: {model} on {device} …[/]")
             shape = (batch_size, 3, image_size, image_size)
-            result.model_images_per_s = measure_model(net, shape, device, seconds).images_per_s
+            with cpu_threads_beside(max(1, usable_cores() - 1), device):
+                result.model_images_per_s = measure_model(net, shape, device, seconds).images_per_s
         _search(result, shards, batch_size, allow_batch_change, usable_cores(), seconds, console)
     if out is not None:
         result.out = Path(out)

@@ -1,6 +1,8 @@
 """FEED: pack images into shards and load them fast (local or S3, CPU or GPU preprocessing).
 
-`pack`, `ShardDataset` and `Loader` are imported on first use so `import gpufeed.data` stays light.
+`ShardDataset` and `Loader` (which need torch) are imported on first use. `pack` is imported now:
+the function shares its name with the submodule `gpufeed.data.pack`, and binding it eagerly keeps a
+later submodule import from rebinding `gpufeed.data.pack` to the module (numpy only, no torch).
 """
 
 from __future__ import annotations
@@ -10,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gpufeed.data.dataset import ShardDataset
     from gpufeed.data.loader import Loader
-    from gpufeed.data.pack import pack
+
+from gpufeed.data.pack import pack
 
 __all__ = ["Loader", "ShardDataset", "pack"]
 _WHERE = {
-    "pack": "gpufeed.data.pack",
     "ShardDataset": "gpufeed.data.dataset",
     "Loader": "gpufeed.data.loader",
 }

@@ -110,7 +110,8 @@ class Augment:
 
     def crop_resize(self, image: torch.Tensor, full: tuple[int, int], box: Box) -> torch.Tensor:
         """Crop `box` (in `full`-size pixels) from a HxWx3 uint8 image that may be decoded
-        smaller than `full`, and resize it to the output size: 3xHxW float32 in 0..255."""
+        smaller than `full`, and resize it (bilinear, antialiased) to the output size: 3xHxW uint8."""
+        import torch
         import torch.nn.functional as F
 
         sy, sx = image.shape[0] / full[0], image.shape[1] / full[1]
@@ -118,10 +119,15 @@ class Augment:
         y0, x0 = int(y * sy), int(x * sx)
         y1 = max(y0 + 1, min(image.shape[0], round((y + bh) * sy)))
         x1 = max(x0 + 1, min(image.shape[1], round((x + bw) * sx)))
-        crop = image[y0:y1, x0:x1].permute(2, 0, 1).unsqueeze(0).float()
-        if crop.shape[-2:] != self.size:
-            crop = F.interpolate(crop, size=self.size, mode="bilinear", align_corners=False)
-        return crop[0]
+        crop = image[y0:y1, x0:x1].permute(2, 0, 1).unsqueeze(0)  # a channels_last view
+        if crop.shape[-2:] == self.size:
+            return crop[0].contiguous()
+        if crop.device.type == "cpu":  # torch's fast uint8 path (AVX2) on CPU
+            out = F.interpolate(crop, size=self.size, mode="bilinear", antialias=True)
+        else:
+            out = F.interpolate(crop.float(), size=self.size, mode="bilinear", antialias=True)
+            out = out.round_().clamp_(0, 255).to(torch.uint8)
+        return out[0].contiguous()
 
     def apply_batch(
         self,
@@ -130,26 +136,37 @@ class Augment:
         dtype: torch.dtype,
         channels_last: bool = False,
     ) -> torch.Tensor:
-        """The load block, then normalization (float) or rounding (uint8), on x's device."""
+        """The load block, then normalization (float) or rounding (uint8), on x's device.
+
+        `x` is N×3×H×W, uint8 or float in 0..255; flips run in place on the flipped samples only.
+        """
         import torch
 
         hflip, vflip, angle = (p.to(x.device, non_blocking=True) for p in params)
         if self.fused and hflip.shape[0] > 0:
-            x = _warp(x, _compose(hflip, vflip, angle))
+            x = _warp(x.float(), _compose(hflip, vflip, angle))
         else:
             for i in range(hflip.shape[0]):
-                x = torch.where(hflip[i].view(-1, 1, 1, 1), x.flip(-1), x)
-                x = torch.where(vflip[i].view(-1, 1, 1, 1), x.flip(-2), x)
-                x = _warp(x, _rotation(angle[i]))
+                x = _flip_some(x, hflip[i], -1)
+                x = _flip_some(x, vflip[i], -2)
+                x = _warp(x.float(), _rotation(angle[i]))
         if dtype == torch.uint8:
-            x = x.round_().clamp_(0, 255).to(torch.uint8)
+            if x.dtype != torch.uint8:
+                x = x.round_().clamp_(0, 255).to(torch.uint8)
         else:
             mean = torch.tensor(self.mean, device=x.device).view(1, 3, 1, 1) * 255
             inv_std = 1.0 / (torch.tensor(self.std, device=x.device).view(1, 3, 1, 1) * 255)
-            x = x.sub_(mean).mul_(inv_std).to(dtype)
+            x = x.float().sub_(mean).mul_(inv_std).to(dtype)
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return x
+
+
+def _flip_some(x: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
+    idx = mask.nonzero().flatten()
+    if len(idx):
+        x[idx] = x[idx].flip(dim)
+    return x
 
 
 def _rotation(angle: torch.Tensor) -> torch.Tensor:

@@ -88,7 +88,7 @@ def build_batch(
         shard, key, why = corrupt[0]
         raise CorruptSampleError(f"corrupt sample in shard {shard}, key {key}: {why}")
     h, w = augment.size
-    x = torch.stack(crops) if crops else torch.empty(0, 3, h, w, device=device)
+    x = torch.stack(crops) if crops else torch.empty(0, 3, h, w, dtype=torch.uint8, device=device)
     idx = torch.tensor(keep, dtype=torch.long)
     x = augment.apply_batch(x, tuple(p[:, idx] for p in params), dtype, channels_last)
     labels = torch.tensor([samples[i].label for i in keep], dtype=torch.long)
