@@ -5,12 +5,13 @@ Same machine, same images (the embedded photo-like set), same output: 224×224 f
    L × (hflip, vflip, rotation), to-tensor, normalize; num_workers = cores;
 2. gpufeed Loader on shards packed as-is, and packed with --resize 256;
 3. decode-only limit: libjpeg-turbo full-size decode of the stored images on all cores.
-Run: python benchmarks/loader_throughput.py [--images 512] [--out benchmarks/results/loader_throughput.md]
+Run: python benchmarks/loader_throughput.py [--images 1024] [--out benchmarks/results/loader_throughput.md]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import multiprocessing as mp
 import os
@@ -72,13 +73,16 @@ class PillowFolder(torch.utils.data.Dataset):
         return (t - self.mean) / self.std, self.classes.index(f.parent.name)
 
 
-def _time(batches: object) -> float:
-    """Images/s over one pass, not counting the first batch (worker start-up)."""
-    n, t0 = 0, None
+def _time(batches: object, workers: int) -> float:
+    """Images/s over one pass in steady state: the clock starts when every worker has delivered
+    its first batch (worker start-up and the first decode are not counted)."""
+    n, t0, seen = 0, None, 0
     for images, _ in batches:  # type: ignore[attr-defined]
         assert images.shape[1:] == (3, SIZE, SIZE) and images.dtype == torch.float32
+        seen += 1
         if t0 is None:
-            t0 = time.perf_counter()
+            if seen >= max(1, workers):
+                t0 = time.perf_counter()
             continue
         n += len(images)
     return n / (time.perf_counter() - t0)
@@ -88,35 +92,40 @@ def baseline(root: Path, load: int, workers: int) -> float:
     dl = torch.utils.data.DataLoader(
         PillowFolder(root, load), batch_size=BATCH, shuffle=True, num_workers=workers
     )
-    return _time(dl)
+    return _time(dl, workers)
 
 
 def gpufeed(shards: Path, load: int, workers: int, fused: bool = False) -> float:
     aug = Augment(size=(SIZE, SIZE), load=load, fused=fused)
-    return _time(Loader(shards, BATCH, num_workers=workers, augment=aug))
+    return _time(Loader(shards, BATCH, num_workers=workers, augment=aug), workers)
 
 
-def _decode_all(datas: list[bytes]) -> int:
+_DATAS: list[bytes] = []  # the images, loaded before the pool forks so no bytes are sent to it
+
+
+def _decode_part(part: tuple[int, int]) -> int:
     import simplejpeg
 
-    for d in datas:
+    for d in _DATAS[part[0] : part[1]]:
         simplejpeg.decode_jpeg(d)
-    return len(datas)
+    return part[1] - part[0]
 
 
 def decode_limit(shards: Path, workers: int) -> float:
-    datas = [s.data for s in ShardDataset(shards, shuffle=False).iter_worker(0, 1)]
-    parts = [datas[i::workers] for i in range(workers)]
+    """libjpeg-turbo full-size decode of every stored image, one process per core, nothing else."""
+    _DATAS[:] = [s.data for s in ShardDataset(shards, shuffle=False).iter_worker(0, 1)]
+    bounds = np.linspace(0, len(_DATAS), workers + 1).astype(int).tolist()
+    parts = list(itertools.pairwise(bounds))
     with mp.get_context("fork").Pool(workers) as pool:
-        pool.map(_decode_all, [p[:4] for p in parts])  # warm-up
+        pool.map(_decode_part, [(a, min(b, a + 8)) for a, b in parts])  # warm-up
         t = time.perf_counter()
-        n = sum(pool.map(_decode_all, parts))
+        n = sum(pool.map(_decode_part, parts, chunksize=1))
         return n / (time.perf_counter() - t)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--images", type=int, default=512)
+    ap.add_argument("--images", type=int, default=1024)
     ap.add_argument("--loads", type=int, nargs="+", default=[1, 12])
     ap.add_argument("--cache", type=Path, default=Path(".gpufeed-cache/bench"))
     ap.add_argument("--out", type=Path, default=None)

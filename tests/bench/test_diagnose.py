@@ -52,6 +52,22 @@ def not_a_model() -> str:
     return "oops"
 
 
+class _Broken:
+    """A loader whose dataset hits a bad file on the second batch."""
+
+    def __iter__(self):
+        yield torch.zeros(4, 3, 32, 32), torch.zeros(4, dtype=torch.long)
+        raise OSError("cannot read /data/img_17.jpg")
+
+
+def broken_loader() -> _Broken:
+    return _Broken()
+
+
+def wrong_input_model() -> nn.Module:
+    return nn.Conv2d(1, 4, 3)  # expects one channel; the loader gives three
+
+
 def test_a_slow_loader_is_input_bound_and_more_workers_are_measured():
     d = diagnose(f"{THIS}:slow_loader", model=f"{THIS}:tiny_cnn", device="cpu", seconds=1.5)
     assert d.verdict == "input-bound"
@@ -91,6 +107,29 @@ def test_an_image_folder_is_measured_with_pre_resized_shards_as_an_alternative(p
     assert shards[0].images_per_s > d.loader.images_per_s  # far less decode work per image
 
 
+def test_shards_are_measured_with_the_gpufeed_loader(photos: Path, tmp_path: Path):
+    import warnings
+
+    from gpufeed.bench.hardware import usable_cores
+    from gpufeed.data.pack import pack
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tiny shards, below the 1-128 MB advice
+        pack(photos, tmp_path / "shards", resize=40, progress=False, workers=1)
+    d = diagnose(
+        str(tmp_path / "shards"), model=f"{THIS}:tiny_cnn", batch_size=16, device="cpu",
+        workers=1, image_size=32, seconds=1.5,
+    )  # fmt: skip
+    assert d.loader_desc.startswith("gpufeed Loader") and d.loader.batch_shape[1:] == (3, 32, 32)
+    assert d.threads == max(1, usable_cores() - 1)  # the model trains beside one loader worker
+    assert d.verdict == "input-bound"  # a three-layer CNN outruns JPEG decoding
+    if usable_cores() > 1:
+        assert [a.name for a in d.alternatives] == [
+            f"gpufeed Loader (CPU preprocessing, num_workers={usable_cores()})"
+        ]
+        assert d.alternatives[0].images_per_s > 0
+
+
 runner = CliRunner()
 
 
@@ -103,6 +142,14 @@ runner = CliRunner()
         (["--data", f"{THIS}:fast_loader", "--model", "resnet9"], "--model 'resnet9' is not known"),
         (["--data", f"{THIS}:fast_loader", "--model", f"{THIS}:not_a_model"], "not an nn.Module"),
         (["--data", f"{THIS}:fast_loader", "--device", "tpu"], "--device 'tpu'"),
+        (
+            ["--data", f"{THIS}:broken_loader"],
+            "the data loader raised OSError: cannot read /data/img_17.jpg",
+        ),
+        (
+            ["--data", f"{THIS}:fast_loader", "--model", f"{THIS}:wrong_input_model"],
+            "the model failed to train on a batch of shape (16, 3, 32, 32)",
+        ),
     ],
 )
 def test_bad_input_exits_2_naming_the_option(args: list[str], message: str):

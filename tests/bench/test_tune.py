@@ -110,11 +110,20 @@ def test_a_bad_settings_file_is_refused_naming_the_file(tmp_path: Path, content,
     assert str(path) in str(e.value)
 
 
-def test_tune_refuses_a_users_own_loader():
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--data", "mytrain:make_loader"], "tune searches the gpufeed Loader"),
+        (["--data", "/no/such/shards"], "--data /no/such/shards: no such directory"),
+        (["--data", ".", "--out", "/no/such/dir/t.json"], "the folder /no/such/dir does not exist"),
+        (["--data", ".", "--model", "resnet9"], "--model 'resnet9' is not known"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_option(args: list[str], message: str):
     from typer.testing import CliRunner
 
     from gpufeed.cli import app
 
-    res = CliRunner().invoke(app, ["tune", "--data", "mytrain:make_loader"])
-    assert res.exit_code == 2
-    assert "tune searches the gpufeed Loader" in res.output.replace("\n", "")
+    res = CliRunner().invoke(app, ["tune", *args])
+    assert res.exit_code == 2, res.output
+    assert message in res.output.replace("\n", "")

@@ -33,13 +33,18 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
 ``meta`` dict: name, command (list[str], secrets redacted), start_time, end_time, exit_code,
     interval, hosts (list[str]), cpu_count, cpu_model, gpus (list of {index, name, memory_total}),
     gpu_unavailable (str reason, absent when GPUs were read), versions (dict), dropped_events (int),
-    ranks (list of {host, rank, local_rank, world_size, pid, start, end}: process start/end per
-    training process, for the initialization and finalization phases).
+    ranks (list of {host, rank, local_rank, world_size, pid, start, end, precision}: process
+    start/end per training process, for the initialization and finalization phases; precision as
+    below, None where that process did not show it).
     Also: finished (bool: the run wrote its end time), not_finished (str reason, only when not
     finished: still running or killed), env (performance-relevant environment variables, secrets
     redacted), cwd, platform.
     Optional, read by the MixedPrecision rule (silent when absent): precision ("fp32", "fp16",
     "bf16" or "mixed": what the training computed in), gpus[i].compute_capability ("8.0").
+    A training process's precision is the autocast dtype if at least half of its steps ran under
+    an enabled `torch.autocast`, else the dtype of most of its optimizer's parameter elements;
+    meta precision is the ranks' common precision, "mixed" when they differ, absent when no rank
+    showed one.
     A step whose start is unknown (the first step of a process that never asked a DataLoader for a
     batch before it, outside `gpufeed.profile()`) has start, duration = NaN.
 """
@@ -70,6 +75,7 @@ STEP_COLUMNS = [
     "gpu_time",
 ]
 PROCESS_COLUMNS = ["time", "host", "pid", "role", "cpu", "rss"]
+_RANK_KEYS = ("host", "rank", "local_rank", "world_size", "pid", "start", "end", "precision")
 
 
 class RunError(ValueError):
@@ -148,12 +154,7 @@ def load(path: str | PathLike[str]) -> Run:
             meta.setdefault("interval", info.get("interval"))
         else:
             rank, local, pid = info.get("rank", 0), info.get("local_rank", 0), info.get("pid")
-            ranks.append(
-                {
-                    k: info.get(k)
-                    for k in ("host", "rank", "local_rank", "world_size", "pid", "start", "end")
-                }
-            )
+            ranks.append({k: info.get(k) for k in _RANK_KEYS})
             for step, start, end, wait, samples, gpu in data["steps"]:
                 steps.append((host, rank, local, pid, step, start, end, None, wait, samples, gpu))
             workers.setdefault(host, set()).update(pid for pid, _ in data["workers"])
@@ -174,6 +175,9 @@ def load(path: str | PathLike[str]) -> Run:
     meta["dropped_events"] = dropped + int(meta.get("dropped_events") or 0)
     meta["finished"] = bool(meta.get("end_time"))
     meta.setdefault("gpus", [])
+    precisions = {r["precision"] for r in ranks if r["precision"]}
+    if precisions:
+        meta["precision"] = precisions.pop() if len(precisions) == 1 else "mixed"
     if not meta["finished"]:
         meta["not_finished"] = (
             "the run did not finish cleanly: it is still running or was killed; "

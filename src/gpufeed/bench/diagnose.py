@@ -137,9 +137,8 @@ def make_pipeline(
     if spec.kind == "function":
         assert spec.loader is not None
         nw = getattr(spec.loader, "num_workers", None)
-        return f"your loader ({spec.where}" + (f", {nw} workers)" if nw is not None else ")"), (
-            spec.loader
-        )
+        desc = f"your loader ({spec.where}" + (f", num_workers={nw})" if nw is not None else ")")
+        return desc, spec.loader
     if spec.kind == "folder":
         from gpufeed.bench.naive import naive_loader
 
@@ -147,8 +146,8 @@ def make_pipeline(
             loader = naive_loader(spec.where, batch_size, workers, image_size)
         except ValueError as e:
             raise MeasureError(f"--data {spec.where}: {e}") from None
-        return f"PyTorch DataLoader + Pillow decode, {workers} workers", loader
-    return f"gpufeed Loader (CPU preprocessing, {workers} workers)", _gpufeed_loader(
+        return f"PyTorch DataLoader + Pillow decode, num_workers={workers}", loader
+    return f"gpufeed Loader (CPU preprocessing, num_workers={workers})", _gpufeed_loader(
         spec.where, batch_size, workers, image_size, device, "cpu"
     )
 
@@ -233,14 +232,14 @@ def alternatives(
     if spec.kind == "function":
         faster = _more_workers(loader, cores)
         if faster is not None:
-            plans.append((f"your loader with {cores} workers", lambda: faster))
+            plans.append((f"your loader with num_workers={cores}", lambda: faster))
     elif spec.kind == "folder":
         from gpufeed.bench.naive import naive_loader
 
         if cores > workers:
             plans.append(
                 (
-                    f"PyTorch DataLoader + Pillow decode, {cores} workers",
+                    f"PyTorch DataLoader + Pillow decode, num_workers={cores}",
                     lambda: naive_loader(spec.where, batch_size, cores, image_size),
                 )
             )
@@ -254,14 +253,14 @@ def alternatives(
 
         plans.append(
             (
-                f"pre-resized shards, gpufeed Loader (CPU, {cores} workers)",
+                f"pre-resized shards, gpufeed Loader (CPU, num_workers={cores})",
                 lambda: _gpufeed_loader(sample(), batch_size, cores, image_size, device, "cpu"),
             )
         )
         if torch.cuda.is_available() and device == "cuda":
             plans.append(
                 (
-                    f"pre-resized shards, gpufeed Loader (GPU preprocessing, {cores} workers)",
+                    f"pre-resized shards, gpufeed Loader (GPU preprocessing, num_workers={cores})",
                     lambda: _gpufeed_loader(sample(), batch_size, cores, image_size, device, "gpu"),
                 )
             )
@@ -269,7 +268,7 @@ def alternatives(
         if cores > workers:
             plans.append(
                 (
-                    f"gpufeed Loader (CPU preprocessing, {cores} workers)",
+                    f"gpufeed Loader (CPU preprocessing, num_workers={cores})",
                     lambda: _gpufeed_loader(
                         spec.where, batch_size, cores, image_size, device, "cpu"
                     ),
@@ -278,7 +277,7 @@ def alternatives(
         if torch.cuda.is_available() and device == "cuda":
             plans.append(
                 (
-                    f"gpufeed Loader (GPU preprocessing, {workers} workers)",
+                    f"gpufeed Loader (GPU preprocessing, num_workers={workers})",
                     lambda: _gpufeed_loader(
                         spec.where, batch_size, workers, image_size, device, "gpu"
                     ),
@@ -331,7 +330,7 @@ def diagnose(
         )
     nw = getattr(loader, "num_workers", workers)
     with cpu_threads_beside(nw, device) as threads:
-        where = f"{device}, {threads} threads" if device == "cpu" else device
+        where = f"{device}, {threads} thread{'s' * (threads != 1)}" if device == "cpu" else device
         note(
             f"measuring the model alone: {model}, batch {loader_rate.batch_shape[0]}, on {where} …"
         )
@@ -360,7 +359,7 @@ def print_diagnosis(console: Console, d: Diagnosis) -> None:
     table.add_row(f"loader: {escape(d.loader_desc)}", f"{d.loader.images_per_s:,.1f}")
     table.add_row(
         f"model: {escape(d.model)} on {d.device}"
-        + (f" ({d.threads} threads)" if d.threads else "")
+        + (f" ({d.threads} thread{'s' * (d.threads != 1)})" if d.threads else "")
         + f", batch {shape}",
         f"{d.model_rate.images_per_s:,.1f}",
     )

@@ -107,19 +107,25 @@ def measure_model(
     from gpufeed.train.loop import SyntheticData, fit
 
     n, _, h, w = batch_shape
-    model = model.to(device)
-    with torch.no_grad():  # the number of classes the model predicts, for the synthetic labels
-        was = model.training
-        classes = int(model.eval()(torch.zeros(1, 3, h, w, device=device)).shape[-1])
-        model.train(was)
-    result = fit(
-        model,
-        SyntheticData(n, max(h, w), classes, steps=max_steps + warmup),
-        device=device,
-        warmup=warmup,
-        max_seconds=seconds,
-        verbose=False,
-    )
+    try:
+        model = model.to(device)
+        with torch.no_grad():  # the number of classes the model predicts, for synthetic labels
+            was = model.training
+            classes = int(model.eval()(torch.zeros(1, 3, h, w, device=device)).shape[-1])
+            model.train(was)
+        result = fit(
+            model,
+            SyntheticData(n, max(h, w), classes, steps=max_steps + warmup),
+            device=device,
+            warmup=warmup,
+            max_seconds=seconds,
+            verbose=False,
+        )
+    except Exception as e:
+        raise MeasureError(
+            f"the model failed to train on a batch of shape {tuple(batch_shape)}: "
+            f"{type(e).__name__}: {e}"
+        ) from e
     images = result.measured_steps * n
     return Rate(images, images / result.images_per_s, tuple(batch_shape))
 

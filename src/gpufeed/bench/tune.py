@@ -156,6 +156,8 @@ def tune(
             f"--data {data}: tune searches the gpufeed Loader's settings; give shards "
             "(`gpufeed pack`) or an image folder, not your own loader (use `gpufeed diagnose`)"
         )
+    if out is not None and not Path(out).parent.is_dir():
+        raise MeasureError(f"--out {out}: the folder {Path(out).parent} does not exist")
     spec = resolve_data(data)
     net = build_model(model) if model else None
     with tempfile.TemporaryDirectory(prefix="gpufeed-tune-") as tmp:

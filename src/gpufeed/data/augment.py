@@ -1,25 +1,30 @@
 """Augmentations as batched torch ops: the same code runs on CPU tensors and, unchanged, on a GPU.
 
-Per image only the random-resized crop (a slice) and the resize to the output size; everything
-after runs once per batch: the load-factor block (horizontal flip, vertical flip, rotation,
-repeated `load` times — the classic way to emulate a heavy augmentation pipeline), then
-normalization. `fused=False` (default) applies the L repetitions one by one so the load is
-real; `fused=True` composes them into one resampling, which is equivalent up to interpolation.
-All random parameters come from a CPU `torch.Generator`, so the CPU and GPU paths draw the same
-crops, flips and angles for the same seed.
+The load block (horizontal flip, vertical flip, rotation, repeated `load` times — the classic way
+to emulate a heavy augmentation pipeline) is a list of affine warps, one N×2×3 sampling matrix
+per repetition with its flips folded in; `fused=True` composes all repetitions into one warp,
+which is equivalent up to interpolation. The first warp is applied straight to the random-resized
+crop box of the decoded image, so crop + resize + the first repetition are ONE resampling; each
+further repetition (unfused) is one more real resampling. Normalization is one multiply and one
+subtract, the subtract writing into the output batch. All random parameters come from a CPU
+`torch.Generator`, so the CPU and GPU paths draw the same crops, flips and angles for the same seed.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# Bilinear sampling without antialiasing aliases when shrinking by more than this; a crop that
+# must shrink more is first resized with the antialiased uint8 resize, then warped.
+MAX_WARP_DOWNSCALE = 1.5
 
 Box = tuple[int, int, int, int]  # top, left, height, width in source pixels
 
@@ -68,26 +73,31 @@ class Augment:
             math.log(self.ratio[0]), math.log(self.ratio[1]), generator=gen
         )
         pos = torch.rand(n, tries, 2, generator=gen)
-        boxes = []
-        for i, (h, w) in enumerate(sizes):
-            area = h * w * area_frac[i]
-            r = torch.exp(log_r[i])
-            bw = torch.sqrt(area * r).round().long().tolist()
-            bh = torch.sqrt(area / r).round().long().tolist()
-            for t in range(tries):
-                if 0 < bw[t] <= w and 0 < bh[t] <= h:
-                    y = int(pos[i, t, 0] * (h - bh[t] + 1))
-                    x = int(pos[i, t, 1] * (w - bw[t] + 1))
-                    boxes.append((y, x, bh[t], bw[t]))
-                    break
-            else:
-                r0 = w / h
-                bh0, bw0 = (h, round(h * self.ratio[1])) if r0 > self.ratio[1] else (h, w)
-                if r0 < self.ratio[0]:
-                    bh0, bw0 = round(w / self.ratio[0]), w
-                bh0, bw0 = min(bh0, h), min(bw0, w)
-                boxes.append(((h - bh0) // 2, (w - bw0) // 2, bh0, bw0))
-        return boxes
+        if n == 0:
+            return []
+        hw = torch.tensor(sizes, dtype=torch.long).view(n, 1, 2)  # all tries of all images at once
+        area = (hw[..., 0] * hw[..., 1]).float() * area_frac
+        r = torch.exp(log_r)
+        bw = torch.sqrt(area * r).round().long()
+        bh = torch.sqrt(area / r).round().long()
+        fits = (bw > 0) & (bw <= hw[..., 1]) & (bh > 0) & (bh <= hw[..., 0])
+        y = (pos[..., 0] * (hw[..., 0] - bh + 1)).long()
+        x = (pos[..., 1] * (hw[..., 1] - bw + 1)).long()
+        first = fits.int().argmax(1, keepdim=True)  # the first try that fits
+        picked = torch.cat([t.gather(1, first) for t in (y, x, bh, bw)], 1).tolist()
+        found = fits.any(1).tolist()
+        return [
+            tuple(picked[i]) if found[i] else self._center_box(*sizes[i])  # type: ignore[misc]
+            for i in range(n)
+        ]
+
+    def _center_box(self, h: int, w: int) -> Box:
+        r0 = w / h
+        bh0, bw0 = (h, round(h * self.ratio[1])) if r0 > self.ratio[1] else (h, w)
+        if r0 < self.ratio[0]:
+            bh0, bw0 = round(w / self.ratio[0]), w
+        bh0, bw0 = min(bh0, h), min(bw0, w)
+        return ((h - bh0) // 2, (w - bw0) // 2, bh0, bw0)
 
     def flips_and_angles(self, n: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
         """(hflip [L,n] bool, vflip [L,n] bool, angle [L,n] radians) for the load block."""
@@ -99,6 +109,18 @@ class Augment:
         a = (torch.rand(L, n, generator=gen) * 2 - 1) * math.radians(self.degrees)
         return h, v, a
 
+    def warps(self, params: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        """The load block as N×2×3 sampling matrices: one per repetition, or one in all if fused."""
+        hflip, vflip, angle = params
+        if hflip.shape[0] == 0:
+            return []
+        if self.fused:
+            return [_compose(hflip, vflip, angle)]
+        return [
+            _compose(hflip[i : i + 1], vflip[i : i + 1], angle[i : i + 1])
+            for i in range(len(hflip))
+        ]
+
     def min_decode_size(self, size: tuple[int, int], box: Box) -> tuple[int, int]:
         """Smallest decoded (height, width) whose scaled box still covers the output: lets the
         JPEG decoder DCT-scale (in 1/8 steps) when the crop is much larger than the output."""
@@ -108,26 +130,68 @@ class Augment:
 
     # --- the ops ------------------------------------------------------------------------------
 
-    def crop_resize(self, image: torch.Tensor, full: tuple[int, int], box: Box) -> torch.Tensor:
+    def crop_resize(
+        self, image: torch.Tensor, full: tuple[int, int], box: Box, contiguous: bool = True
+    ) -> torch.Tensor:
         """Crop `box` (in `full`-size pixels) from a HxWx3 uint8 image that may be decoded
-        smaller than `full`, and resize it (bilinear, antialiased) to the output size: 3xHxW uint8."""
+        smaller than `full`, and resize it (bilinear, antialiased) to the output size: 3xHxW
+        uint8 (`contiguous=False`: in whatever memory layout the resize produced)."""
         import torch
         import torch.nn.functional as F
 
-        sy, sx = image.shape[0] / full[0], image.shape[1] / full[1]
-        y, x, bh, bw = box
-        y0, x0 = int(y * sy), int(x * sx)
-        y1 = max(y0 + 1, min(image.shape[0], round((y + bh) * sy)))
-        x1 = max(x0 + 1, min(image.shape[1], round((x + bw) * sx)))
-        crop = image[y0:y1, x0:x1].permute(2, 0, 1).unsqueeze(0)  # a channels_last view
+        crop = _crop(image, full, box)
         if crop.shape[-2:] == self.size:
-            return crop[0].contiguous()
-        if crop.device.type == "cpu":  # torch's fast uint8 path (AVX2) on CPU
+            out = crop
+        elif crop.device.type == "cpu":  # torch's fast uint8 path (AVX2) on CPU
             out = F.interpolate(crop, size=self.size, mode="bilinear", antialias=True)
         else:
             out = F.interpolate(crop.float(), size=self.size, mode="bilinear", antialias=True)
             out = out.round_().clamp_(0, 255).to(torch.uint8)
-        return out[0].contiguous()
+        return out[0].contiguous() if contiguous else out[0]
+
+    def crop_warp(
+        self, image: torch.Tensor, full: tuple[int, int], box: Box, theta: torch.Tensor
+    ) -> torch.Tensor:
+        """Crop `box`, resize to the output size and warp by `theta` (1×2×3) in one bilinear
+        resampling of the decoded uint8 HxWx3 image: 1×3×H×W float in 0..255."""
+        crop = _crop(image, full, box)
+        if max(crop.shape[-2] / self.size[0], crop.shape[-1] / self.size[1]) > MAX_WARP_DOWNSCALE:
+            crop = self.crop_resize(image, full, box, contiguous=False).unsqueeze(0)
+        return _warp(crop.float(), theta, self.size)
+
+    def first_pass(
+        self,
+        image: torch.Tensor,
+        full: tuple[int, int],
+        box: Box,
+        warps: list[torch.Tensor],
+        i: int,
+    ) -> torch.Tensor:
+        """Image i of a batch through crop, resize and the first warp: 1×3×H×W (uint8 if none)."""
+        if not warps:
+            return self.crop_resize(image, full, box, contiguous=False).unsqueeze(0)
+        return self.crop_warp(image, full, box, warps[0][i : i + 1])
+
+    def finish(
+        self, x: torch.Tensor, warps: list[torch.Tensor], out: torch.Tensor, owned: bool = False
+    ) -> torch.Tensor:
+        """The remaining warps on N×3×H×W `x`, then normalization (float `out`) or rounding
+        (uint8 `out`), written into `out` (any memory format, on x's device). `owned`: a float
+        `x` may be overwritten, which saves a pass."""
+        import torch
+
+        for theta in warps:
+            x = _warp(x.float(), theta.to(x.device, non_blocking=True), tuple(out.shape[-2:]))
+            owned = True
+        if out.dtype == torch.uint8:
+            if x.dtype != torch.uint8:
+                x = (x.round_() if owned else x.round()).clamp_(0, 255)
+            return out.copy_(x)
+        scale, shift = _normalizer(self.mean, self.std, x.device)
+        if x.dtype == torch.uint8:
+            x, owned = x.float(), True
+        x = x.mul_(scale) if owned else x * scale
+        return torch.sub(x, shift, out=out)
 
     def apply_batch(
         self,
@@ -138,35 +202,23 @@ class Augment:
     ) -> torch.Tensor:
         """The load block, then normalization (float) or rounding (uint8), on x's device.
 
-        `x` is N×3×H×W, uint8 or float in 0..255; flips run in place on the flipped samples only.
+        `x` is N×3×H×W, uint8 or float in 0..255 (already cropped and resized).
         """
         import torch
 
-        hflip, vflip, angle = (p.to(x.device, non_blocking=True) for p in params)
-        if self.fused and hflip.shape[0] > 0:
-            x = _warp(x.float(), _compose(hflip, vflip, angle))
-        else:
-            for i in range(hflip.shape[0]):
-                x = _flip_some(x, hflip[i], -1)
-                x = _flip_some(x, vflip[i], -2)
-                x = _warp(x.float(), _rotation(angle[i]))
-        if dtype == torch.uint8:
-            if x.dtype != torch.uint8:
-                x = x.round_().clamp_(0, 255).to(torch.uint8)
-        else:
-            mean = torch.tensor(self.mean, device=x.device).view(1, 3, 1, 1) * 255
-            inv_std = 1.0 / (torch.tensor(self.std, device=x.device).view(1, 3, 1, 1) * 255)
-            x = x.float().sub_(mean).mul_(inv_std).to(dtype)
-        if channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        out = torch.empty(x.shape, dtype=dtype, device=x.device, memory_format=fmt)
+        return self.finish(x, self.warps(params), out)
 
 
-def _flip_some(x: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
-    idx = mask.nonzero().flatten()
-    if len(idx):
-        x[idx] = x[idx].flip(dim)
-    return x
+def _crop(image: torch.Tensor, full: tuple[int, int], box: Box) -> torch.Tensor:
+    """`box` (in `full`-size pixels) of a HxWx3 image decoded at any size: a 1×3×h×w view."""
+    sy, sx = image.shape[0] / full[0], image.shape[1] / full[1]
+    y, x, bh, bw = box
+    y0, x0 = int(y * sy), int(x * sx)
+    y1 = max(y0 + 1, min(image.shape[0], round((y + bh) * sy)))
+    x1 = max(x0 + 1, min(image.shape[1], round((x + bw) * sx)))
+    return image[y0:y1, x0:x1].permute(2, 0, 1).unsqueeze(0)  # a channels_last view
 
 
 def _rotation(angle: torch.Tensor) -> torch.Tensor:
@@ -192,8 +244,33 @@ def _compose(hflip: torch.Tensor, vflip: torch.Tensor, angle: torch.Tensor) -> t
     return torch.cat([m, torch.zeros(n, 2, 1, device=m.device)], 2)
 
 
-def _warp(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+@functools.lru_cache(maxsize=16)
+def _base_grid(h: int, w: int, device: Any, dtype: Any) -> torch.Tensor:
+    """1×(h·w)×3 pixel centres in normalized coordinates (as affine_grid, align_corners=False)."""
+    import torch
     import torch.nn.functional as F
 
-    grid = F.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
+    eye = torch.tensor([[[1.0, 0, 0], [0, 1, 0]]], dtype=dtype, device=device)
+    grid = F.affine_grid(eye, [1, 1, h, w], align_corners=False)
+    return torch.cat([grid, torch.ones(1, h, w, 1, dtype=dtype, device=device)], -1).view(1, -1, 3)
+
+
+@functools.lru_cache(maxsize=16)
+def _normalizer(mean: tuple[float, ...], std: tuple[float, ...], device: Any) -> tuple[Any, Any]:
+    """(scale, shift) with x·scale − shift = (x/255 − mean)/std, each 1×3×1×1."""
+    import torch
+
+    m = torch.tensor(mean, device=device).view(1, 3, 1, 1)
+    s = torch.tensor(std, device=device).view(1, 3, 1, 1)
+    return 1 / (255 * s), m / s
+
+
+def _warp(x: torch.Tensor, theta: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Sample N×C×h×w `x` at theta·p for every output pixel p of an N×C×size image (bilinear,
+    zeros outside); the same result as affine_grid + grid_sample at half the grid cost."""
+    import torch
+    import torch.nn.functional as F
+
+    base = _base_grid(size[0], size[1], x.device, x.dtype)
+    grid = torch.matmul(base, theta.to(x.dtype).transpose(1, 2)).view(-1, *size, 2)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)

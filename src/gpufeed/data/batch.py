@@ -44,6 +44,27 @@ def cpu_decoder(datas: Sequence[bytes], min_sizes: Sequence[tuple[int, int]]) ->
     return out
 
 
+def new_batch(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str, channels_last: bool
+) -> torch.Tensor:
+    """An empty output batch; inside a DataLoader worker it is allocated in shared memory, as
+    torch's default_collate does, so handing it to the main process copies nothing."""
+    import torch
+    import torch.utils.data
+
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    device = torch.device(device)
+    if device.type != "cpu" or torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype, device=device, memory_format=fmt)
+    numel = int(np.prod(shape))
+    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel, device=device)
+    flat = torch.empty(0, dtype=dtype).set_(storage)
+    if not channels_last:
+        return flat.view(shape)
+    n, c, h, w = shape
+    return flat.view(n, h, w, c).permute(0, 3, 1, 2)  # NCHW indexing, channels_last layout
+
+
 def build_batch(
     samples: Sequence[RawSample],
     augment: Augment,
@@ -54,11 +75,14 @@ def build_batch(
     strict: bool,
     decoder: Decoder = cpu_decoder,
     device: torch.device | str = "cpu",
+    per_image: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, str, str]]]:
     """(images N×3×H×W, labels N, corrupt [(shard, key, reason)]); corrupt samples are left out.
 
     Random parameters are drawn for every sample, corrupt or not, so a bad image never shifts
-    the augmentations of the others.
+    the augmentations of the others. `per_image` (default: on CPU) takes each image through all
+    its steps while it is in cache, into its slot of the output batch; otherwise the steps
+    after the first resampling run batched (fewer kernel launches on a GPU). Same result.
     """
     import torch
 
@@ -71,25 +95,34 @@ def build_batch(
             sizes.append(e)
     safe = [sz if isinstance(sz, tuple) else (1, 1) for sz in sizes]
     boxes = augment.boxes(safe, gen)
-    params = augment.flips_and_angles(n, gen)
+    warps = augment.warps(augment.flips_and_angles(n, gen))
     ok = [i for i in range(n) if isinstance(sizes[i], tuple)]
     decoded = decoder(
         [samples[i].data for i in ok], [augment.min_decode_size(safe[i], boxes[i]) for i in ok]
     )
     corrupt = [(samples[i].shard, samples[i].key, str(sizes[i])) for i in range(n) if i not in ok]
-    crops, keep = [], []
+    keep, images = [], []
     for i, img in zip(ok, decoded, strict=True):
         if isinstance(img, Exception):
             corrupt.append((samples[i].shard, samples[i].key, str(img)))
-            continue
-        crops.append(augment.crop_resize(img, safe[i], boxes[i]))
-        keep.append(i)
+        else:
+            keep.append(i)
+            images.append(img)
     if corrupt and strict:
         shard, key, why = corrupt[0]
         raise CorruptSampleError(f"corrupt sample in shard {shard}, key {key}: {why}")
-    h, w = augment.size
-    x = torch.stack(crops) if crops else torch.empty(0, 3, h, w, dtype=torch.uint8, device=device)
-    idx = torch.tensor(keep, dtype=torch.long)
-    x = augment.apply_batch(x, tuple(p[:, idx] for p in params), dtype, channels_last)
+    out = new_batch((len(keep), 3, *augment.size), dtype, device, channels_last)
+    if per_image is None:
+        per_image = torch.device(device).type == "cpu"
+    firsts = []
+    for j, (i, img) in enumerate(zip(keep, images, strict=True)):
+        x = augment.first_pass(img, safe[i], boxes[i], warps, i)
+        if per_image:
+            augment.finish(x, [w[i : i + 1] for w in warps[1:]], out[j : j + 1], owned=True)
+        else:
+            firsts.append(x)
+    if firsts:
+        idx = torch.tensor(keep, dtype=torch.long)
+        augment.finish(torch.cat(firsts), [w[idx] for w in warps[1:]], out, owned=True)
     labels = torch.tensor([samples[i].label for i in keep], dtype=torch.long)
-    return x, labels, corrupt
+    return out, labels, corrupt

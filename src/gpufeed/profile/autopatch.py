@@ -1,4 +1,5 @@
-"""Zero-code PyTorch hooks: optimizer steps end steps, DataLoader `__next__` measures data wait.
+"""Zero-code PyTorch hooks: optimizer steps end steps, DataLoader `__next__` measures data wait,
+`autocast.__enter__` notes the precision a step computes in.
 
 Hooks are installed when torch's modules are imported (a post-import hook on `sys.meta_path`), so
 this module imports no torch itself. A process gets a recorder, and a store file, only at its first
@@ -25,6 +26,8 @@ _recorder: Recorder | Any | None = None  # None: not decided yet
 _lock = threading.Lock()
 _optimizer_hook: Any = None
 _original_next: Callable[[Any], Any] | None = None
+_original_enter: Callable[[Any], Any] | None = None
+_pending_autocast: tuple[str, Any] | None = None  # autocast entered before this process trained
 _installed = False
 
 
@@ -51,6 +54,7 @@ def _create() -> Recorder | Any:
         who = identity()
         info = {**who, "start": process_start_time()}
         _recorder = Recorder(steps_store_path(run_dir, who["host"], who["pid"]), info)
+        _recorder.autocast = _pending_autocast
         atexit.register(close)
         return _recorder
 
@@ -66,8 +70,8 @@ def close() -> None:
 
 def reset() -> None:
     """Forget the recorder without flushing (a forked child must not touch its parent's store)."""
-    global _recorder
-    _recorder = None
+    global _recorder, _pending_autocast
+    _recorder = _pending_autocast = None
 
 
 def _in_dataloader_worker() -> bool:
@@ -113,6 +117,18 @@ def _next(self: Any) -> Any:
     return batch
 
 
+def _enter_autocast(self: Any) -> Any:
+    global _pending_autocast
+    result = _original_enter(self)  # type: ignore[misc]
+    if self._enabled:
+        rec = _recorder
+        if rec:
+            rec.autocast = (self.device, self.fast_dtype)
+        elif rec is None:
+            _pending_autocast = (self.device, self.fast_dtype)
+    return result
+
+
 def _patch_optimizer(module: Any) -> None:
     global _optimizer_hook
     if _optimizer_hook is None:
@@ -125,6 +141,14 @@ def _patch_dataloader(module: Any) -> None:
     if _original_next is None:
         _original_next = cls.__next__
         cls.__next__ = _next
+
+
+def _patch_autocast(module: Any) -> None:
+    global _original_enter
+    cls = module.autocast
+    if _original_enter is None:
+        _original_enter = cls.__enter__
+        cls.__enter__ = _enter_autocast
 
 
 def install() -> None:
@@ -143,13 +167,16 @@ def install() -> None:
 
 def uninstall() -> None:
     """Remove the hooks (end of `gpufeed.profile()` in a process that was not launched under it)."""
-    global _optimizer_hook, _original_next, _installed
+    global _optimizer_hook, _original_next, _original_enter, _installed
     if _optimizer_hook is not None:
         _optimizer_hook.remove()
         _optimizer_hook = None
     if _original_next is not None:
         sys.modules["torch.utils.data.dataloader"]._BaseDataLoaderIter.__next__ = _original_next
         _original_next = None
+    if _original_enter is not None:
+        sys.modules["torch.amp.autocast_mode"].autocast.__enter__ = _original_enter
+        _original_enter = None
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportFinder)]
     _installed = False
 
@@ -157,6 +184,7 @@ def uninstall() -> None:
 _PATCHES: dict[str, Callable[[Any], None]] = {
     "torch.optim.optimizer": _patch_optimizer,
     "torch.utils.data.dataloader": _patch_dataloader,
+    "torch.amp.autocast_mode": _patch_autocast,
 }
 
 

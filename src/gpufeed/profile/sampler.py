@@ -65,7 +65,11 @@ class Gpus:
                 continue
             name = name.decode() if isinstance(name, bytes) else str(name)
             self.handles.append((i, h))
-            self.info.append({"index": i, "name": name, "memory_total": int(mem)})
+            info = {"index": i, "name": name, "memory_total": int(mem)}
+            cc = compute_capability(pynvml, h)
+            if cc is not None:
+                info["compute_capability"] = cc
+            self.info.append(info)
 
     def read(self, now: float, with_pcie: bool) -> list[Row]:
         """One reading of every field of every GPU."""
@@ -109,6 +113,15 @@ class Gpus:
 
         fields = [("util", util), ("memory", memory), ("power", power), ("clock", clock)]
         return [*fields, ("pcie", pcie)] if with_pcie else fields
+
+
+def compute_capability(nvml: Any, handle: Any) -> str | None:
+    """A GPU's CUDA compute capability as "major.minor" (e.g. "8.0"); None where NVML cannot tell."""
+    try:
+        major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return f"{int(major)}.{int(minor)}"
+    except Exception:  # an old driver or pynvml without the call: the fact stays absent
+        return None
 
 
 class Sampler:

@@ -3,7 +3,8 @@
 The training thread only reads a clock and appends a tuple (about a microsecond); a flush thread
 writes the queue to this process's store every FLUSH_INTERVAL seconds, and resolves CUDA events by
 polling `Event.query()`, so the host is never synchronized. If the store cannot be written, events
-are dropped and counted, one warning is printed, and training goes on.
+are dropped and counted, one warning is printed, and training goes on. The recorder also notes what
+precision the steps computed in (autocast per step, the optimizer's parameter dtype once).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from gpufeed.profile.store import Store
 NAN = math.nan
 # Steps waiting for their CUDA events at most; older ones keep gpu_time NaN.
 _MAX_PENDING_GPU = 4096
+# Short names of torch dtypes, as meta "precision" spells them.
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 
 
 def batch_size(batch: Any, _depth: int = 0) -> int | None:
@@ -39,8 +42,36 @@ def batch_size(batch: Any, _depth: int = 0) -> int | None:
     return None
 
 
+def dtype_name(dtype: Any) -> str:
+    """A torch dtype as meta "precision" names it: "bf16", "fp16", "fp32", "fp64", else its own name."""
+    name = str(dtype).removeprefix("torch.")
+    return _DTYPE_NAMES.get(name, name)
+
+
+def param_precision(optimizer: Any) -> str | None:
+    """The dtype holding most of an optimizer's floating-point parameter elements; None if it has none."""
+    elements: dict[Any, int] = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.is_floating_point():
+                elements[p.dtype] = elements.get(p.dtype, 0) + p.numel()
+    return dtype_name(max(elements, key=elements.__getitem__)) if elements else None
+
+
+def _autocast_active(device_type: str) -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch.is_autocast_enabled(device_type))  # type: ignore[union-attr]
+    except Exception:
+        return False
+
+
 class Recorder:
-    """Records the steps of one training process into its own store file."""
+    """Records the steps of one training process into its own store file.
+
+    `autocast` is set by the autocast hook to (device_type, dtype) when an enabled autocast region
+    is entered; the step in progress then counts as computed in that dtype.
+    """
 
     def __init__(
         self,
@@ -67,6 +98,10 @@ class Recorder:
         self._ev_start: Any = None
         self._ev_prev_end: Any = None
         self._pending_gpu: deque[tuple[int, Any, Any]] = deque()
+        self.autocast: tuple[str, Any] | None = None
+        self._autocast_steps: dict[Any, int] = {}  # autocast dtype -> steps that ran under it
+        self._params: str | None = None  # precision of the optimizer's parameters, "" if none
+        self._saved_precision: str | None = None
         self._store: Store | None = None
         self._warned = False
         self._saved_dropped = 0
@@ -108,6 +143,11 @@ class Recorder:
 
     def on_optimizer_step(self, optimizer: Any) -> None:
         """Optimizer post-step hook: ends a step unless explicit steps or another optimizer lead."""
+        if self._params is None:
+            try:
+                self._params = param_precision(optimizer) or ""
+            except Exception:  # an optimizer of unusual shape: precision stays unknown
+                self._params = ""
         if self._explicit:
             return
         primary = self._primary() if self._primary is not None else None
@@ -137,9 +177,22 @@ class Recorder:
             self._queue.append((self._step, start, t, self._wait, samples, ev0, ev1))
         else:
             self.dropped += 1
+        amp = self.autocast
+        if amp is not None:
+            self._autocast_steps[amp[1]] = self._autocast_steps.get(amp[1], 0) + 1
+            if not _autocast_active(amp[0]):  # a region around the whole loop counts every step
+                self.autocast = None
         self._step += 1
         self._start, self._wait, self._samples = t, 0.0, None
         self._ev_start, self._ev_prev_end = None, ev1
+
+    def precision(self) -> str | None:
+        """What the steps computed in: the autocast dtype if at least half of them ran under autocast,
+        else the optimizer's parameter dtype; None while unknown."""
+        counts = dict(self._autocast_steps)  # a copy: the training thread may be adding a step
+        if counts and 2 * sum(counts.values()) >= self._step:
+            return dtype_name(max(counts, key=counts.__getitem__))
+        return self._params or None
 
     def _cuda_ready(self) -> bool:
         if self._cuda is not None:
@@ -172,12 +225,16 @@ class Recorder:
             off = self._offset
             step_rows = [(s, a + off, b + off, w, n, NAN) for s, a, b, w, n, _, _ in rows]
             info = {"dropped_events": self.dropped} if self.dropped != self._saved_dropped else {}
+            precision = self.precision()
+            if precision != self._saved_precision:
+                info["precision"] = precision
             try:
                 if self._store is None:
                     self._store = Store(self.path)
-                    info = {**self._info, "dropped_events": self.dropped}
+                    info = {**self._info, **info, "dropped_events": self.dropped}
                 self._store.write(info, gpu_times, steps=step_rows, workers=workers)
                 self._saved_dropped = self.dropped
+                self._saved_precision = precision
             except Exception as e:  # any store failure: never let it reach training
                 self.dropped += len(rows)
                 self._warn(e)
