@@ -5,7 +5,7 @@ Same machine, same images (the embedded photo-like set), same output: 224×224 f
    L × (hflip, vflip, rotation), to-tensor, normalize; num_workers = cores;
 2. gpufeed Loader on shards packed as-is, and packed with --resize 256;
 3. decode-only limit: libjpeg-turbo full-size decode of the stored images on all cores.
-Run: python benchmarks/loader_throughput.py [--images 1024] [--out benchmarks/results/loader_throughput.md]
+Run: python benchmarks/loader_throughput.py [--images 1024] [--repeats 3] [--out FILE.md]
 """
 
 from __future__ import annotations
@@ -17,8 +17,11 @@ import multiprocessing as mp
 import os
 import platform
 import random
+import resource
+import statistics
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -73,29 +76,42 @@ class PillowFolder(torch.utils.data.Dataset):
         return (t - self.mean) / self.std, self.classes.index(f.parent.name)
 
 
-def _time(batches: object, workers: int) -> float:
-    """Images/s over one pass in steady state: the clock starts when every worker has delivered
-    its first batch (worker start-up and the first decode are not counted)."""
-    n, t0, seen = 0, None, 0
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (the loader workers)."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _time(batches: object, workers: int) -> tuple[float, float]:
+    """(images/s in steady state, CPU ms per image) over one pass. The clock starts when every
+    worker has delivered its first batch; the CPU time covers the whole pass, start-up included."""
+    n, total, t0, seen = 0, 0, None, 0
+    cpu = _cpu_seconds()
     for images, _ in batches:  # type: ignore[attr-defined]
         assert images.shape[1:] == (3, SIZE, SIZE) and images.dtype == torch.float32
         seen += 1
+        total += len(images)
         if t0 is None:
             if seen >= max(1, workers):
                 t0 = time.perf_counter()
             continue
         n += len(images)
-    return n / (time.perf_counter() - t0)
+    rate = n / (time.perf_counter() - t0)
+    # DataLoader joins its workers when the pass ends, so their CPU time is counted here
+    return rate, 1e3 * (_cpu_seconds() - cpu) / total
 
 
-def baseline(root: Path, load: int, workers: int) -> float:
+def baseline(root: Path, load: int, workers: int) -> tuple[float, float]:
     dl = torch.utils.data.DataLoader(
         PillowFolder(root, load), batch_size=BATCH, shuffle=True, num_workers=workers
     )
     return _time(dl, workers)
 
 
-def gpufeed(shards: Path, load: int, workers: int, fused: bool = False) -> float:
+def gpufeed(shards: Path, load: int, workers: int, fused: bool = False) -> tuple[float, float]:
     aug = Augment(size=(SIZE, SIZE), load=load, fused=fused)
     return _time(Loader(shards, BATCH, num_workers=workers, augment=aug), workers)
 
@@ -103,24 +119,27 @@ def gpufeed(shards: Path, load: int, workers: int, fused: bool = False) -> float
 _DATAS: list[bytes] = []  # the images, loaded before the pool forks so no bytes are sent to it
 
 
-def _decode_part(part: tuple[int, int]) -> int:
+def _decode_part(part: tuple[int, int]) -> tuple[int, float]:
     import simplejpeg
 
+    cpu = time.process_time()
     for d in _DATAS[part[0] : part[1]]:
         simplejpeg.decode_jpeg(d)
-    return part[1] - part[0]
+    return part[1] - part[0], time.process_time() - cpu
 
 
-def decode_limit(shards: Path, workers: int) -> float:
-    """libjpeg-turbo full-size decode of every stored image, one process per core, nothing else."""
+def decode_limit(shards: Path, workers: int) -> tuple[float, float]:
+    """(images/s, CPU ms per image) of libjpeg-turbo full-size decode of every stored image,
+    one process per core, nothing else."""
     _DATAS[:] = [s.data for s in ShardDataset(shards, shuffle=False).iter_worker(0, 1)]
     bounds = np.linspace(0, len(_DATAS), workers + 1).astype(int).tolist()
     parts = list(itertools.pairwise(bounds))
     with mp.get_context("fork").Pool(workers) as pool:
         pool.map(_decode_part, [(a, min(b, a + 8)) for a, b in parts])  # warm-up
         t = time.perf_counter()
-        n = sum(pool.map(_decode_part, parts, chunksize=1))
-        return n / (time.perf_counter() - t)
+        done = pool.map(_decode_part, parts, chunksize=1)
+        rate = sum(n for n, _ in done) / (time.perf_counter() - t)
+    return rate, 1e3 * sum(c for _, c in done) / len(_DATAS)
 
 
 def main() -> None:
@@ -128,6 +147,7 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=1024)
     ap.add_argument("--loads", type=int, nargs="+", default=[1, 12])
     ap.add_argument("--cache", type=Path, default=Path(".gpufeed-cache/bench"))
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     cores = len(os.sched_getaffinity(0))
@@ -140,37 +160,64 @@ def main() -> None:
         small = args.cache / f"shards-{args.images}-r256"
         pack(root, asis, progress=False)
         pack(root, small, resize=256, quality=90, progress=False)
+    load_before = os.getloadavg()
+    results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    limits: dict[str, list[tuple[float, float]]] = {"as-is": [], "resize 256": []}
+    for rep in range(args.repeats):  # interleaved, so background load hits every pipeline alike
+        limits["as-is"].append(decode_limit(asis, cores))
+        limits["resize 256"].append(decode_limit(small, cores))
+        for load in args.loads:
+            for name, run in (
+                ("baseline (Pillow DataLoader)", partial(baseline, root)),
+                ("gpufeed, as-is", partial(gpufeed, asis)),
+                ("gpufeed, resize 256", partial(gpufeed, small)),
+                ("gpufeed, as-is, fused load", partial(gpufeed, asis, fused=True)),
+            ):
+                results.setdefault((name, load), []).append(run(load=load, workers=cores))
+                rate, cpu = results[name, load][-1]
+                print(f"repeat {rep + 1}: L={load} {name}: {rate:.0f} img/s, {cpu:.2f} CPU ms/img")
+    load_after = os.getloadavg()
+
+    def median(runs: list[tuple[float, float]]) -> tuple[float, float]:
+        return statistics.median(r for r, _ in runs), statistics.median(c for _, c in runs)
+
+    lim = {k: median(v) for k, v in limits.items()}
     lines = [
-        f"# loader throughput ({time.strftime('%Y-%m-%d')})",
+        f"# loader throughput ({time.strftime('%Y-%m-%d %H:%M')})",
         "",
         f"Hardware: {cores} CPU cores ({platform.processor() or platform.machine()}), no GPU; "
         f"torch {torch.__version__}. Data: {args.images} synthetic photo-like JPEGs "
-        f"(mean {np.mean(sizes) / 1e3:.0f} KB, short side 300-500 px). Output: {BATCH}×3×224×224 "
-        f"float32, normalized; num_workers = {cores} for every loader.",
+        f"(mean {np.mean(sizes) / 1e3:.0f} KB, short side 300-500 px; 256 px after --resize). "
+        f"Output: {BATCH}×3×224×224 float32, normalized; num_workers = {cores} for every loader. "
+        f"Median of {args.repeats} interleaved repeats. Load average (1 min) before/after: "
+        f"{load_before[0]:.1f} / {load_after[0]:.1f}.",
         "",
-    ]
-    limit_asis = decode_limit(asis, cores)
-    limit_small = decode_limit(small, cores)
-    lines += [
-        f"Decode-only limit (libjpeg-turbo, full-size decode, {cores} cores): "
-        f"as-is {limit_asis:.0f} img/s, resized-256 {limit_small:.0f} img/s.",
+        f"Decode-only limit (libjpeg-turbo, full-size decode, {cores} processes): "
+        + ", ".join(f"{k} {r:.0f} img/s ({c:.2f} CPU ms/img)" for k, (r, c) in lim.items())
+        + ".",
         "",
-        "| load L | baseline img/s | gpufeed as-is img/s | × baseline | % of decode limit "
-        "| gpufeed --resize 256 img/s | × baseline | % of decode limit | gpufeed as-is, fused "
-        "load img/s | × baseline |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "img/s is wall-clock throughput (depends on what else runs on the machine); CPU ms/img "
+        "is the CPU time all processes spent per image, start-up included (depends much less "
+        "on background load). '% of limit' compares with the decode-only limit of the same "
+        "images (as-is shards for the baseline): by wall clock, and by CPU time per image "
+        "(= the throughput fraction on idle cores).",
+        "",
+        "| L | pipeline | img/s | × baseline | % of limit (img/s) | CPU ms/img "
+        "| × baseline (CPU) | % of limit (CPU) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for load in args.loads:
-        b = baseline(root, load, cores)
-        g = gpufeed(asis, load, cores)
-        r = gpufeed(small, load, cores)
-        f = gpufeed(asis, load, cores, fused=True)
-        row = (
-            f"| {load} | {b:.0f} | {g:.0f} | {g / b:.2f}× | {100 * g / limit_asis:.0f}% "
-            f"| {r:.0f} | {r / b:.2f}× | {100 * r / limit_small:.0f}% | {f:.0f} | {f / b:.2f}× |"
-        )
-        print(row, flush=True)
-        lines.append(row)
+        base_rate, base_cpu = median(results["baseline (Pillow DataLoader)", load])
+        for (name, ld), runs in results.items():
+            if ld != load:
+                continue
+            rate, cpu = median(runs)
+            lim_rate, lim_cpu = lim["resize 256" if "resize" in name else "as-is"]
+            lines.append(
+                f"| {load} | {name} | {rate:.0f} | {rate / base_rate:.2f}× "
+                f"| {100 * rate / lim_rate:.0f}% | {cpu:.2f} | {base_cpu / cpu:.2f}× "
+                f"| {100 * lim_cpu / cpu:.0f}% |"
+            )
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

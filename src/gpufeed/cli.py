@@ -108,12 +108,20 @@ def report_cmd(
     from gpufeed.analyze.config import ConfigError
     from gpufeed.analyze.run import RunError
     from gpufeed.present.html import write_report
+    from gpufeed.present.terminal import print_findings
 
     if watch is not None and watch <= 0:
         raise fail(f"--watch {watch:g}: give the seconds between rewrites, e.g. --watch 10")
     try:
         write_report(
-            run, out, json_out, config=config, sets=sets or (), watch=watch, echo=typer.echo
+            run,
+            out,
+            json_out,
+            config=config,
+            sets=sets or (),
+            watch=watch,
+            echo=typer.echo,
+            on_findings=print_findings,
         )
     except (RunError, ConfigError) as e:
         raise fail(str(e)) from None

@@ -77,3 +77,57 @@ def test_uint8_output_skips_normalization_and_float_output_is_normalized():
     assert out[:, 0].abs().max() < 1e-5
     u8 = Augment(load=0).apply_batch(x.clone(), p, torch.uint8)
     assert u8.dtype == torch.uint8 and int(u8[0, 0, 0, 0]) == round(255 * 0.485)
+
+
+def _photo(h: int, w: int) -> torch.Tensor:
+    """A smooth H×W×3 uint8 image, as a decoder returns it."""
+    return _smooth(1, 256)[0, :, :h, :w].permute(1, 2, 0).round().to(torch.uint8).contiguous()
+
+
+def test_crop_warp_equals_crop_resize_then_warp_in_one_resampling():
+    aug = Augment(size=(80, 80), load=1, degrees=30)
+    image, box = _photo(150, 200), (20, 30, 100, 110)  # shrinks by 1.25-1.4: direct warp
+    params = aug.flips_and_angles(1, torch.Generator().manual_seed(4))
+    theta = aug.warps(params)[0]
+    one = aug.crop_warp(image, (150, 200), box, theta)
+    two = aug.apply_batch(
+        aug.crop_resize(image, (150, 200), box)[None].float(), params, torch.uint8
+    )
+    one = one.round().clamp(0, 255)
+    c = slice(20, 60)
+    assert (one - two.float())[..., c, c].abs().mean() < 0.02 * two[..., c, c].float().mean()
+
+
+def test_heavily_shrunk_crops_are_antialiased_before_the_warp():
+    stripes = torch.zeros(400, 400, 3, dtype=torch.uint8)
+    stripes[:, ::2] = 255  # one-pixel stripes alias badly under plain bilinear sampling
+    aug = Augment(size=(60, 60), degrees=0, hflip=0, vflip=0)
+    theta = aug.warps(aug.flips_and_angles(1, torch.Generator()))[0]
+    out = aug.crop_warp(stripes, (400, 400), (0, 0, 400, 400), theta)
+    assert abs(out.mean().item() - 127.5) < 3 and out[..., 5:-5, 5:-5].std().item() < 5
+
+
+def test_unfused_load_is_one_warp_per_repetition_and_fused_is_one_in_all():
+    gen = torch.Generator().manual_seed(0)
+    assert len(Augment(load=5).warps(Augment(load=5).flips_and_angles(3, gen))) == 5
+    fused = Augment(load=5, fused=True)
+    assert [w.shape for w in fused.warps(fused.flips_and_angles(3, gen))] == [(3, 2, 3)]
+    assert Augment(load=0).warps(Augment(load=0).flips_and_angles(3, gen)) == []
+
+
+def test_center_crop_when_no_random_box_fits():
+    aug = Augment(scale=(5.0, 6.0))  # every try is larger than the image
+    assert aug.boxes([(100, 400), (300, 300)], torch.Generator()) == [
+        (0, 133, 100, 133),
+        (0, 0, 300, 300),
+    ]
+
+
+def test_apply_batch_leaves_its_input_untouched():
+    x = _smooth()
+    before = x.clone()
+    for load in (0, 2):
+        aug = Augment(load=load)
+        aug.apply_batch(x, aug.flips_and_angles(4, torch.Generator()), torch.float32)
+        aug.apply_batch(x, aug.flips_and_angles(4, torch.Generator()), torch.uint8)
+    assert torch.equal(x, before)

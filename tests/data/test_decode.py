@@ -42,3 +42,8 @@ def test_garbage_and_truncated_images_raise_corrupt_image(jpeg: bytes):
         decode(jpeg[: len(jpeg) // 2])
     with pytest.raises(CorruptImage):
         image_size(b"\x00\x01")
+
+
+def test_dct_scales_above_one_half_are_not_used_since_they_decode_slower(jpeg: bytes):
+    assert decode(jpeg, 200, 300).shape == (200, 300, 3)  # 1/2
+    assert decode(jpeg, 250, 250).shape == (400, 600, 3)  # 5/8 would cover, full size is faster

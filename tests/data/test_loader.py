@@ -52,6 +52,20 @@ def test_every_sample_exactly_once_per_epoch(shards: Path, world: int, workers: 
     assert len(batches) == 1  # all ranks yield the same number of batches
 
 
+def test_output_buffers_are_reused_but_never_under_a_batch_still_held(shards: Path):
+    loader = Loader(shards, 2, num_workers=2, augment=SMALL, seed=5)
+    held, copies = [], []
+    for i, (images, _) in enumerate(loader):
+        copies.append(images.clone())
+        if i % 3 == 0:  # keep every third batch, as a view, the way a user might
+            held.append((i, images[1:]))
+    assert loader.stats()["reused_buffers"] > 0
+    assert all(torch.equal(view, copies[i][1:]) for i, view in held)
+    all_held = [x for x, _ in Loader(shards, 2, num_workers=2, augment=SMALL, seed=5)]
+    assert len(all_held) == len(copies)  # holding every batch: no reuse possible, same images
+    assert all(torch.equal(a, b) for a, b in zip(all_held, copies, strict=True))
+
+
 def test_resume_mid_epoch_keeps_exactly_once(shards: Path):
     loader = Loader(shards, 4, num_workers=2, augment=SMALL, seed=3)
     loader.set_epoch(2)

@@ -318,6 +318,7 @@ def run_demo(
     )
 
     from gpufeed.bench.hardware import describe, hardware
+    from gpufeed.present.terminal import print_findings
 
     console = console or Console()
     work = Path(work)
@@ -351,16 +352,18 @@ def run_demo(
             "photo-like images (generated once, then cached)", total=cfg.images
         )
         images = demo_images(work, cfg, on_images=lambda n, t=task: progress.update(t, completed=n))
-        task = progress.add_task(f"pack shards, pre-resized to {cfg.pack_resize} px", total=1)
-        shards = demo_shards(images, cfg)
-        progress.update(task, completed=1)
         results = {}
-        for pipeline, data in (("naive", images), ("gpufeed", shards)):
-            what = (
-                f"naive pipeline: Pillow full decode, num_workers={cfg.naive_workers}"
-                if pipeline == "naive"
-                else f"gpufeed loader: pre-resized shards, num_workers={cfg.loader_workers()}"
-            )
+        for pipeline in ("naive", "gpufeed"):
+            if pipeline == "naive":
+                data = images
+                what = f"naive pipeline: Pillow full decode, num_workers={cfg.naive_workers}"
+            else:
+                task = progress.add_task(
+                    f"pack shards, pre-resized to {cfg.pack_resize} px", total=1
+                )
+                data = demo_shards(images, cfg)
+                progress.update(task, completed=1)
+                what = f"gpufeed loader: pre-resized shards, num_workers={cfg.loader_workers()}"
             task = progress.add_task(f"train, {what}", total=cfg.steps)
             run_dir, figures = profile_training(
                 pipeline,
@@ -370,28 +373,12 @@ def run_demo(
                 on_step=lambda n, t=task: progress.update(t, completed=min(n, cfg.steps)),
             )
             results[pipeline] = summarize(pipeline, run_dir, figures)
+            if pipeline == "naive":
+                print_findings(results["naive"].findings, console, "Findings for the naive run")
     result = DemoResult(cfg, results["naive"], results["gpufeed"])
-    print_findings(console, "Findings for the naive run", result.naive.findings)
     print_comparison(console, result)
     (work / "demo-result.json").write_text(result.to_json() + "\n")
     return result
-
-
-def print_findings(console: Console, title: str, findings: list[dict[str, Any]]) -> None:
-    """Each finding: severity, title, its evidence numbers and the recommended action."""
-    from rich.markup import escape
-
-    console.print(f"\n[bold]{title}[/]")
-    if not findings:
-        console.print("  no bottleneck found")
-    colors = {"critical": "red", "warning": "yellow", "info": "blue"}
-    for f in findings:
-        color = colors.get(f["severity"], "white")
-        speed = f" (expected speedup ×{f['est_speedup']:.2f})" if f.get("est_speedup") else ""
-        console.print(f"  [{color}]{f['severity'].upper()}[/] [bold]{escape(f['title'])}[/]{speed}")
-        ev = ", ".join(f"{k}={v}" for k, v in f["evidence"].items())
-        console.print(f"    evidence: {escape(ev)}", soft_wrap=True)
-        console.print(f"    → {escape(f['recommendation'])}", soft_wrap=True)
 
 
 def print_comparison(console: Console, result: DemoResult) -> None:

@@ -181,7 +181,7 @@ class Augment:
         import torch
 
         for theta in warps:
-            x = _warp(x.float(), theta.to(x.device, non_blocking=True), tuple(out.shape[-2:]))
+            x = _warp(x.float(), theta, tuple(out.shape[-2:]))
             owned = True
         if out.dtype == torch.uint8:
             if x.dtype != torch.uint8:
@@ -272,5 +272,6 @@ def _warp(x: torch.Tensor, theta: torch.Tensor, size: tuple[int, int]) -> torch.
     import torch.nn.functional as F
 
     base = _base_grid(size[0], size[1], x.device, x.dtype)
-    grid = torch.matmul(base, theta.to(x.dtype).transpose(1, 2)).view(-1, *size, 2)
+    theta = theta.to(device=x.device, dtype=x.dtype, non_blocking=True)
+    grid = torch.matmul(base, theta.transpose(1, 2)).view(-1, *size, 2)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)

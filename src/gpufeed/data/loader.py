@@ -9,6 +9,7 @@ batched tensor ops there; a pool of our own would only re-implement that. Each b
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ import torch
 import torch.utils.data
 
 from gpufeed.data.augment import Augment
-from gpufeed.data.batch import batch_generator, build_batch
+from gpufeed.data.batch import SharedBatchBuffers, batch_generator, build_batch
 from gpufeed.data.dataset import ShardDataset
 
 PREPROCESS_MODES = ("cpu", "gpu", "auto")
@@ -36,8 +37,14 @@ class _BatchStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     """What one worker runs: its part of the plan, cut into batches; decoded+augmented in
     "cpu" mode, raw bytes in "bytes" mode (for device preprocessing)."""
 
-    def __init__(self, loader: Loader, mode: str, skips: list[int] | None) -> None:
-        self.ds, self.mode, self.skips = loader.dataset, mode, skips
+    def __init__(
+        self,
+        loader: Loader,
+        mode: str,
+        skips: list[int] | None,
+        buffers: SharedBatchBuffers | None = None,
+    ) -> None:
+        self.ds, self.mode, self.skips, self.buffers = loader.dataset, mode, skips, buffers
         self.batch_size, self.augment = loader.batch_size, loader.augment
         self.dtype, self.channels_last, self.strict = (
             loader.dtype,
@@ -51,6 +58,18 @@ class _BatchStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         first = self.skips[worker] if self.skips else 0
         samples = self.ds.iter_worker(worker, num, skip=first)
         retried = self.ds.source.retried
+        slot, reused = -1, False
+        alloc = None
+        if self.buffers is not None and info is not None:
+            buffers, capacity = self.buffers, self.batch_size * 3 * math.prod(self.augment.size)
+
+            def alloc(shape: tuple[int, ...]) -> torch.Tensor:
+                nonlocal slot, reused
+                out, slot, reused = buffers.take(
+                    worker, shape, self.dtype, self.channels_last, capacity
+                )
+                return out
+
         while True:
             chunk = []
             for s in samples:
@@ -72,8 +91,9 @@ class _BatchStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                     dtype=self.dtype,
                     channels_last=self.channels_last,
                     strict=self.strict,
+                    alloc=alloc,
                 )
-                meta["corrupt"] = corrupt
+                meta.update(corrupt=corrupt, buffer=slot, reused=reused)
                 yield images, labels, meta
             first += len(chunk)
 
@@ -131,7 +151,13 @@ class Loader:
         self.max_host_bytes, self.max_device_bytes = max_host_bytes, max_device_bytes
         self._skips: list[int] | None = None
         self._delivered = [0] * max(1, self.num_workers)
-        self._stats: dict[str, Any] = {"images": 0, "batches": 0, "seconds": 0.0, "retried": 0}
+        self._stats: dict[str, Any] = {
+            "images": 0,
+            "batches": 0,
+            "seconds": 0.0,
+            "retried": 0,
+            "reused_buffers": 0,
+        }
         self._corrupt: list[tuple[str, str, str]] = []
         self.preprocess, self.preprocess_reason = self._choose(preprocess)
         self.prefetch = self._bound_prefetch(prefetch)
@@ -153,9 +179,8 @@ class Loader:
         per_worker = self.dataset.shuffle_buffer * self.dataset.max_sample_bytes()
         if src.remote:
             per_worker += (src.read_ahead + 2) * src.chunk_size
-        if self.preprocess == "cpu":  # float crops + one intermediate of the batch being built
-            h, w = self.augment.size
-            per_worker += 2 * self.batch_size * 3 * h * w * 4
+        if self.preprocess == "cpu":  # the batch being filled (images are done one at a time)
+            per_worker += batch
         queued = (nw * prefetch if self.num_workers > 0 else 0) + 2  # + pin thread + in hand
         return nw * per_worker + queued * batch
 
@@ -193,7 +218,7 @@ class Loader:
             self.prefetch = self._bound_prefetch(2)
             times[mode] = self._measure(mode)
         self._delivered = [0] * max(1, self.num_workers)
-        self._stats.update(images=0, batches=0, seconds=0.0)
+        self._stats.update(images=0, batches=0, seconds=0.0, reused_buffers=0)
         best = min(times, key=times.__getitem__)
         return best, "measured seconds/batch " + ", ".join(f"{m}={t:.4f}" for m, t in times.items())
 
@@ -233,7 +258,10 @@ class Loader:
     def _iterate(self, mode: str) -> Iterator[tuple[Any, Any]]:
         skips, self._skips = self._skips, None
         self._delivered = list(skips) if skips else [0] * max(1, self.num_workers)
-        stream = _BatchStream(self, "bytes" if mode == "gpu" else "cpu", skips)
+        buffers = None
+        if mode == "cpu" and self.num_workers > 0:  # reuse output batches: see SharedBatchBuffers
+            buffers = SharedBatchBuffers(self.num_workers, slots=self.prefetch + 1)
+        stream = _BatchStream(self, "bytes" if mode == "gpu" else "cpu", skips, buffers)
         dl = torch.utils.data.DataLoader(
             stream,
             batch_size=None,
@@ -248,6 +276,9 @@ class Loader:
         start = time.perf_counter()
         for images, labels, meta in dl:
             self._account(meta, len(labels), start)
+            if buffers is not None:
+                buffers.release_unused()
+                buffers.hold(meta["worker"], meta["buffer"], images)
             if self.device.type != "cpu":
                 images = images.to(self.device, non_blocking=self.non_blocking)
                 labels = labels.to(self.device, non_blocking=self.non_blocking)
@@ -292,6 +323,7 @@ class Loader:
         st["images"] += n
         st["batches"] += 1
         st["retried"] += meta.get("retried", 0)
+        st["reused_buffers"] += meta.get("reused", False)
         st["seconds"] = time.perf_counter() - start
 
     # --- resumption --------------------------------------------------------------------------------

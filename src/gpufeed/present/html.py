@@ -46,10 +46,12 @@ def write_report(
     sets: Iterable[str] = (),
     watch: float | None = None,
     echo: Callable[[str], None] = print,
+    on_findings: Callable[[list[Finding]], None] | None = None,
 ) -> Path:
     """Analyze a run directory and write the report (default RUN/report.html), optionally the findings as
     JSON; thresholds from `config` (or ./gpufeed.toml) and `sets` ("RULE.param=value"); with `watch`,
-    rewrite both every `watch` seconds until the run finishes or Ctrl-C."""
+    rewrite both every `watch` seconds until the run finishes or Ctrl-C. `on_findings` gets the
+    findings of the last rewrite (e.g. to print them in the terminal)."""
     from gpufeed.analyze.config import resolve
     from gpufeed.analyze.rules import run_rules
     from gpufeed.analyze.run import load
@@ -70,11 +72,14 @@ def write_report(
             + (f" ({stamp}, run still in progress)" if watch and not done else "")
         )
         if not watch or done:
-            return target
+            break
         try:
             time.sleep(watch)
         except KeyboardInterrupt:
-            return target
+            break
+    if on_findings is not None:
+        on_findings(findings)
+    return target
 
 
 def findings_json(run: Run, findings: list[Finding]) -> str:

@@ -1,4 +1,5 @@
-"""Terminal output with rich: `gpufeed show RUN` (a run's summary) and `gpufeed ls` (runs in a folder)."""
+"""Terminal output with rich: `gpufeed show RUN` (a run's summary), `gpufeed ls` (runs in a folder)
+and findings (severity, title, evidence, recommendation)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from gpufeed.analyze.finding import Finding
     from gpufeed.analyze.run import Run
 
 # How each metric's values are printed: (unit label, scale divisor, decimals).
@@ -136,6 +138,29 @@ def _print_processes(run: Run, console: Console) -> None:
             _num(float(rss.max()) / 2**30, 2) + " GiB",
         )
     console.print(table)
+
+
+def print_findings(
+    findings: list[Finding] | list[dict[str, Any]],
+    console: Console | None = None,
+    title: str = "Findings",
+) -> None:
+    """Each finding: severity, title, expected speedup, its evidence numbers and the action."""
+    from rich.markup import escape
+
+    console = console or Console()
+    console.print(f"\n[bold]{escape(title)}[/]")
+    if not findings:
+        console.print("  no bottleneck found")
+    colors = {"critical": "red", "warning": "yellow", "info": "blue"}
+    for f in findings:
+        d = f if isinstance(f, dict) else f.to_dict()
+        color = colors.get(d["severity"], "white")
+        speed = f" (expected speedup ×{d['est_speedup']:.2f})" if d.get("est_speedup") else ""
+        console.print(f"  [{color}]{d['severity'].upper()}[/] [bold]{escape(d['title'])}[/]{speed}")
+        ev = ", ".join(f"{k}={v}" for k, v in d["evidence"].items())
+        console.print(f"    evidence: {escape(ev)}", soft_wrap=True)
+        console.print(f"    → {escape(d['recommendation'])}", soft_wrap=True)
 
 
 def list_runs(out: str | os.PathLike[str], console: Console | None = None) -> list[Path]:

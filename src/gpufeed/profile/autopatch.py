@@ -120,12 +120,15 @@ def _next(self: Any) -> Any:
 def _enter_autocast(self: Any) -> Any:
     global _pending_autocast
     result = _original_enter(self)  # type: ignore[misc]
-    if self._enabled:
-        rec = _recorder
-        if rec:
-            rec.autocast = (self.device, self.fast_dtype)
-        elif rec is None:
-            _pending_autocast = (self.device, self.fast_dtype)
+    try:
+        if self._enabled:
+            rec = _recorder
+            if rec:
+                rec.autocast = (self.device, self.fast_dtype)
+            elif rec is None:
+                _pending_autocast = (self.device, self.fast_dtype)
+    except AttributeError:  # a torch whose autocast names these differently: precision unknown
+        pass
     return result
 
 

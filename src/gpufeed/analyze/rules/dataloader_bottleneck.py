@@ -87,7 +87,8 @@ def _recommend(
         )
         if need > budget:
             text += (
-                f" Even {n} workers may not keep up (about {need} needed): also cut the CPU cost per "
+                f" Even {n} worker{'s' if n != 1 else ''} may not keep up (about {need} needed): "
+                "also cut the CPU cost per "
                 "sample (pre-resized shards via `gpufeed pack --resize`, reduced-size JPEG decode, "
                 "augmentation on the GPU)."
             )
