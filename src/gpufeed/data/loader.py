@@ -4,7 +4,9 @@ Under the hood it is torch's DataLoader over an IterableDataset whose items are 
 torch's worker pool already gives robust worker start/stop, error propagation, bounded
 prefetch and a pinned-memory thread, and batching inside the worker lets augmentations run as
 batched tensor ops there; a pool of our own would only re-implement that. Each batch carries
-(worker, first plan position, samples consumed), which makes `state_dict()` exact.
+(worker, first plan position, samples consumed), which makes `state_dict()` exact. Workers fill
+output batches in shared memory and reuse them once the training loop has let go of them
+(`SharedBatchBuffers`), so a batch crosses to the main process without a copy or fresh pages.
 """
 
 from __future__ import annotations
