@@ -1,8 +1,8 @@
 """Loader throughput: gpufeed vs the classic per-image Pillow DataLoader, and vs the decode-only limit.
 
 Same machine, same images (the embedded photo-like set), same output: 224×224 float32, normalized.
-1. baseline: torch DataLoader over the image folder, per-image Pillow decode, random-resized crop,
-   L × (hflip, vflip, rotation), to-tensor, normalize; num_workers = cores;
+1. baseline: torch DataLoader over `gpufeed.bench.naive.NaiveImageFolder` (per-image Pillow
+   decode, random-resized crop, L × (hflip, vflip, rotation), to-tensor, normalize); num_workers = cores;
 2. gpufeed Loader on shards packed as-is, and packed with --resize 256;
 3. decode-only limit: libjpeg-turbo full-size decode of the stored images on all cores.
 Run: python benchmarks/loader_throughput.py [--images 1024] [--repeats 3] [--out FILE.md]
@@ -11,69 +11,33 @@ Run: python benchmarks/loader_throughput.py [--images 1024] [--repeats 3] [--out
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
-import math
 import multiprocessing as mp
 import os
 import platform
-import random
 import resource
 import statistics
 import time
 import warnings
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.utils.data
-from PIL import Image
 
+from gpufeed.bench.naive import NaiveImageFolder
 from gpufeed.bench.synth import make_image_folder
-from gpufeed.data.augment import IMAGENET_MEAN, IMAGENET_STD, Augment
+from gpufeed.data.augment import Augment
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.loader import Loader
 from gpufeed.data.pack import pack
 
 BATCH = 64
 SIZE = 224
-
-
-class PillowFolder(torch.utils.data.Dataset):
-    """The classic pipeline, what torchvision's PIL transforms do, one image at a time."""
-
-    def __init__(self, root: Path, load: int) -> None:
-        self.files = sorted(root.glob("*/*.jpg"))
-        self.classes = sorted({f.parent.name for f in self.files})
-        self.load = load
-        self.mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
-        self.std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        f = self.files[i]
-        im = Image.open(f).convert("RGB")
-        w, h = im.size
-        for _ in range(10):  # RandomResizedCrop(224, scale=(0.08, 1), ratio=(3/4, 4/3))
-            area = w * h * random.uniform(0.08, 1.0)
-            r = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
-            cw, ch = round(math.sqrt(area * r)), round(math.sqrt(area / r))
-            if 0 < cw <= w and 0 < ch <= h:
-                x, y = random.randint(0, w - cw), random.randint(0, h - ch)
-                break
-        else:
-            cw, ch, x, y = min(w, h), min(w, h), (w - min(w, h)) // 2, (h - min(w, h)) // 2
-        im = im.resize((SIZE, SIZE), Image.BILINEAR, box=(x, y, x + cw, y + ch))
-        for _ in range(self.load):
-            if random.random() < 0.5:
-                im = im.transpose(Image.FLIP_LEFT_RIGHT)
-            if random.random() < 0.5:
-                im = im.transpose(Image.FLIP_TOP_BOTTOM)
-            im = im.rotate(random.uniform(-15, 15), resample=Image.BILINEAR)
-        t = torch.from_numpy(np.array(im)).permute(2, 0, 1).float().div_(255)
-        return (t - self.mean) / self.std, self.classes.index(f.parent.name)
 
 
 def _cpu_seconds() -> float:
@@ -85,11 +49,13 @@ def _cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def _time(batches: object, workers: int) -> tuple[float, float]:
-    """(images/s in steady state, CPU ms per image) over one pass. The clock starts when every
-    worker has delivered its first batch; the CPU time covers the whole pass, start-up included."""
+def _time(make: Callable[[], Iterable[Any]], workers: int) -> tuple[float, float]:
+    """(images/s in steady state, CPU ms per image) over one pass of the loader `make()` returns.
+    The clock starts when every worker has delivered its first batch; the CPU time covers the
+    whole pass, start-up and worker shutdown included."""
     n, total, t0, seen = 0, 0, None, 0
     cpu = _cpu_seconds()
+    batches = make()
     for images, _ in batches:  # type: ignore[attr-defined]
         assert images.shape[1:] == (3, SIZE, SIZE) and images.dtype == torch.float32
         seen += 1
@@ -100,20 +66,26 @@ def _time(batches: object, workers: int) -> tuple[float, float]:
             continue
         n += len(images)
     rate = n / (time.perf_counter() - t0)
-    # DataLoader joins its workers when the pass ends, so their CPU time is counted here
+    del batches  # joins the workers (gpufeed's persist until their Loader goes), so their
+    gc.collect()  # CPU time is counted here
     return rate, 1e3 * (_cpu_seconds() - cpu) / total
 
 
 def baseline(root: Path, load: int, workers: int) -> tuple[float, float]:
-    dl = torch.utils.data.DataLoader(
-        PillowFolder(root, load), batch_size=BATCH, shuffle=True, num_workers=workers
+    return _time(
+        lambda: torch.utils.data.DataLoader(
+            NaiveImageFolder(root, image_size=SIZE, load=load),  # type: ignore[arg-type]
+            batch_size=BATCH,
+            shuffle=True,
+            num_workers=workers,
+        ),
+        workers,
     )
-    return _time(dl, workers)
 
 
 def gpufeed(shards: Path, load: int, workers: int, fused: bool = False) -> tuple[float, float]:
     aug = Augment(size=(SIZE, SIZE), load=load, fused=fused)
-    return _time(Loader(shards, BATCH, num_workers=workers, augment=aug), workers)
+    return _time(lambda: Loader(shards, BATCH, num_workers=workers, augment=aug), workers)
 
 
 _DATAS: list[bytes] = []  # the images, loaded before the pool forks so no bytes are sent to it

@@ -25,6 +25,21 @@ def test_items_are_normalized_crops_labelled_by_class_folder(folder: Path):
     assert -3 < float(x.mean()) < 3 and float(x.std()) > 0.05
 
 
+def test_normalization_is_torchvisions_to_tensor_then_normalize(tmp_path: Path):
+    from PIL import Image
+
+    from gpufeed.data.augment import IMAGENET_MEAN, IMAGENET_STD
+
+    (tmp_path / "c").mkdir()
+    Image.new("RGB", (40, 30), (200, 100, 20)).save(tmp_path / "c" / "flat.png")
+    x, _ = NaiveImageFolder(tmp_path, image_size=8, load=0)[0]  # a flat image stays flat
+    want = [
+        (v / 255 - m) / s
+        for v, m, s in zip((200, 100, 20), IMAGENET_MEAN, IMAGENET_STD, strict=True)
+    ]
+    assert torch.allclose(x, torch.tensor(want).view(3, 1, 1).expand(3, 8, 8), atol=1e-6)
+
+
 def test_loader_batches_with_a_worker_process(folder: Path):
     images, labels = next(iter(naive_loader(folder, batch_size=4, num_workers=1, image_size=16)))
     assert images.shape == (4, 3, 16, 16) and labels.shape == (4,)

@@ -75,3 +75,14 @@ def test_with_every_slot_taken_the_worker_takes_a_fresh_batch():
     assert [(slot, reused) for _, slot, reused in got] == [(0, False), (1, False), (-1, False)]
     assert all(x.is_shared() for x, _, _ in got)
     assert got[0][0].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_reclaim_frees_only_undelivered_slots_of_earlier_iterations():
+    buffers = SharedBatchBuffers(workers=1, slots=3)
+    shape = (2, 3, 4, 4)
+    delivered, slot, _ = buffers.take(0, shape, torch.float32, False, capacity=96, tag=1)
+    buffers.hold(0, slot, delivered)  # still held by the training loop
+    buffers.take(0, shape, torch.float32, False, capacity=96, tag=1)  # made, never delivered
+    buffers.take(0, shape, torch.float32, False, capacity=96, tag=2)  # the new iteration's
+    buffers.reclaim(2)
+    assert buffers.in_use[0].tolist() == [1, 0, 2]

@@ -85,6 +85,52 @@ def test_resume_mid_epoch_keeps_exactly_once(shards: Path):
     assert sorted(rest) == sorted(_epoch(whole)[20:])
 
 
+def test_workers_persist_across_epochs_and_follow_set_epoch(shards: Path):
+    import psutil
+
+    loader = Loader(shards, 5, num_workers=2, augment=SMALL, seed=4)
+    epochs, pids = [], []
+    for epoch in (0, 1, 2):
+        loader.set_epoch(epoch)
+        epochs.append(_epoch(loader))
+        pids.append({p.pid for p in psutil.Process().children()})
+    assert len(pids[0]) >= 2 and pids[0] == pids[1] == pids[2]  # the same worker processes
+    assert all(sorted(e) == list(range(48)) for e in epochs)
+    assert epochs[0] != epochs[1] != epochs[2]
+    for epoch in (2, 1):  # each epoch's order is what a fresh loader gives for that epoch
+        fresh = Loader(shards, 5, num_workers=2, augment=SMALL, seed=4)
+        fresh.set_epoch(epoch)
+        assert _epoch(fresh) == epochs[epoch]
+
+
+def test_persistent_workers_resume_mid_epoch_and_go_on_to_the_next(shards: Path):
+    loader = Loader(shards, 4, num_workers=2, augment=SMALL, seed=3)
+    loader.set_epoch(2)
+    first = []
+    for i, (_, labels) in enumerate(loader):
+        first += labels.tolist()
+        if i == 2:
+            state = loader.state_dict()
+            break
+    loader.load_state_dict(state)  # the same loader, its workers still mid-epoch
+    rest = _epoch(loader)
+    assert len(first) == 12 and sorted(first + rest) == list(range(48))
+    loader.set_epoch(3)
+    fresh = Loader(shards, 4, num_workers=2, augment=SMALL, seed=3)
+    fresh.set_epoch(3)
+    assert _epoch(loader) == _epoch(fresh)
+
+
+def test_buffers_of_abandoned_iterations_are_reused_later(shards: Path):
+    loader = Loader(shards, 2, num_workers=2, augment=SMALL, seed=5)
+    for _ in range(4):  # each abandons batches the workers had already made
+        for _images, _ in loader:
+            break
+    before = loader.stats()["reused_buffers"]
+    _epoch(loader)
+    assert loader.stats()["reused_buffers"] - before > 10
+
+
 def test_resume_with_other_settings_is_refused_with_the_key(shards: Path):
     state = Loader(shards, 4, num_workers=2, augment=SMALL).state_dict()
     with pytest.raises(ValueError, match=r"num_workers=2.*resume with the same num_workers"):

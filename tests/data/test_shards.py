@@ -118,3 +118,86 @@ def test_invalid_index_json_is_a_clear_error(tmp_path: Path):
     (tmp_path / INDEX_NAME).write_text("{not json")
     with pytest.raises(ShardError, match=r"index\.json: invalid index"):
         ShardDataset(tmp_path)
+
+
+def _without_offsets(shards: Path, tmp_path: Path) -> Path:
+    """A copy whose index lacks the image offsets, as from a tool that only records sample starts."""
+    d = _copy(shards, tmp_path)
+    index = json.loads((d / INDEX_NAME).read_text())
+    for s in index["shards"]:
+        for k in ("image_offsets", "image_sizes", "image_exts"):
+            del s[k]
+    (d / INDEX_NAME).write_text(json.dumps(index))
+    return d
+
+
+@pytest.mark.parametrize("skip", [0, 13])
+def test_reading_at_index_offsets_gives_what_parsing_the_tars_gives(
+    shards: Path, tmp_path: Path, skip: int
+):
+    parsed = ShardDataset(_without_offsets(shards, tmp_path), seed=3)
+    assert not any(s.indexed for s in parsed.index.shards)
+    indexed = ShardDataset(shards, seed=3)
+    assert all(s.indexed for s in indexed.index.shards)
+    for worker in range(2):
+        got = [(s.key, s.label, s.data) for s in indexed.iter_worker(worker, 2, skip)]
+        want = [(s.key, s.label, s.data) for s in parsed.iter_worker(worker, 2, skip)]
+        assert got == want and len(got) == 24 - skip
+
+
+def _one_sample_dataset(tmp_path: Path, members: list[tuple[tarfile.TarInfo, bytes]], size: int):
+    """A data set of one shard holding `members`, indexed as one image `k.jpg` of `size` bytes."""
+    from gpufeed.data.shards import Index, ShardEntry
+
+    raw = _tar(members).getvalue()
+    (tmp_path / "s.tar").write_bytes(raw)
+    first = 512 * (1 + (len(members[0][1]) + 511) // 512) if len(members) > 1 else 0
+    entry = ShardEntry("s.tar", len(raw), "", ["k"], [0], [first], [first + 512], [size], ["jpg"])
+    (tmp_path / INDEX_NAME).write_bytes(Index(["c"], [entry]).to_bytes())
+    return ShardDataset(tmp_path, shuffle=False)
+
+
+def test_a_link_at_an_indexed_offset_is_rejected(tmp_path: Path):
+    link = tarfile.TarInfo("k.jpg")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    with pytest.raises(ShardError, match="is a link"):
+        list(_one_sample_dataset(tmp_path, [(link, b"")], 0).iter_worker(0, 1))
+
+
+def test_a_pickle_at_an_indexed_offset_is_rejected_never_loaded(tmp_path: Path):
+    members = [(tarfile.TarInfo("x.cls"), b"1"), (tarfile.TarInfo("k.pkl"), b"\x80\x04.")]
+    with pytest.raises(ShardError, match="never unpickles"):
+        list(_one_sample_dataset(tmp_path, members, 3).iter_worker(0, 1))
+
+
+def test_an_index_size_that_disagrees_with_the_tar_header_is_detected(tmp_path: Path):
+    ds = _one_sample_dataset(tmp_path, [(tarfile.TarInfo("k.jpg"), b"\xff\xd8abc")], 4)
+    with pytest.raises(ShardError, match=r"s\.tar: found member 'k\.jpg' \(5 bytes\).*4 bytes"):
+        list(ds.iter_worker(0, 1))
+
+
+def test_a_corrupt_header_at_an_indexed_offset_is_detected(tmp_path: Path):
+    ds = _one_sample_dataset(tmp_path, [(tarfile.TarInfo("k.jpg"), b"\xff\xd8abc")], 5)
+    raw = bytearray((tmp_path / "s.tar").read_bytes())
+    raw[3] ^= 1  # a flipped bit in the name: the header checksum no longer matches
+    (tmp_path / "s.tar").write_bytes(bytes(raw))
+    with pytest.raises(ShardError, match=r"no valid tar header in front of 'k\.jpg'"):
+        list(ds.iter_worker(0, 1))
+
+
+def test_long_member_names_are_read_through_their_extension_headers(tmp_path: Path):
+    from gpufeed.data.shards import Index, ShardWriter
+
+    key = "d" * 60 + "/" + "k" * 80  # over tar's 100-byte name field
+    with open(tmp_path / "s.tar", "wb") as f:
+        w = ShardWriter(f, "s.tar")
+        w.add(key, b"\xff\xd8long\xff\xd9", "jpg", 1)
+        w.add("short", b"\xff\xd8short\xff\xd9", "jpg", 2)
+        entry = w.close()
+    entry.bytes = (tmp_path / "s.tar").stat().st_size
+    assert entry.image_offsets[0] - entry.offsets[0] > 512
+    (tmp_path / INDEX_NAME).write_bytes(Index(["c"], [entry]).to_bytes())
+    got = [
+        (s.key, s.label, s.data) for s in ShardDataset(tmp_path, shuffle=False).iter_worker(0, 1)
+    ]
+    assert got == [(key, 1, b"\xff\xd8long\xff\xd9"), ("short", 2, b"\xff\xd8short\xff\xd9")]

@@ -42,8 +42,8 @@ class NaiveImageFolder:
         self.classes = classes
         self.image_size = image_size
         self.load = load
-        self.mean = np.array(IMAGENET_MEAN, np.float32) * 255
-        self.inv_std = 1.0 / (np.array(IMAGENET_STD, np.float32) * 255)
+        self.mean = np.array(IMAGENET_MEAN, np.float32).reshape(3, 1, 1)
+        self.std = np.array(IMAGENET_STD, np.float32).reshape(3, 1, 1)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -62,8 +62,10 @@ class NaiveImageFolder:
             if random.random() < 0.5:
                 img = img.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
             img = img.rotate(random.uniform(-15.0, 15.0), resample=Image.Resampling.BILINEAR)
-        x = (np.asarray(img, np.float32) - self.mean) * self.inv_std
-        return torch.from_numpy(x.transpose(2, 0, 1).copy()), label
+        # torchvision's ToTensor then Normalize, op for op
+        x = torch.from_numpy(np.array(img, np.uint8)).permute(2, 0, 1).contiguous()
+        x = x.to(torch.float32).div(255)
+        return x.sub_(torch.from_numpy(self.mean)).div_(torch.from_numpy(self.std)), label
 
 
 def _random_resized_crop(img: Image.Image, size: int) -> Image.Image:

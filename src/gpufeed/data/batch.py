@@ -85,9 +85,11 @@ class SharedBatchBuffers:
         dtype: torch.dtype,
         channels_last: bool,
         capacity: int,
+        tag: int = 1,
     ) -> tuple[torch.Tensor, int, bool]:
         """(a batch of `shape` in shared memory, its slot or -1, whether the buffer was used
-        before); `capacity`: elements to allocate per buffer, so that one fits every batch."""
+        before); `capacity`: elements to allocate per buffer, so that one fits every batch;
+        `tag` (1-255) marks the slot with the iteration taking it (see `reclaim`)."""
         flags = self.in_use[worker].numpy()
         numel = int(np.prod(shape))
         for k in range(self.slots):
@@ -96,7 +98,7 @@ class SharedBatchBuffers:
                 reused = buf is not None and buf.dtype == dtype and buf.numel() >= numel
                 if not reused:
                     buf = self._mine[k] = _shared_flat(max(numel, capacity), dtype)
-                flags[k] = 1
+                flags[k] = tag
                 return _as_batch(buf[:numel], shape, channels_last), k, reused
         return _as_batch(_shared_flat(numel, dtype), shape, channels_last), -1, False
 
@@ -116,6 +118,15 @@ class SharedBatchBuffers:
             else:
                 held.append((worker, slot, ref))
         self._held = held
+
+    def reclaim(self, tag: int) -> None:
+        """Main process, once the workers run iteration `tag`: free the slots of batches an
+        abandoned earlier iteration produced but never delivered (nothing here can hold them)."""
+        held = {(w, k) for w, k, _ in self._held}
+        flags = self.in_use.numpy()
+        for w, k in zip(*np.nonzero((flags != 0) & (flags != tag)), strict=True):
+            if (int(w), int(k)) not in held:
+                flags[w, k] = 0
 
 
 def _shared_flat(numel: int, dtype: torch.dtype) -> torch.Tensor:

@@ -203,13 +203,17 @@ class ShardDataset:
     def _read_run(
         self, shard_no: int, first: int, pos: int, end: int
     ) -> Iterator[tuple[int, RawSample]]:
-        from gpufeed.data.shards import iter_samples
+        from gpufeed.data.shards import iter_samples, read_indexed
 
         entry = self.index.shards[shard_no]
         where = self.source.path(entry.name)
         count = end - pos + 1
         f = self.source.open(entry, entry.offsets[first])
         try:
+            if entry.indexed:
+                for got, (key, image) in enumerate(read_indexed(f, entry, first, count, where)):
+                    yield pos + got, RawSample(where, key, entry.labels[first + got], image)
+                return
             got = 0
             for key, parts in iter_samples(f, where):
                 i = first + got

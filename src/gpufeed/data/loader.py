@@ -7,6 +7,8 @@ batched tensor ops there; a pool of our own would only re-implement that. Each b
 (worker, first plan position, samples consumed), which makes `state_dict()` exact. Workers fill
 output batches in shared memory and reuse them once the training loop has let go of them
 (`SharedBatchBuffers`), so a batch crosses to the main process without a copy or fresh pages.
+Workers persist across epochs; each iteration tells them its epoch and resume positions through
+a small shared-memory tensor (`_Control`), which they read when the iteration starts.
 """
 
 from __future__ import annotations
@@ -35,6 +37,28 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+class _Control:
+    """What the main process tells persistent workers at the start of each iteration: the
+    iteration number (1-255, tags output buffers), the epoch and each worker's resume position."""
+
+    def __init__(self, workers: int) -> None:
+        self.values = torch.zeros(3 + max(1, workers), dtype=torch.int64).share_memory_()
+
+    def start(self, epoch: int, skips: list[int] | None) -> int:
+        """Main process: set up the next iteration; returns its number."""
+        v = self.values
+        tag = int(v[0]) % 255 + 1
+        v[1], v[2] = epoch, skips is not None
+        v[3:] = torch.tensor(skips) if skips is not None else 0
+        v[0] = tag
+        return tag
+
+    def read(self, worker: int) -> tuple[int, int, int]:
+        """Worker: (iteration number, epoch, samples of the plan to skip)."""
+        v = self.values.tolist()
+        return v[0], v[1], (v[3 + worker] if v[2] else 0)
+
+
 class _BatchStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     """What one worker runs: its part of the plan, cut into batches; decoded+augmented in
     "cpu" mode, raw bytes in "bytes" mode (for device preprocessing)."""
@@ -43,10 +67,10 @@ class _BatchStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self,
         loader: Loader,
         mode: str,
-        skips: list[int] | None,
+        control: _Control,
         buffers: SharedBatchBuffers | None = None,
     ) -> None:
-        self.ds, self.mode, self.skips, self.buffers = loader.dataset, mode, skips, buffers
+        self.ds, self.mode, self.control, self.buffers = loader.dataset, mode, control, buffers
         self.batch_size, self.augment = loader.batch_size, loader.augment
         self.dtype, self.channels_last, self.strict = (
             loader.dtype,
@@ -57,7 +81,8 @@ class _BatchStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     def __iter__(self) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
         info = torch.utils.data.get_worker_info()
         worker, num = (info.id, info.num_workers) if info is not None else (0, 1)
-        first = self.skips[worker] if self.skips else 0
+        tag, epoch, first = self.control.read(worker)
+        self.ds.set_epoch(epoch)  # this process's copy of the dataset
         samples = self.ds.iter_worker(worker, num, skip=first)
         retried = self.ds.source.retried
         slot, reused = -1, False
@@ -68,7 +93,7 @@ class _BatchStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             def alloc(shape: tuple[int, ...]) -> torch.Tensor:
                 nonlocal slot, reused
                 out, slot, reused = buffers.take(
-                    worker, shape, self.dtype, self.channels_last, capacity
+                    worker, shape, self.dtype, self.channels_last, capacity, tag
                 )
                 return out
 
@@ -161,6 +186,7 @@ class Loader:
             "reused_buffers": 0,
         }
         self._corrupt: list[tuple[str, str, str]] = []
+        self._pools: dict[str, tuple[Any, SharedBatchBuffers | None, _Control]] = {}
         self.preprocess, self.preprocess_reason = self._choose(preprocess)
         self.prefetch = self._bound_prefetch(prefetch)
 
@@ -221,6 +247,7 @@ class Loader:
             times[mode] = self._measure(mode)
         self._delivered = [0] * max(1, self.num_workers)
         self._stats.update(images=0, batches=0, seconds=0.0, reused_buffers=0)
+        self._pools.clear()  # made with the measuring prefetch depth
         best = min(times, key=times.__getitem__)
         return best, "measured seconds/batch " + ", ".join(f"{m}={t:.4f}" for m, t in times.items())
 
@@ -260,31 +287,44 @@ class Loader:
     def _iterate(self, mode: str) -> Iterator[tuple[Any, Any]]:
         skips, self._skips = self._skips, None
         self._delivered = list(skips) if skips else [0] * max(1, self.num_workers)
-        buffers = None
-        if mode == "cpu" and self.num_workers > 0:  # reuse output batches: see SharedBatchBuffers
-            buffers = SharedBatchBuffers(self.num_workers, slots=self.prefetch + 1)
-        stream = _BatchStream(self, "bytes" if mode == "gpu" else "cpu", skips, buffers)
-        dl = torch.utils.data.DataLoader(
-            stream,
-            batch_size=None,
-            num_workers=self.num_workers,
-            prefetch_factor=self.prefetch if self.num_workers > 0 else None,
-            pin_memory=self.pin_memory and mode == "cpu",
-            persistent_workers=False,
-        )
+        dl, buffers, control = self._pool(mode)
+        tag = control.start(self.dataset.epoch, skips)
         if mode == "gpu":
             yield from self._device_batches(iter(dl))
             return
         start = time.perf_counter()
+        reclaim = buffers is not None
         for images, labels, meta in dl:
             self._account(meta, len(labels), start)
             if buffers is not None:
+                if reclaim:  # the workers have left any abandoned iteration behind
+                    buffers.reclaim(tag)
+                    reclaim = False
                 buffers.release_unused()
                 buffers.hold(meta["worker"], meta["buffer"], images)
             if self.device.type != "cpu":
                 images = images.to(self.device, non_blocking=self.non_blocking)
                 labels = labels.to(self.device, non_blocking=self.non_blocking)
             yield images, labels
+
+    def _pool(self, mode: str) -> tuple[Any, SharedBatchBuffers | None, _Control]:
+        """The DataLoader for `mode`, made once: its worker processes serve every epoch."""
+        if mode not in self._pools:
+            control = _Control(self.num_workers)
+            buffers = None
+            if mode == "cpu" and self.num_workers > 0:  # reuse output batches
+                buffers = SharedBatchBuffers(self.num_workers, slots=self.prefetch + 1)
+            stream = _BatchStream(self, "bytes" if mode == "gpu" else "cpu", control, buffers)
+            dl = torch.utils.data.DataLoader(
+                stream,
+                batch_size=None,
+                num_workers=self.num_workers,
+                prefetch_factor=self.prefetch if self.num_workers > 0 else None,
+                pin_memory=self.pin_memory and mode == "cpu",
+                persistent_workers=self.num_workers > 0,
+            )
+            self._pools[mode] = (dl, buffers, control)
+        return self._pools[mode]
 
     def _device_batches(self, raw: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
         from gpufeed.data.gpu import DevicePreprocessor

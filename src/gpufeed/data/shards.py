@@ -1,9 +1,10 @@
 """The shard format: tar files in WebDataset layout (`<key>.jpg`, `<key>.cls`) plus `index.json`.
 
-Writing is deterministic (fixed mtime/owner) so a re-pack gives identical bytes. Reading is a
-streaming parse that validates every member: no links, no names that escape a directory, and
-no member type that could be unpickled (see `FORBIDDEN_EXTS`), so shards are safe to read from
-untrusted storage. Only the extensions in `IMAGE_EXTS`/`META_EXTS` are interpreted; other
+Writing is deterministic (fixed mtime/owner) so a re-pack gives identical bytes. Reading goes
+straight to the image offsets recorded in index.json (`read_indexed`), checking the tar header in
+front of each image; shards without offsets are parsed member by member (`iter_samples`). Either way
+every member read is validated: no links, no names that escape a directory, and no member type that
+could be unpickled (see `FORBIDDEN_EXTS`), so shards are safe to read from untrusted storage. Only the extensions in `IMAGE_EXTS`/`META_EXTS` are interpreted; other
 unknown members are ignored.
 """
 
@@ -52,6 +53,12 @@ class ShardEntry:
     @property
     def samples(self) -> int:
         return len(self.keys)
+
+    @property
+    def indexed(self) -> bool:
+        """True when index.json records every image's offset, size and type (`read_indexed` works)."""
+        n = self.samples
+        return len(self.image_offsets) == len(self.image_sizes) == len(self.image_exts) == n
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -181,6 +188,76 @@ def iter_samples(fileobj: BinaryIO, shard: str) -> Iterator[tuple[str, dict[str,
         raise ShardError(f"shard {shard} is truncated or not a tar file ({e})") from e
     if key is not None:
         yield key, parts
+
+
+def read_indexed(
+    fileobj: BinaryIO, entry: ShardEntry, first: int, count: int, shard: str
+) -> Iterator[tuple[str, bytes]]:
+    """Yield (key, image bytes) of samples `first`.. (`count` of them) read at their index offsets.
+
+    `fileobj` must be positioned at `entry.offsets[first]`. Reads only each image and the headers
+    in front of it (no tar parse of the other members); the header right before each image must be
+    a valid regular-file header with the index's name and size, so an unsafe member, a truncated
+    shard or an index that disagrees with its shard is a ShardError as with `iter_samples`.
+    """
+    pos = entry.offsets[first]
+    for i in range(first, first + count):
+        start, image, size = entry.offsets[i], entry.image_offsets[i], entry.image_sizes[i]
+        name = f"{entry.keys[i]}.{entry.image_exts[i]}"
+        if not pos <= start <= image - 512 or size < 0:
+            raise ShardError(
+                f"shard {shard}: index.json offsets of sample {i} ({name!r}) are out of order; "
+                "the index is corrupt, re-create it with `gpufeed pack`"
+            )
+        head = _read_exactly(fileobj, image - pos, shard, entry, i)
+        data = _read_exactly(fileobj, size, shard, entry, i)
+        if image - start == 512:
+            _check_image_header(head[-512:], name, size, shard)
+        else:  # extension headers (long name): let tarfile read this one sample
+            _check_with_tarfile(head[start - pos :], data, name, shard)
+        pos = image + size
+        yield entry.keys[i], data
+
+
+def _read_exactly(fileobj: BinaryIO, n: int, shard: str, entry: ShardEntry, i: int) -> bytes:
+    data = fileobj.read(n)
+    if len(data) != n:
+        raise ShardError(
+            f"shard {shard} is truncated inside sample {i} ({entry.keys[i]!r}); "
+            f"index.json lists {entry.samples} samples"
+        )
+    return data
+
+
+def _check_image_header(block: bytes, name: str, size: int, shard: str) -> None:
+    try:
+        info = tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
+    except tarfile.HeaderError as e:
+        raise ShardError(
+            f"shard {shard}: no valid tar header in front of {name!r} ({e}); the shard is "
+            "corrupt or the index does not belong to this shard"
+        ) from e
+    _check_member(info, shard)
+    _check_agrees(info.name, info.size, name, size, shard)
+
+
+def _check_with_tarfile(head: bytes, data: bytes, name: str, shard: str) -> None:
+    pad = b"\0" * (_padded(len(data)) - len(data) + 1024)  # complete the archive after this member
+    got = list(iter_samples(io.BytesIO(head + data + pad), shard))
+    key, ext = split_name(name)
+    ok = len(got) == 1 and got[0][0] == key and got[0][1].get(ext) == data
+    found = name if ok else (got[0][0] if got else "nothing")
+    _check_agrees(found, len(data) if ok else -1, name, len(data), shard)
+
+
+def _check_agrees(found: str, found_size: int, name: str, size: int, shard: str) -> None:
+    if found != name or found_size != size:
+        raise ShardError(
+            f"shard {shard}: found member {found!r} ({found_size} bytes) where index.json puts "
+            f"{name!r} ({size} bytes); the index does not belong to this shard"
+        )
+    if split_name(name)[1] not in IMAGE_EXTS:
+        raise ShardError(f"shard {shard}: index.json lists {name!r} as an image; rejected")
 
 
 class ShardWriter:
