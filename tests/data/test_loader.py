@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -237,18 +239,14 @@ def test_torchrun_ranks_split_the_data_exactly_once(shards: Path, tmp_path: Path
         dist.destroy_process_group()
         """)
     )
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node=2",
-            "--standalone",
-            str(script),
-        ],
-        check=True,
-        timeout=30,
-    )
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(port), str(script)]  # fmt: skip
+    cp = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert cp.returncode == 0, cp.stderr[-3000:]
     parts = [(tmp_path / f"rank{r}.txt").read_text().split() for r in range(2)]
     assert parts[0][0] == parts[1][0]  # same number of batches
     labels = [int(x) for p in parts for x in p[1:]]
