@@ -67,6 +67,8 @@ def test_steps_samples_and_data_wait_match_what_the_script_did(run_profiled):
 
 
 def test_example_script_records_main_and_workers_and_no_gpu(run_profiled):
+    # The sampler rescans the process tree once a second: a 5 ms sleep per sample keeps the two
+    # workers alive for about 2 s, so they are seen however fast the machine is.
     cp, run_dir = run_profiled(
         REPO / "examples" / "train_small.py",
         "--steps",
@@ -75,6 +77,8 @@ def test_example_script_records_main_and_workers_and_no_gpu(run_profiled):
         "2",
         "--batch-size",
         "32",
+        "--sleep",
+        "0.005",
     )
     assert cp.returncode == 0, cp.stderr
     run = gpufeed.load(run_dir)
