@@ -104,8 +104,11 @@ def test_a_failing_configuration_is_recorded_and_the_grid_goes_on(
     assert "| resnet18 | 8 |" in (out / "results.md").read_text()
 
 
-def test_workers_runs_each_configuration_under_the_profiler(tmp_path: Path, cache: Path) -> None:
-    out = run_bench("workers", tmp_path / "w", full=False, cache=cache, **TINY)
+def test_workers_runs_each_configuration_under_the_profiler(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a relative --out, as a user types it
+    out = tmp_path / run_bench("workers", Path("w"), full=False, cache=cache, **TINY)
     rows = read_rows(out)
     many = str(max(2, usable_cores() - 1))
     assert [(r["data"].split()[0], r["workers"]) for r in rows] == [

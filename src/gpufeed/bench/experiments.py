@@ -334,7 +334,7 @@ def _profiled(
     row["gpu_mem_used_max_gb"] = round(float(mem.max()) / 1e9, 2) if len(mem) else None
     findings = analyze(run)
     row["rules_fired"] = " ".join(f.rule for f in findings) or "none"
-    row["run"] = str(Path(p.run_dir).relative_to(res.out_dir))
+    row["run"] = os.path.relpath(p.run_dir, res.out_dir)
     return row
 
 
