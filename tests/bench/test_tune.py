@@ -16,7 +16,7 @@ from gpufeed.bench.hardware import usable_cores
 from gpufeed.bench.synth import make_image_folder
 from gpufeed.bench.tune import TuneError, load_settings, tune
 from gpufeed.data.augment import Augment
-from gpufeed.data.loader import Loader
+from gpufeed.data.loader import Loader, default_workers
 from gpufeed.data.pack import pack
 
 THIS = __file__
@@ -55,7 +55,11 @@ def test_tune_finds_settings_at_least_as_fast_as_the_defaults(shards: Path, tmp_
         out=out, seconds=1.0,
     )  # fmt: skip
     default = r.trials[0]
-    assert (default.num_workers, default.prefetch, default.preprocess) == (usable_cores(), 2, "cpu")
+    assert (default.num_workers, default.prefetch, default.preprocess) == (
+        default_workers(),
+        2,
+        "cpu",
+    )
     assert len(r.trials) >= 5 and not r.stopped_early
     assert {t.num_workers for t in r.trials} >= {0, 1, usable_cores()}
     assert {t.batch_size for t in r.trials} == {8, 16, 32}

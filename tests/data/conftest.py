@@ -144,3 +144,20 @@ def faulty_proxy(s3_server: str):
     proxy = FaultyProxy(s3_server)
     yield proxy
     proxy.close()
+
+
+@pytest.fixture(scope="session")
+def corrupt_shards(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """11 samples in one shard: 10 good ones (label 0) and, last in pack order, a truncated JPEG
+    (label 1) whose header reads fine but whose scan data ends early."""
+    src = tmp_path_factory.mktemp("corrupt_src")
+    good = sorted(image_folder.glob("*/*.jpg"))[:10]
+    lines = [f"{p} 0" for p in good]
+    bad = src / "bad.jpg"
+    data = good[0].read_bytes()
+    bad.write_bytes(data[: len(data) // 2])
+    lines.append("bad.jpg 1")
+    (src / "list.txt").write_text("\n".join(lines))
+    out = tmp_path_factory.mktemp("corrupt_shards")
+    pack(src / "list.txt", out, workers=1, progress=False)
+    return out

@@ -1,209 +1,705 @@
-"""Loader: a drop-in training-loop iterator; exactly-once with ranks × workers, resume, bounded memory."""
+"""Loader: a drop-in training-loop iterator over gpufeed shards.
+
+Whole batches per rank (only the last may be partial), each iteration the next epoch, exact
+resumption, uint8 hand-off from real worker processes normalized on the device stage, encoded
+hand-off decoded on the feeder thread, corrupt samples, dead workers, bounded host memory.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 import torch
+from processes import gone, wait_until
 
 from gpufeed.data.augment import Augment
-from gpufeed.data.batch import CorruptSampleError
+from gpufeed.data.batch import CorruptSampleError, batch_generator, build_batch
+from gpufeed.data.budget import default_max_host_bytes, machine_memory
+from gpufeed.data.dataset import RawSample, ShardDataset
+from gpufeed.data.device import nvjpeg_available
 from gpufeed.data.loader import Loader
-from gpufeed.data.pack import pack
+from gpufeed.data.plan import BatchPlan, Position
+from gpufeed.data.workers import LoaderWorkerError
 
 SMALL = Augment(size=(16, 16))
+AUG = Augment(size=(32, 32), load=2)
+# uint8 hand-off rounds each pixel (±0.5 of 255) before normalization
+UINT8_TOL = 0.5 / 255 / min(AUG.std) + 1e-4
+STATE_KEYS = {
+    "epoch",
+    "batch",
+    "seed",
+    "world_size",
+    "rank",
+    "num_workers",
+    "batch_size",
+    "samples",
+    "drop_last",
+}
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+MakeLoader = Callable[..., Loader]
+
+
+@pytest.fixture
+def make() -> Iterator[MakeLoader]:
+    """`make(data, batch_size, **options)`: a Loader (tiny images by default), closed after the
+    test, so no feeder thread of one test is running when the next forks its workers."""
+    made: list[Loader] = []
+
+    def new(data: Path, batch_size: int, **kw: Any) -> Loader:
+        kw.setdefault("augment", SMALL)
+        kw.setdefault("device", "cpu")
+        loader = Loader(data, batch_size, **kw)
+        made.append(loader)
+        return loader
+
+    yield new
+    for loader in made:
+        loader.close()
 
 
 def _epoch(loader: Loader) -> list[int]:
     return [int(x) for _, labels in loader for x in labels]
 
 
-def test_yields_normalized_float_batches_ready_for_a_model(shards: Path):
-    loader = Loader(shards, batch_size=8, num_workers=0, augment=SMALL)
+def _batches(loader: Loader) -> list[tuple[torch.Tensor, list[int]]]:
+    return [(images, labels.tolist()) for images, labels in loader]
+
+
+def _planned(data: Path, epoch: int, batch_size: int, workers: int, **ds: Any) -> dict:
+    """Batch index -> samples of `epoch`, from a plan of our own (planning sets the epoch of
+    its dataset, so never the loader's)."""
+    plan = BatchPlan(ShardDataset(data, **ds), batch_size, workers, drop_last=False)
+    out: dict[int, list[RawSample]] = {}
+    for w in range(plan.workers):
+        for at, samples in plan.worker_batches(w, Position(epoch, 0)):
+            if at.epoch != epoch:
+                break
+            out[at.batch] = samples
+    return out
+
+
+# --- what the training loop gets ----------------------------------------------------------------
+
+
+def test_yields_normalized_float_batches_ready_for_a_model(shards: Path, make: MakeLoader):
+    loader = make(shards, 8, num_workers=0)
     images, labels = next(iter(loader))
     assert images.shape == (8, 3, 16, 16) and images.dtype == torch.float32
     assert labels.dtype == torch.long and labels.shape == (8,)
     assert -3 < images.mean().item() < 3 and images.std().item() > 0.1
 
 
-def test_uint8_channels_last_output(shards: Path):
-    loader = Loader(shards, 8, num_workers=0, augment=SMALL, dtype=torch.uint8, channels_last=True)
-    images, _ = next(iter(loader))
-    assert images.dtype == torch.uint8
-    assert images.is_contiguous(memory_format=torch.channels_last)
+@pytest.mark.parametrize("preprocess", ["cpu", "gpu"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_uint8_channels_last_output(
+    shards: Path, make: MakeLoader, preprocess: str, num_workers: int
+):
+    loader = make(
+        shards,
+        8,
+        num_workers=num_workers,
+        preprocess=preprocess,
+        dtype=torch.uint8,
+        channels_last=True,
+    )
+    for images, _ in loader:
+        assert images.dtype == torch.uint8 and images.shape[1:] == (3, 16, 16)
+        assert images.is_contiguous(memory_format=torch.channels_last)
 
 
-@pytest.mark.parametrize("world", [1, 2])
-@pytest.mark.parametrize("workers", [0, 2])
-def test_every_sample_exactly_once_per_epoch(shards: Path, world: int, workers: int):
-    seen, batches = [], set()
+# --- batches per epoch --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("world", "drop_last", "sizes"),
+    [
+        (1, False, [5] * 9 + [3]),
+        (1, True, [5] * 9),
+        (2, False, [5] * 4 + [4]),
+        (2, True, [5] * 4),
+    ],
+)
+@pytest.mark.parametrize("num_workers", [0, 2, 3])
+def test_whole_batches_only_the_last_partial_each_sample_once(
+    shards: Path, make: MakeLoader, world: int, drop_last: bool, sizes: list[int], num_workers: int
+):
+    seen = []
     for rank in range(world):
-        loader = Loader(shards, 5, num_workers=workers, augment=SMALL, rank=rank, world_size=world)
+        loader = make(
+            shards,
+            5,
+            num_workers=num_workers,
+            rank=rank,
+            world_size=world,
+            drop_last=drop_last,
+        )
         loader.set_epoch(1)
-        got = _epoch(loader)
-        batches.add(len(loader))
-        assert len(got) == 48 // world
-        seen += got
-    assert sorted(seen) == list(range(48))
-    assert len(batches) == 1  # all ranks yield the same number of batches
+        got = [labels for _, labels in _batches(loader)]
+        assert [len(b) for b in got] == sizes
+        assert len(loader) == len(sizes)  # the same for any num_workers and on every rank
+        seen += [x for b in got for x in b]
+    assert len(seen) == len(set(seen))
+    if not drop_last:
+        assert sorted(seen) == list(range(48))
 
 
-def test_output_buffers_are_reused_but_never_under_a_batch_still_held(shards: Path):
-    loader = Loader(shards, 2, num_workers=2, augment=SMALL, seed=5)
-    held, copies = [], []
-    for i, (images, _) in enumerate(loader):
-        copies.append(images.clone())
-        if i % 3 == 0:  # keep every third batch, as a view, the way a user might
-            held.append((i, images[1:]))
-    assert loader.stats()["reused_buffers"] > 0
-    assert all(torch.equal(view, copies[i][1:]) for i, view in held)
-    all_held = [x for x, _ in Loader(shards, 2, num_workers=2, augment=SMALL, seed=5)]
-    assert len(all_held) == len(copies)  # holding every batch: no reuse possible, same images
-    assert all(torch.equal(a, b) for a, b in zip(all_held, copies, strict=True))
+def test_drop_last_also_drops_samples_that_do_not_divide_over_the_ranks(
+    shards: Path, make: MakeLoader
+):
+    # 48 samples, 5 ranks: 9 per rank (3 left out), batches of 4: 2 full batches (1 dropped)
+    seen = []
+    for rank in range(5):
+        loader = make(shards, 4, num_workers=2, rank=rank, world_size=5, drop_last=True)
+        got = [labels for _, labels in _batches(loader)]
+        assert [len(b) for b in got] == [4, 4] and len(loader) == 2
+        seen += [x for b in got for x in b]
+    assert len(seen) == len(set(seen)) == 40
 
 
-def test_resume_mid_epoch_keeps_exactly_once(shards: Path):
-    loader = Loader(shards, 4, num_workers=2, augment=SMALL, seed=3)
-    loader.set_epoch(2)
-    first = []
-    for i, (_, labels) in enumerate(loader):
-        first += labels.tolist()
-        if i == 4:
-            state = loader.state_dict()
-            break
-    resumed = Loader(shards, 4, num_workers=2, augment=SMALL, seed=3)
-    resumed.load_state_dict(state)
-    rest = _epoch(resumed)
-    assert len(first) == 20 and sorted(first + rest) == list(range(48))
-    # the resumed part is exactly what the uninterrupted epoch delivers after those batches
-    whole = Loader(shards, 4, num_workers=2, augment=SMALL, seed=3)
-    whole.set_epoch(2)
-    assert sorted(rest) == sorted(_epoch(whole)[20:])
+def test_more_workers_than_batches(shards: Path, make: MakeLoader):
+    loader = make(shards, 16, num_workers=4)  # 3 batches per epoch
+    for _ in range(3):
+        assert sorted(_epoch(loader)) == list(range(48))
 
 
-def test_workers_persist_across_epochs_and_follow_set_epoch(shards: Path):
-    import psutil
+# --- epochs -------------------------------------------------------------------------------------
 
-    loader = Loader(shards, 5, num_workers=2, augment=SMALL, seed=4)
-    epochs, pids = [], []
-    for epoch in (0, 1, 2):
-        loader.set_epoch(epoch)
-        epochs.append(_epoch(loader))
-        pids.append({p.pid for p in psutil.Process().children()})
-    assert len(pids[0]) >= 2 and pids[0] == pids[1] == pids[2]  # the same worker processes
-    assert all(sorted(e) == list(range(48)) for e in epochs)
-    assert epochs[0] != epochs[1] != epochs[2]
-    for epoch in (2, 1):  # each epoch's order is what a fresh loader gives for that epoch
-        fresh = Loader(shards, 5, num_workers=2, augment=SMALL, seed=4)
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_without_set_epoch_each_iteration_is_the_next_epoch(
+    shards: Path, make: MakeLoader, num_workers: int
+):
+    loader = make(shards, 5, num_workers=num_workers, seed=3)
+    first, second = _batches(loader), _batches(loader)
+    assert [b for _, b in first] != [b for _, b in second]  # no replay of the same order...
+    assert not torch.equal(first[0][0][:1], second[0][0][:1])  # ...or augmentations
+    for epoch, got in enumerate((first, second)):
+        fresh = make(shards, 5, num_workers=num_workers, seed=3)
         fresh.set_epoch(epoch)
-        assert _epoch(fresh) == epochs[epoch]
+        want = _batches(fresh)
+        assert [b for _, b in got] == [b for _, b in want]
+        assert all(torch.equal(x, y) for (x, _), (y, _) in zip(got, want, strict=True))
 
 
-def test_persistent_workers_resume_mid_epoch_and_go_on_to_the_next(shards: Path):
-    loader = Loader(shards, 4, num_workers=2, augment=SMALL, seed=3)
+def test_set_epoch_chooses_the_epoch_and_iterations_go_on_from_it(shards: Path, make: MakeLoader):
+    loader = make(shards, 5, num_workers=2, seed=3)
+    loader.set_epoch(7)
+    seven, eight = _epoch(loader), _epoch(loader)
+    for epoch, got in ((7, seven), (8, eight)):
+        fresh = make(shards, 5, num_workers=2, seed=3)
+        fresh.set_epoch(epoch)
+        assert _epoch(fresh) == got
+    assert _epoch(make(shards, 5, num_workers=2, seed=3)) not in (seven, eight)  # epoch 0
+
+
+def test_sampler_set_epoch_is_set_epoch(shards: Path, make: MakeLoader):
+    """Lightning calls `loader.sampler.set_epoch(n)`."""
+    a = make(shards, 5, num_workers=2, seed=3)
+    a.sampler.set_epoch(5)
+    b = make(shards, 5, num_workers=2, seed=3)
+    b.set_epoch(5)
+    got, want = _batches(a), _batches(b)
+    assert [y for _, y in got] == [y for _, y in want]
+    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_abandoned_iteration_is_fine_the_next_one_is_the_next_epoch(
+    shards: Path, make: MakeLoader, num_workers: int
+):
+    loader = make(shards, 4, num_workers=num_workers, seed=2)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    assert {k: loader.state_dict()[k] for k in ("epoch", "batch")} == {"epoch": 0, "batch": 3}
+    got = _epoch(loader)
+    fresh = make(shards, 4, num_workers=num_workers, seed=2)
+    fresh.set_epoch(1)
+    assert got == _epoch(fresh) and sorted(got) == list(range(48))
+
+
+def test_workers_persist_across_epochs(shards: Path, make: MakeLoader):
+    loader = make(shards, 5, num_workers=2, seed=4)
+    pids = []
+    for _ in range(3):
+        assert sorted(_epoch(loader)) == list(range(48))
+        pids.append({p.pid for p in psutil.Process().children()})
+    assert set(loader._pool.pids) <= pids[0]
+    assert pids[0] == pids[1] == pids[2]  # the same worker processes, not new ones per epoch
+
+
+# --- resumption ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_workers", [0, 2, 3])
+@pytest.mark.parametrize("k", [1, 5, 11])
+def test_resume_mid_epoch_delivers_exactly_the_rest_in_order(
+    shards: Path, make: MakeLoader, num_workers: int, k: int
+):
+    whole_loader = make(shards, 4, num_workers=num_workers, seed=3)
+    whole_loader.set_epoch(2)
+    whole = _batches(whole_loader)  # 12 batches
+
+    loader = make(shards, 4, num_workers=num_workers, seed=3)
     loader.set_epoch(2)
     first = []
-    for i, (_, labels) in enumerate(loader):
-        first += labels.tolist()
-        if i == 2:
+    for images, labels in loader:
+        first.append((images, labels.tolist()))
+        if len(first) == k:
             state = loader.state_dict()
             break
-    loader.load_state_dict(state)  # the same loader, its workers still mid-epoch
-    rest = _epoch(loader)
-    assert len(first) == 12 and sorted(first + rest) == list(range(48))
-    loader.set_epoch(3)
-    fresh = Loader(shards, 4, num_workers=2, augment=SMALL, seed=3)
-    fresh.set_epoch(3)
-    assert _epoch(loader) == _epoch(fresh)
+    assert {key: state[key] for key in ("epoch", "batch")} == {"epoch": 2, "batch": k}
+
+    resumed = make(shards, 4, num_workers=num_workers, seed=3)
+    resumed.load_state_dict(state)
+    rest = _batches(resumed)
+    assert [y for _, y in first + rest] == [y for _, y in whole]
+    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(first + rest, whole, strict=True))
+    # and the iteration after the resumed one is the next epoch
+    following = make(shards, 4, num_workers=num_workers, seed=3)
+    following.set_epoch(3)
+    assert _epoch(resumed) == _epoch(following)
 
 
-def test_buffers_of_abandoned_iterations_are_reused_later(shards: Path):
-    loader = Loader(shards, 2, num_workers=2, augment=SMALL, seed=5)
-    for _ in range(4):  # each abandons batches the workers had already made
-        for _images, _ in loader:
-            break
-    before = loader.stats()["reused_buffers"]
-    _epoch(loader)
-    assert loader.stats()["reused_buffers"] - before > 10
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_on_the_same_loader_after_its_workers_ran_ahead(
+    shards: Path, make: MakeLoader, num_workers: int
+):
+    loader = make(shards, 4, num_workers=num_workers, seed=3)
+    loader.set_epoch(2)
+    whole = []
+    for images, labels in loader:
+        whole.append((images, labels.tolist()))
+        if len(whole) == 3:
+            state = loader.state_dict()
+    # the epoch ran to its end: the workers (and feeder) have made epoch 3's first batches
+    assert loader.state_dict()["epoch"] == 3 and loader.state_dict()["batch"] == 0
+    loader.load_state_dict(state)
+    rest = _batches(loader)
+    assert [y for _, y in rest] == [y for _, y in whole[3:]]
+    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(rest, whole[3:], strict=True))
+    following = make(shards, 4, num_workers=num_workers, seed=3)
+    following.set_epoch(3)
+    assert _epoch(loader) == _epoch(following)
 
 
-def test_resume_with_other_settings_is_refused_with_the_key(shards: Path):
-    state = Loader(shards, 4, num_workers=2, augment=SMALL).state_dict()
-    with pytest.raises(ValueError, match=r"num_workers=2.*resume with the same num_workers"):
-        Loader(shards, 4, num_workers=1, augment=SMALL).load_state_dict(state)
+def test_state_dict_says_where_the_rank_is(shards: Path, make: MakeLoader):
+    loader = make(shards, 4, num_workers=2, seed=9, rank=1, world_size=2, drop_last=True)
+    assert loader.state_dict() == {
+        "epoch": 0,
+        "batch": 0,
+        "seed": 9,
+        "world_size": 2,
+        "rank": 1,
+        "num_workers": 2,
+        "batch_size": 4,
+        "samples": 48,
+        "drop_last": True,
+    }
+    it = iter(loader)
+    next(it), next(it)
+    assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (0, 2)
+    for _ in it:
+        pass
+    assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (1, 0)
+    assert set(loader.state_dict()) == STATE_KEYS
 
 
-def test_host_memory_cap_bounds_prefetch_or_is_refused(shards: Path):
-    big = Loader(shards, 8, num_workers=2, prefetch=8, augment=SMALL)
-    cap = big.host_bytes_bound(2)
-    capped = Loader(shards, 8, num_workers=2, prefetch=8, augment=SMALL, max_host_bytes=cap)
-    assert capped.prefetch == 2 and capped.stats()["host_bytes_bound"] <= cap
-    assert sorted(_epoch(capped)) == list(range(48))
-    with pytest.raises(ValueError, match="max_host_bytes=1,000 is too small"):
-        Loader(shards, 8, num_workers=2, augment=SMALL, max_host_bytes=1000)
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("num_workers", 1),
+        ("batch_size", 8),
+        ("seed", 1),
+        ("drop_last", True),
+    ],
+)
+def test_resume_with_other_settings_is_refused_naming_the_key(
+    shards: Path, make: MakeLoader, option: str, value: Any
+):
+    options = {"num_workers": 2, "batch_size": 4, "seed": 0, "drop_last": False}
+    state = make(shards, **options).state_dict()
+    other = make(shards, **{**options, option: value})
+    saved = re.escape(f"{option}={options[option]!r}")
+    with pytest.raises(ValueError, match=rf"{saved}.*resume with the same {option}"):
+        other.load_state_dict(state)
 
 
-@pytest.fixture(scope="module")
-def corrupt_shards(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    src = tmp_path_factory.mktemp("corrupt_src")
-    good = sorted(image_folder.glob("*/*.jpg"))[:10]
-    lines = [f"{p} 0" for p in good]
-    bad = src / "bad.jpg"
-    data = good[0].read_bytes()
-    bad.write_bytes(data[: len(data) // 2])  # valid header, truncated scan data
-    lines.append("bad.jpg 1")
-    (src / "list.txt").write_text("\n".join(lines))
-    out = tmp_path_factory.mktemp("corrupt_shards")
-    pack(src / "list.txt", out, workers=1, progress=False)
-    return out
+def test_resume_on_another_rank_or_data_set_is_refused(shards: Path, make: MakeLoader):
+    state = make(shards, 4, num_workers=0, rank=0, world_size=2).state_dict()
+    with pytest.raises(ValueError, match="resume with the same rank"):
+        make(shards, 4, num_workers=0, rank=1, world_size=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="resume with the same samples"):
+        make(shards, 4, num_workers=0, rank=0, world_size=2).load_state_dict(
+            {**state, "samples": 50}
+        )
 
 
-def test_corrupt_image_is_skipped_counted_and_reported_with_shard_and_key(corrupt_shards: Path):
-    loader = Loader(corrupt_shards, 4, num_workers=0, augment=SMALL)
-    labels = _epoch(loader)
-    assert labels == [0] * 10
+def test_a_state_from_before_whole_batches_is_refused_clearly(shards: Path, make: MakeLoader):
+    old = {  # what gpufeed's Loader.state_dict() returned before (per-worker sample counts)
+        "epoch": 1,
+        "seed": 0,
+        "world_size": 1,
+        "rank": 0,
+        "num_workers": 2,
+        "batch_size": 4,
+        "samples": 48,
+        "delivered": [8, 4],
+    }
+    with pytest.raises(ValueError, match=r"loader state has no .*cannot be resumed"):
+        make(shards, 4, num_workers=2).load_state_dict(old)
+
+
+def test_a_state_outside_the_epoch_is_refused(shards: Path, make: MakeLoader):
+    loader = make(shards, 4, num_workers=0)
+    with pytest.raises(ValueError, match=r"batch=13 is outside 0\.\.12"):
+        loader.load_state_dict({**loader.state_dict(), "batch": 13})
+
+
+def test_state_dict_right_after_load_state_dict_is_the_loaded_state(shards: Path, make: MakeLoader):
+    state = {**make(shards, 4, num_workers=0).state_dict(), "epoch": 3, "batch": 5}
+    loader = make(shards, 4, num_workers=0)
+    loader.load_state_dict(state)
+    assert loader.state_dict() == state
+
+
+# --- the hand-off: uint8 from workers, normalized by the device stage ---------------------------
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_batches_are_the_cpu_path_batches_keyed_by_batch_index(
+    shards: Path, make: MakeLoader, num_workers: int, channels_last: bool
+):
+    """Batch j is what `build_batch` makes straight to float from batch j's planned samples with
+    the generator keyed by j, whichever worker made it; up to uint8 rounding where the hand-off
+    is uint8 (normalized by the device stage, see test_device)."""
+    loader = make(
+        shards, 8, num_workers=num_workers, augment=AUG, seed=1, channels_last=channels_last
+    )
+    loader.set_epoch(1)
+    planned = _planned(shards, 1, 8, num_workers, seed=1)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    for j, (images, labels) in enumerate(loader):
+        want, want_labels, _ = build_batch(
+            planned[j],
+            AUG,
+            batch_generator(1, 1, 0, j),
+            dtype=torch.float32,
+            channels_last=False,
+            strict=True,
+        )
+        assert torch.equal(labels, want_labels)
+        assert images.dtype == torch.float32 and images.is_contiguous(memory_format=fmt)
+        assert (images - want).abs().max() <= UINT8_TOL
+    assert j == len(planned) - 1 == 5
+
+
+def test_uint8_output_is_exactly_the_uint8_batch_of_the_cpu_path(shards: Path, make: MakeLoader):
+    loader = make(shards, 8, num_workers=2, augment=AUG, seed=1, dtype=torch.uint8)
+    planned = _planned(shards, 0, 8, 2, seed=1)
+    for j, (images, _) in enumerate(loader):
+        want, _, _ = build_batch(
+            planned[j],
+            AUG,
+            batch_generator(1, 0, 0, j),
+            dtype=torch.uint8,
+            channels_last=False,
+            strict=True,
+        )
+        assert torch.equal(images, want)
+
+
+def test_batches_the_loop_holds_are_never_overwritten_by_slot_reuse(shards: Path, make: MakeLoader):
+    loader = make(shards, 2, num_workers=2, prefetch=1, seed=5, dtype=torch.uint8)
+    held, copies = [], []
+    for images, _ in loader:  # 24 batches through 2 × 2 slots
+        held.append(images[1:])  # a view, the way a user might keep one
+        copies.append(images[1:].clone())
+    for _ in range(2):  # the slots go round again
+        _epoch(loader)
+    assert all(torch.equal(h, c) for h, c in zip(held, copies, strict=True))
+
+
+# --- preprocess="gpu": encoded hand-off, decoded on the feeder thread without CUDA ---------------
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_gpu_preprocess_on_cpu_gives_the_batches_of_the_cpu_path(
+    shards: Path, make: MakeLoader, num_workers: int
+):
+    out, decoders = {}, {}
+    for mode in ("cpu", "gpu"):
+        loader = make(shards, 8, num_workers=num_workers, augment=AUG, preprocess=mode, seed=1)
+        loader.set_epoch(2)
+        out[mode] = _batches(loader)
+        decoders[mode] = loader.stats()["decoder"]
+        assert loader.stats()["preprocess"] == mode
+    assert [y for _, y in out["cpu"]] == [y for _, y in out["gpu"]]
+    for (xc, _), (xg, _) in zip(out["cpu"], out["gpu"], strict=True):
+        assert xc.shape == xg.shape and xc.dtype == xg.dtype == torch.float32
+        assert (xc - xg).abs().max() <= UINT8_TOL
+    assert decoders["gpu"] == "libjpeg-turbo (feeder thread)"
+    assert decoders["cpu"] == "libjpeg-turbo (CPU workers)"
+    # the encoded path does not round: it is the float batch of build_batch
+    planned = _planned(shards, 2, 8, num_workers, seed=1)
+    gen = batch_generator(1, 2, 0, 3)
+    want, _, _ = build_batch(
+        planned[3], AUG, gen, dtype=torch.float32, channels_last=False, strict=True
+    )
+    torch.testing.assert_close(out["gpu"][3][0], want, atol=1e-5, rtol=0)
+
+
+# --- corrupt samples ----------------------------------------------------------------------------
+
+
+def _bad_batch(corrupt_shards: Path, num_workers: int) -> int:
+    """Index of the batch (of 4) that holds the corrupt sample (label 1) in epoch 0."""
+    planned = _planned(corrupt_shards, 0, 4, num_workers)
+    return next(j for j, b in planned.items() if any(s.label == 1 for s in b))
+
+
+@pytest.mark.parametrize("preprocess", ["cpu", "gpu"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_corrupt_image_is_left_out_of_its_batch_and_reported_with_shard_and_key(
+    corrupt_shards: Path, make: MakeLoader, preprocess: str, num_workers: int
+):
+    loader = make(corrupt_shards, 4, num_workers=num_workers, preprocess=preprocess)
+    got = [labels for _, labels in _batches(loader)]
+    bad = _bad_batch(corrupt_shards, num_workers)
+    planned = _planned(corrupt_shards, 0, 4, num_workers)
+    assert [len(b) for b in got] == [len(planned[j]) - (j == bad) for j in range(len(planned))]
+    assert [x for b in got for x in b] == [0] * 10
     st = loader.stats()
     assert st["corrupt"] == 1
-    assert st["corrupt_samples"][0]["key"] == "corrupt_src0_bad"
-    assert st["corrupt_samples"][0]["shard"].endswith("shard-00000.tar")
+    (report,) = st["corrupt_samples"]
+    assert report["shard"].endswith("shard-00000.tar") and report["key"].endswith("_bad")
+    assert "decode" in report["reason"]
 
 
-def test_strict_mode_raises_naming_shard_and_key(corrupt_shards: Path):
-    loader = Loader(corrupt_shards, 4, num_workers=0, augment=SMALL, strict=True)
-    with pytest.raises(CorruptSampleError, match=r"shard .*shard-00000\.tar, key corrupt_src0_bad"):
+@pytest.mark.parametrize("preprocess", ["cpu", "gpu"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_strict_raises_at_the_corrupt_batch_naming_shard_and_key(
+    corrupt_shards: Path, make: MakeLoader, preprocess: str, num_workers: int
+):
+    loader = make(corrupt_shards, 4, num_workers=num_workers, preprocess=preprocess, strict=True)
+    delivered = 0
+    with pytest.raises(CorruptSampleError, match=r"shard .*shard-00000\.tar, key \S*_bad"):
+        for _ in loader:
+            delivered += 1
+    assert delivered == _bad_batch(corrupt_shards, num_workers)
+    assert loader.state_dict()["batch"] == delivered
+
+
+# --- worker processes ---------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_worker_raises_loader_worker_error_not_a_hang(shards: Path, make: MakeLoader):
+    loader = make(shards, 2, num_workers=2)
+    it = iter(loader)
+    next(it)
+    victim = loader._pool.pids[1]
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(LoaderWorkerError, match=r"loader worker 1\b"):
+        for _ in it:
+            pass
+    assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_worker_is_always_named_with_its_pid(shards: Path):
+    for _ in range(120):  # stops at the first message without the pid
+        with Loader(shards, 2, num_workers=2, augment=SMALL, device="cpu") as loader:
+            it = iter(loader)
+            next(it)
+            victim = loader._pool.pids[1]
+            os.kill(victim, signal.SIGKILL)
+            with pytest.raises(LoaderWorkerError) as raised:
+                for _ in it:
+                    pass
+            assert f"pid {victim}" in str(raised.value), str(raised.value)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_between_epochs_raises_loader_worker_error(shards: Path, make: MakeLoader):
+    loader = make(shards, 4, num_workers=2)
+    _epoch(loader)
+    victim = loader._pool.processes[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join(timeout=30)
+    loader.set_epoch(5)  # another epoch than the workers ran on into: they are restarted
+    with pytest.raises(LoaderWorkerError, match=r"loader worker 1\b"):
         _epoch(loader)
 
 
-def test_gpu_preprocess_path_matches_cpu_path_statistics(shards: Path):
-    """preprocess="gpu" on device="cpu" runs the device path (bytes from workers, batched decode
-    and augment in this process); it must draw the same augmentations as the CPU workers."""
-    aug = Augment(size=(32, 32), load=2)
-    out = {}
-    for mode in ("cpu", "gpu"):
-        loader = Loader(
-            shards, 8, num_workers=2, augment=aug, preprocess=mode, device="cpu", seed=1
-        )
-        batches = list(loader)
-        x = torch.cat([b[0] for b in batches])
-        out[mode] = (x, torch.cat([b[1] for b in batches]))
-        assert loader.stats()["preprocess"] == mode
-    (xc, yc), (xg, yg) = out["cpu"], out["gpu"]
-    assert xc.shape == xg.shape and xc.dtype == xg.dtype
-    assert torch.equal(yc, yg)
-    torch.testing.assert_close(xc.mean((0, 2, 3)), xg.mean((0, 2, 3)), atol=1e-3, rtol=0)
-    torch.testing.assert_close(xc.std((0, 2, 3)), xg.std((0, 2, 3)), atol=1e-3, rtol=0)
+def test_close_stops_the_worker_processes(shards: Path):
+    loader = Loader(shards, 4, num_workers=2, augment=SMALL, device="cpu")
+    next(iter(loader))
+    pids = list(loader._pool.pids)
+    assert len(pids) == 2 and not any(gone(pid) for pid in pids)
+    loader.close()
+    assert wait_until(lambda: all(gone(pid) for pid in pids))
+    assert not {p.pid for p in psutil.Process().children()} & set(pids)
 
 
-def test_auto_picks_cpu_without_a_gpu(shards: Path):
+@pytest.mark.timeout(120)
+def test_close_returns_promptly_while_a_read_hangs(shards: Path, make: MakeLoader):
+    loader = make(shards, 4, num_workers=0)  # the feeder thread reads the shards itself
+    source = loader.dataset.source
+    real_open = source.open
+    reading, release = threading.Event(), threading.Event()
+
+    def hung_open(*args: Any, **kw: Any) -> Any:
+        if not reading.is_set():  # the first read does not come back soon: a stalled connection
+            reading.set()
+            release.wait(6)
+        return real_open(*args, **kw)
+
+    source.open = hung_open
+    iter(loader)
+    assert reading.wait(30)
+    t0 = time.monotonic()
+    try:
+        loader.close()
+    finally:
+        release.set()
+    assert time.monotonic() - t0 < 3
+
+
+def test_the_iterator_is_a_dataloader_iterator_for_profilers(shards: Path, make: MakeLoader):
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    loader = make(shards, 4, num_workers=2)
+    it = iter(loader)
+    assert isinstance(it, _BaseDataLoaderIter)
+    assert len(it) == len(loader) == 12
+    next(it)
+    assert sorted(p.pid for p in it._workers) == sorted(loader._pool.pids)
+    assert all(isinstance(p.pid, int) for p in it._workers) and len(it._workers) == 2
+    assert iter(make(shards, 4, num_workers=0))._workers == []
+
+
+def test_one_iteration_at_a_time(shards: Path, make: MakeLoader):
+    loader = make(shards, 4, num_workers=2)
+    old = iter(loader)
+    next(old)
+    new = iter(loader)
+    next(new)
+    with pytest.raises(RuntimeError, match="another iteration over this Loader has started"):
+        next(old)
+
+
+# --- host memory --------------------------------------------------------------------------------
+
+
+def test_host_memory_cap_defaults_to_a_quarter_of_the_machine(shards: Path, make: MakeLoader):
+    loader = make(shards, 8, num_workers=2)
+    assert loader.max_host_bytes == default_max_host_bytes() == machine_memory() // 4
+    st = loader.stats()
+    assert st["max_host_bytes"] == machine_memory() // 4
+    assert 0 < st["host_bytes_bound"] <= st["max_host_bytes"]
+
+
+def test_a_cap_too_small_is_refused_saying_what_would_do(shards: Path, make: MakeLoader):
+    with pytest.raises(ValueError, match=r"max_host_bytes=1,000 is too small") as raised:
+        make(shards, 8, num_workers=2, max_host_bytes=1000)
+    need = int(re.search(r"pass max_host_bytes=(\d+)", str(raised.value)).group(1))  # type: ignore[union-attr]
+    enough = make(shards, 8, num_workers=2, max_host_bytes=need)
+    assert enough.prefetch == 1
+    assert sorted(_epoch(enough)) == list(range(48))
+
+
+def test_prefetch_is_lowered_to_fit_the_cap(shards: Path, make: MakeLoader):
+    probe = make(shards, 8, num_workers=2, prefetch=4)
+    assert probe.prefetch == 4
+    cap = probe.host_bytes_bound(1)  # room for prefetch 1 only
+    capped = make(shards, 8, num_workers=2, prefetch=4, max_host_bytes=cap)
+    assert capped.prefetch == 1 and capped.stats()["host_bytes_bound"] <= cap
+    assert sorted(_epoch(capped)) == list(range(48))
+
+
+# --- stats --------------------------------------------------------------------------------------
+
+
+def test_stats_report_throughput_waits_and_settings(shards: Path, make: MakeLoader):
+    loader = make(shards, 5, num_workers=2)
+    _epoch(loader)
+    _epoch(loader)
+    for i, _ in enumerate(loader):  # a third epoch, abandoned
+        if i == 1:
+            break
+    st = loader.stats()
+    assert st.keys() >= {
+        "images",
+        "batches",
+        "seconds",
+        "wait_seconds",
+        "first_batch_waits",
+        "retried",
+        "corrupt",
+        "corrupt_samples",
+        "preprocess",
+        "preprocess_reason",
+        "prefetch",
+        "num_workers",
+        "pinned",
+        "host_bytes_bound",
+        "max_host_bytes",
+        "device_bytes_bound",
+        "decoder",
+    }
+    assert st["images"] == 2 * 48 + 10 and st["batches"] == 2 * 10 + 2
+    assert len(st["first_batch_waits"]) == 3  # one per epoch started
+    assert 0 <= st["wait_seconds"] <= st["seconds"]
+    assert st["retried"] == 0 and st["corrupt"] == 0 and st["corrupt_samples"] == []
+    assert (st["preprocess"], st["preprocess_reason"]) == ("cpu", "requested")
+    assert (st["num_workers"], st["prefetch"], st["pinned"]) == (2, 2, False)
+    assert st["device_bytes_bound"] > 0
+    assert st["decoder"] == "libjpeg-turbo (CPU workers)"
+
+
+def test_a_resumed_iteration_also_records_its_first_batch_wait(shards: Path, make: MakeLoader):
+    loader = make(shards, 4, num_workers=2)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            state = loader.state_dict()
+    loader.load_state_dict(state)  # the workers restart at batch 3: a real first-batch stall
+    _epoch(loader)
+    assert len(loader.stats()["first_batch_waits"]) == 2
+
+
+def test_stats_have_the_same_keys_before_the_first_batch(shards: Path, make: MakeLoader):
+    loader = make(shards, 5, num_workers=0)
+    before = set(loader.stats())
+    _epoch(loader)
+    assert before == set(loader.stats())
+
+
+# --- choosing the preprocessing -----------------------------------------------------------------
+
+
+def test_auto_picks_cpu_without_a_gpu(shards: Path, make: MakeLoader):
     if torch.cuda.is_available():
         pytest.skip("CPU-only behaviour")
-    loader = Loader(shards, 8, num_workers=0, augment=SMALL, preprocess="auto")
+    loader = make(shards, 8, num_workers=0, preprocess="auto", device=None)
     assert loader.preprocess == "cpu" and "no CUDA" in loader.stats()["preprocess_reason"]
 
 
@@ -212,19 +708,50 @@ def test_unknown_preprocess_mode_is_refused(shards: Path):
         Loader(shards, preprocess="tpu")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_preprocess_on_cuda_delivers_device_batches(shards: Path):
-    loader = Loader(shards, 8, num_workers=2, augment=SMALL, preprocess="gpu", device="cuda")
-    labels = []
-    for images, lab in loader:
-        assert images.is_cuda and lab.is_cuda
-        labels += lab.tolist()
-    assert sorted(labels) == list(range(48))
-    assert loader.stats()["device_max_allocated"] > 0
+# --- CUDA ---------------------------------------------------------------------------------------
+
+
+@gpu
+@needs_cuda
+def test_cuda_batches_match_the_cpu_batches(shards: Path, make: MakeLoader):
+    out = {}
+    for device in ("cpu", "cuda"):
+        loader = make(shards, 8, num_workers=2, augment=AUG, device=device, channels_last=True)
+        out[device] = _batches(loader)
+        assert loader.stats()["pinned"] == (device == "cuda")
+    for (xc, yc), (xg, yg) in zip(out["cpu"], out["cuda"], strict=True):
+        assert xg.is_cuda and xg.is_contiguous(memory_format=torch.channels_last)
+        assert yc == yg
+        assert (xg.cpu() - xc).abs().max() <= UINT8_TOL  # uint8 hand-off to CUDA rounds
+
+
+@gpu
+@needs_cuda
+def test_gpu_preprocess_on_cuda_delivers_device_batches(shards: Path, make: MakeLoader):
+    loader = make(shards, 8, num_workers=2, augment=AUG, preprocess="gpu", device="cuda", seed=1)
+    batches = []
+    for images, labels in loader:
+        assert images.is_cuda and labels.is_cuda
+        batches.append((images, labels))
+    assert sorted(torch.cat([y for _, y in batches]).tolist()) == list(range(48))
+    st = loader.stats()
+    assert st["device_max_allocated"] > 0
+    nvjpeg = "nvjpeg (torchvision)" if nvjpeg_available() else "libjpeg-turbo (feeder thread)"
+    assert st["decoder"] == nvjpeg
+    cpu = make(shards, 8, num_workers=2, augment=AUG, preprocess="cpu", device="cpu", seed=1)
+    xc = torch.cat([x for x, _ in cpu])
+    xg = torch.cat([x for x, _ in batches]).cpu()
+    # other decoder and resampling: the same crops and flips, so close statistics
+    torch.testing.assert_close(xg.mean((0, 2, 3)), xc.mean((0, 2, 3)), atol=0.05, rtol=0)
+    torch.testing.assert_close(xg.std((0, 2, 3)), xc.std((0, 2, 3)), atol=0.05, rtol=0)
+
+
+# --- torchrun -----------------------------------------------------------------------------------
 
 
 def test_torchrun_ranks_split_the_data_exactly_once(shards: Path, tmp_path: Path):
-    """Two real torchrun processes (gloo): rank auto-detected from torch.distributed."""
+    """Two real torchrun processes (gloo): rank auto-detected from torch.distributed; two
+    epochs without set_epoch, each exactly once across the ranks, in a new order."""
     script = tmp_path / "train.py"
     script.write_text(
         textwrap.dedent(f"""
@@ -232,10 +759,14 @@ def test_torchrun_ranks_split_the_data_exactly_once(shards: Path, tmp_path: Path
         from gpufeed.data.augment import Augment
         from gpufeed.data.loader import Loader
         dist.init_process_group("gloo")
-        loader = Loader({str(shards)!r}, 6, num_workers=1, augment=Augment(size=(8, 8)))
-        labels = [int(x) for _, y in loader for x in y]
+        loader = Loader({str(shards)!r}, 6, num_workers=1, augment=Augment(size=(8, 8)),
+                        device="cpu")
+        epochs = [[int(x) for _, y in loader for x in y] for _ in range(2)]
+        state = loader.state_dict()
         open({str(tmp_path)!r} + f"/rank{{dist.get_rank()}}.txt", "w").write(
-            f"{{len(loader)}} " + " ".join(map(str, labels)))
+            f"{{len(loader)}} {{state['rank']}} {{state['epoch']}}\\n"
+            + "\\n".join(" ".join(map(str, e)) for e in epochs))
+        loader.close()
         dist.destroy_process_group()
         """)
     )
@@ -247,7 +778,12 @@ def test_torchrun_ranks_split_the_data_exactly_once(shards: Path, tmp_path: Path
            "--master-addr", "127.0.0.1", "--master-port", str(port), str(script)]  # fmt: skip
     cp = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert cp.returncode == 0, cp.stderr[-3000:]
-    parts = [(tmp_path / f"rank{r}.txt").read_text().split() for r in range(2)]
-    assert parts[0][0] == parts[1][0]  # same number of batches
-    labels = [int(x) for p in parts for x in p[1:]]
-    assert sorted(labels) == list(range(48))
+    heads, epochs = [], []
+    for r in range(2):
+        head, *lines = (tmp_path / f"rank{r}.txt").read_text().splitlines()
+        heads.append(head.split())
+        epochs.append([[int(x) for x in line.split()] for line in lines])
+    assert heads == [["4", "0", "2"], ["4", "1", "2"]]  # 4 batches each; rank; next epoch 2
+    for e in range(2):
+        assert sorted(epochs[0][e] + epochs[1][e]) == list(range(48))
+    assert epochs[0][0] != epochs[0][1]

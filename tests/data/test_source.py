@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,6 +13,7 @@ from gpufeed.data.augment import Augment
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.loader import Loader
 from gpufeed.data.pack import pack
+from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.shards import ShardError
 from gpufeed.data.source import filesystem
 
@@ -37,59 +40,88 @@ def _labels(loader: Loader) -> list[int]:
     return [int(x) for _, y in loader for x in y]
 
 
+@pytest.fixture
+def make() -> Iterator[Callable[..., Loader]]:
+    """`make(url, batch_size, **options)`: a Loader closed after the test. A Loader left to the
+    garbage collector may be finalized on fsspec's I/O thread, whose reads its own feeder thread
+    waits for (see test_loader's close tests)."""
+    made: list[Loader] = []
+
+    def new(*args: Any, **kw: Any) -> Loader:
+        kw.setdefault("augment", SMALL)
+        made.append(Loader(*args, **kw))
+        return made[-1]
+
+    yield new
+    for loader in made:
+        loader.close()
+
+
 @pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_streamed_from_s3_every_sample_exactly_once(s3_shards: str, world: int, workers: int):
+def test_streamed_from_s3_every_sample_exactly_once(
+    s3_shards: str, make: Callable[..., Loader], world: int, workers: int
+):
     seen = []
     for rank in range(world):
-        loader = Loader(
-            s3_shards, 5, num_workers=workers, augment=SMALL, rank=rank, world_size=world,
-            chunk_size=4096,
-        )  # fmt: skip
+        loader = make(
+            s3_shards, 5, num_workers=workers, rank=rank, world_size=world, chunk_size=4096
+        )
         seen += _labels(loader)
     assert sorted(seen) == list(range(48))
 
 
-def test_resume_mid_epoch_from_s3(s3_shards: str):
-    loader = Loader(s3_shards, 4, num_workers=2, augment=SMALL)
+def test_resume_mid_epoch_from_s3(s3_shards: str, make: Callable[..., Loader]):
+    loader = make(s3_shards, 4, num_workers=2)
     first = []
     for i, (_, y) in enumerate(loader):
         first += y.tolist()
         if i == 2:
             state = loader.state_dict()
             break
-    resumed = Loader(s3_shards, 4, num_workers=2, augment=SMALL)
+    resumed = make(s3_shards, 4, num_workers=2)
     resumed.load_state_dict(state)
     assert sorted(first + _labels(resumed)) == list(range(48))
 
 
 def test_injected_500s_and_connection_resets_are_retried_without_loss_or_duplicates(
-    s3_shards: str, faulty_proxy, monkeypatch: pytest.MonkeyPatch
+    s3_shards: str, faulty_proxy, monkeypatch: pytest.MonkeyPatch, make: Callable[..., Loader]
 ):
     monkeypatch.setenv("AWS_ENDPOINT_URL", faulty_proxy.url)
     # botocore's and s3fs's own retries off, so gpufeed's retry layer has to carry every failure
     opts = {"config_kwargs": {"retries": {"total_max_attempts": 1}}}
-    loader = Loader(
-        s3_shards, 5, num_workers=0, augment=SMALL, chunk_size=4096, storage_options=opts
-    )
+    loader = make(s3_shards, 5, num_workers=0, chunk_size=4096, storage_options=opts)
     filesystem(s3_shards, opts).retries = 1
     assert sorted(_labels(loader)) == list(range(48))
     assert faulty_proxy.injected["500"] > 0 and faulty_proxy.injected["reset"] > 0
     assert loader.stats()["retried"] > 0
 
 
-def test_cache_dir_keeps_verified_shards_for_later_epochs(s3_shards: str, tmp_path: Path):
+def test_cache_dir_keeps_verified_shards_for_later_epochs(
+    s3_shards: str, tmp_path: Path, make: Callable[..., Loader]
+):
     cache = tmp_path / "cache"
-    loader = Loader(s3_shards, 8, num_workers=0, augment=SMALL, cache_dir=cache, shuffle=False)
+    loader = make(s3_shards, 8, num_workers=0, cache_dir=cache, shuffle=False)
     assert sorted(_labels(loader)) == list(range(48))
+    loader.close()  # the last shard's file is closed once the stream moves on (see below)
     cached = sorted(p.name for p in cache.rglob("*.tar"))
     assert len(cached) == len(loader.dataset.index.shards)
     # later runs read from the cache: remove the remote shards and read again
     fs = filesystem(s3_shards)
     for e in loader.dataset.index.shards:
         fs.rm_file(f"{s3_shards}/{e.name}")
-    again = Loader(s3_shards, 8, num_workers=0, augment=SMALL, cache_dir=cache, shuffle=False)
+    again = make(s3_shards, 8, num_workers=0, cache_dir=cache, shuffle=False)
     assert sorted(_labels(again)) == list(range(48))
+
+
+def test_an_epoch_read_to_its_end_has_cached_every_shard(s3_shards: str, tmp_path: Path):
+    cache = tmp_path / "cache"
+    ds = ShardDataset(s3_shards, shuffle=False, cache_dir=cache)
+    plan = BatchPlan(ds, 8, 1, drop_last=False)
+    stream = plan.worker_batches(0, Position(0, 0))
+    labels = [s.label for _ in range(plan.batches) for s in next(stream)[1]]
+    assert sorted(labels) == list(range(48))
+    assert len(list(cache.rglob("*.tar"))) == len(ds.index.shards)
 
 
 def test_missing_s3_shard_is_a_clear_error(s3_shards: str):

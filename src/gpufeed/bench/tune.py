@@ -196,7 +196,7 @@ def _search(
     import torch
 
     from gpufeed.data.augment import Augment
-    from gpufeed.data.loader import Loader
+    from gpufeed.data.loader import Loader, default_workers
 
     def run(trial: Trial) -> bool:
         """Measure a trial; True when the search should stop (the loader outruns the model)."""
@@ -206,16 +206,26 @@ def _search(
             f"[dim]  trial {len(result.trials) + 1}: {trial.num_workers} workers, prefetch "
             f"{trial.prefetch}, {trial.preprocess}, batch {trial.batch_size} …[/]"
         )
-        loader = Loader(
-            shards,
-            trial.batch_size,
-            num_workers=trial.num_workers,
-            prefetch=trial.prefetch,
-            preprocess=trial.preprocess,
-            device=result.device,
-            augment=Augment(size=(result.image_size, result.image_size)),
-        )
-        rate = measure_loader(loader, seconds=seconds).images_per_s
+        try:
+            loader = Loader(
+                shards,
+                trial.batch_size,
+                num_workers=trial.num_workers,
+                prefetch=trial.prefetch,
+                preprocess=trial.preprocess,
+                device=result.device,
+                augment=Augment(size=(result.image_size, result.image_size)),
+            )
+        except ValueError as e:  # e.g. a memory cap this trial does not fit: skip it, say why
+            result.notes.append(
+                f"skipped {trial.num_workers} workers, prefetch {trial.prefetch}, "
+                f"{trial.preprocess}, batch {trial.batch_size}: {e}"
+            )
+            return False
+        try:
+            rate = measure_loader(loader, seconds=seconds).images_per_s
+        finally:
+            loader.close()  # its worker processes, before the next trial starts its own
         result.trials.append(Trial(**trial.settings(), images_per_s=rate, note=trial.note))
         target = result.model_images_per_s
         if target is not None and result.best.images_per_s >= target:
@@ -223,7 +233,7 @@ def _search(
             return True
         return False
 
-    base = Trial(batch_size, cores, 2, "cpu", note="Loader defaults")
+    base = Trial(batch_size, default_workers(), 2, "cpu", note="Loader defaults")
     if run(base):
         return
     for n in _worker_counts(cores):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,11 +23,12 @@ class CorruptSampleError(ValueError):
     """strict=True: a sample could not be decoded; names its shard and key."""
 
 
-def batch_generator(seed: int, epoch: int, rank: int, worker: int, first: int) -> torch.Generator:
-    """The generator for one batch's random parameters, identical on every path and device."""
+def batch_generator(seed: int, epoch: int, rank: int, batch: int) -> torch.Generator:
+    """The generator for batch `batch`'s random parameters: the same on every path and device,
+    and for any number of workers."""
     import torch
 
-    state = np.random.SeedSequence([seed, epoch, rank, worker, first]).generate_state(1)[0]
+    state = np.random.SeedSequence([seed, epoch, rank, batch]).generate_state(1)[0]
     return torch.Generator().manual_seed(int(state))
 
 
@@ -47,100 +48,11 @@ def cpu_decoder(datas: Sequence[bytes], min_sizes: Sequence[tuple[int, int]]) ->
 def new_batch(
     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str, channels_last: bool
 ) -> torch.Tensor:
-    """An empty output batch; inside a DataLoader worker it is allocated in shared memory, as
-    torch's default_collate does, so handing it to the main process copies nothing."""
-    import torch
-    import torch.utils.data
-
-    device = torch.device(device)
-    if device.type != "cpu" or torch.utils.data.get_worker_info() is None:
-        fmt = torch.channels_last if channels_last else torch.contiguous_format
-        return torch.empty(shape, dtype=dtype, device=device, memory_format=fmt)
-    return _as_batch(_shared_flat(int(np.prod(shape)), dtype), shape, channels_last)
-
-
-class SharedBatchBuffers:
-    """Output batches that go back to their worker once the main process holds no reference.
-
-    A fresh shared-memory batch costs its worker ~0.2 ms per 224² image in page faults; reusing
-    it does not. Each worker owns `slots` buffers; a shared byte per (worker, slot) says whether
-    the main process may still be using it (1) or the worker may overwrite it (0). The main
-    process clears it when a weak reference to the storage it received has expired, so a batch
-    the training loop still holds (or any view of it) is never overwritten. With every slot in
-    use the worker takes a fresh batch: nothing ever waits.
-    """
-
-    def __init__(self, workers: int, slots: int) -> None:
-        import torch
-
-        self.slots = slots
-        self.in_use = torch.zeros(max(1, workers), slots, dtype=torch.uint8).share_memory_()
-        self._mine: dict[int, torch.Tensor] = {}  # worker side: slot -> flat buffer
-        self._held: list[tuple[int, int, Any]] = []  # main side: (worker, slot, weak ref)
-
-    def take(
-        self,
-        worker: int,
-        shape: tuple[int, ...],
-        dtype: torch.dtype,
-        channels_last: bool,
-        capacity: int,
-        tag: int = 1,
-    ) -> tuple[torch.Tensor, int, bool]:
-        """(a batch of `shape` in shared memory, its slot or -1, whether the buffer was used
-        before); `capacity`: elements to allocate per buffer, so that one fits every batch;
-        `tag` (1-255) marks the slot with the iteration taking it (see `reclaim`)."""
-        flags = self.in_use[worker].numpy()
-        numel = int(np.prod(shape))
-        for k in range(self.slots):
-            if flags[k] == 0:
-                buf = self._mine.get(k)
-                reused = buf is not None and buf.dtype == dtype and buf.numel() >= numel
-                if not reused:
-                    buf = self._mine[k] = _shared_flat(max(numel, capacity), dtype)
-                flags[k] = tag
-                return _as_batch(buf[:numel], shape, channels_last), k, reused
-        return _as_batch(_shared_flat(numel, dtype), shape, channels_last), -1, False
-
-    def hold(self, worker: int, slot: int, images: torch.Tensor) -> None:
-        """Main process: `images` arrived in (worker, slot); the slot stays taken while it lives."""
-        from torch.multiprocessing.reductions import StorageWeakRef
-
-        if slot >= 0:
-            self._held.append((worker, slot, StorageWeakRef(images.untyped_storage())))
-
-    def release_unused(self) -> None:
-        """Main process: give back to their workers the buffers nothing here references any more."""
-        held = []
-        for worker, slot, ref in self._held:
-            if ref.expired():
-                self.in_use[worker, slot] = 0
-            else:
-                held.append((worker, slot, ref))
-        self._held = held
-
-    def reclaim(self, tag: int) -> None:
-        """Main process, once the workers run iteration `tag`: free the slots of batches an
-        abandoned earlier iteration produced but never delivered (nothing here can hold them)."""
-        held = {(w, k) for w, k, _ in self._held}
-        flags = self.in_use.numpy()
-        for w, k in zip(*np.nonzero((flags != 0) & (flags != tag)), strict=True):
-            if (int(w), int(k)) not in held:
-                flags[w, k] = 0
-
-
-def _shared_flat(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """An empty output batch."""
     import torch
 
-    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel, device="cpu")
-    return torch.empty(0, dtype=dtype).set_(storage)
-
-
-def _as_batch(flat: torch.Tensor, shape: tuple[int, ...], channels_last: bool) -> torch.Tensor:
-    if not channels_last:
-        return flat.view(shape)
-    n, c, h, w = shape
-    return flat.view(n, h, w, c).permute(0, 3, 1, 2)  # NCHW indexing, channels_last layout
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return torch.empty(shape, dtype=dtype, device=torch.device(device), memory_format=fmt)
 
 
 def build_batch(

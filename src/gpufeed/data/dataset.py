@@ -142,21 +142,28 @@ class ShardDataset:
             [np.arange(self._shard_start[s], self._shard_start[s + 1]) for s in order]
         )
 
-    def worker_slice(self, worker: int, num_workers: int) -> np.ndarray:
-        """Global sample ids this (rank, worker) reads this epoch, in read order."""
+    def rank_sequence(self) -> np.ndarray:
+        """Global sample ids of this rank's epoch, in read order (shard order seeded by the epoch)."""
         seq = self._epoch_sequence()
         per_rank = len(self)
         need = per_rank * self.world_size
         if need > len(seq):
             seq = np.concatenate([seq, seq[: need - len(seq)]])
-        mine = seq[self.rank * per_rank : (self.rank + 1) * per_rank]
-        return np.array_split(mine, num_workers)[worker]
+        return seq[self.rank * per_rank : (self.rank + 1) * per_rank]
+
+    def worker_slice(self, worker: int, num_workers: int) -> np.ndarray:
+        """Global sample ids this (rank, worker) reads this epoch, in read order."""
+        return np.array_split(self.rank_sequence(), num_workers)[worker]
+
+    def delivery_order(self, n: int, stream: int) -> list[int]:
+        """A seeded shuffle-buffer permutation of n read positions for one stream of the epoch."""
+        rng = np.random.default_rng([self.seed, self.epoch, self.rank, stream, 1])
+        return shuffle_buffer_order(n, self.shuffle_buffer, rng)
 
     def worker_plan(self, worker: int, num_workers: int) -> tuple[np.ndarray, list[int]]:
         """(read-order ids, delivery order as positions into them) for one worker this epoch."""
         ids = self.worker_slice(worker, num_workers)
-        rng = np.random.default_rng([self.seed, self.epoch, self.rank, worker, 1])
-        return ids, shuffle_buffer_order(len(ids), self.shuffle_buffer, rng)
+        return ids, self.delivery_order(len(ids), worker)
 
     def locate(self, gid: int) -> tuple[int, int]:
         """(shard number, sample number inside it) of a global sample id."""
@@ -168,6 +175,11 @@ class ShardDataset:
     def iter_worker(self, worker: int, num_workers: int, skip: int = 0) -> Iterator[RawSample]:
         """Samples for (worker, num_workers) in delivery order, after the first `skip` of them."""
         ids, plan = self.worker_plan(worker, num_workers)
+        return self.iter_planned(ids, plan, skip)
+
+    def iter_planned(self, ids: np.ndarray, plan: list[int], skip: int = 0) -> Iterator[RawSample]:
+        """The samples `ids[p]` for p in `plan[skip:]`, in that order, read in `ids` order with
+        one seek per run of consecutive samples (holding at most a shuffle buffer's worth)."""
         todo = plan[skip:]
         needed = np.zeros(len(ids), bool)
         needed[todo] = True

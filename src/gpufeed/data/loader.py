@@ -1,138 +1,80 @@
 """`Loader`: a drop-in training-loop iterator over gpufeed shards: `for images, labels in loader:`.
 
-Under the hood it is torch's DataLoader over an IterableDataset whose items are whole batches:
-torch's worker pool already gives robust worker start/stop, error propagation, bounded
-prefetch and a pinned-memory thread, and batching inside the worker lets augmentations run as
-batched tensor ops there; a pool of our own would only re-implement that. Each batch carries
-(worker, first plan position, samples consumed), which makes `state_dict()` exact. Workers fill
-output batches in shared memory and reuse them once the training loop has let go of them
-(`SharedBatchBuffers`), so a batch crosses to the main process without a copy or fresh pages.
-Workers persist across epochs; each iteration tells them its epoch and resume positions through
-a small shared-memory tensor (`_Control`), which they read when the iteration starts.
+It only wires the stages together and keeps the books; each stage is its own module:
+`plan` (whole batches per rank, dealt to workers) → `workers` (processes filling shared host
+`slots`, running on into the next epoch) → `feeder` (a thread) → `device` (copy + normalize, or
+decode on the GPU, in a side stream) → the training loop, which only waits on a CUDA event.
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
 import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.utils.data
 
 from gpufeed.data.augment import Augment
-from gpufeed.data.batch import SharedBatchBuffers, batch_generator, build_batch
+from gpufeed.data.budget import default_max_host_bytes, host_bytes, machine_memory
 from gpufeed.data.dataset import ShardDataset
+from gpufeed.data.device import CANVAS_ELEMENTS, DeviceStage, decoder_name
+from gpufeed.data.feeder import Feeder
+from gpufeed.data.plan import BatchPlan, Position
+from gpufeed.data.slots import Slots
+from gpufeed.data.spec import BatchSpec
+from gpufeed.data.workers import InlinePool, WorkerPool
 
 PREPROCESS_MODES = ("cpu", "gpu", "auto")
-_STATE_KEYS = ("seed", "world_size", "rank", "num_workers", "batch_size", "samples")
+DEVICE_DEPTH = 2  # batches the feeder keeps ready on the device
+_STATE_KEYS = ("seed", "world_size", "rank", "num_workers", "batch_size", "samples", "drop_last")
+
+try:  # the profiler measures data wait in DataLoader iterators' __next__: be one of them
+    from torch.utils.data.dataloader import _BaseDataLoaderIter as _IterBase
+except ImportError:  # pragma: no cover - a torch without it
+    _IterBase = object  # type: ignore[assignment,misc]
 
 
-def _cpu_count() -> int:
+def usable_cores() -> int:
+    """CPU cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
 
 
-class _Control:
-    """What the main process tells persistent workers at the start of each iteration: the
-    iteration number (1-255, tags output buffers), the epoch and each worker's resume position."""
-
-    def __init__(self, workers: int) -> None:
-        self.values = torch.zeros(3 + max(1, workers), dtype=torch.int64).share_memory_()
-
-    def start(self, epoch: int, skips: list[int] | None) -> int:
-        """Main process: set up the next iteration; returns its number."""
-        v = self.values
-        tag = int(v[0]) % 255 + 1
-        v[1], v[2] = epoch, skips is not None
-        v[3:] = torch.tensor(skips) if skips is not None else 0
-        v[0] = tag
-        return tag
-
-    def read(self, worker: int) -> tuple[int, int, int]:
-        """Worker: (iteration number, epoch, samples of the plan to skip)."""
-        v = self.values.tolist()
-        return v[0], v[1], (v[3 + worker] if v[2] else 0)
+def default_workers() -> int:
+    """Cores per local rank (torchrun's LOCAL_WORLD_SIZE), less one for the training loop."""
+    per_rank = usable_cores() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    return max(1, per_rank - 1)
 
 
-class _BatchStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
-    """What one worker runs: its part of the plan, cut into batches; decoded+augmented in
-    "cpu" mode, raw bytes in "bytes" mode (for device preprocessing)."""
+class _Sampler:
+    """`loader.sampler.set_epoch(n)`, where trainers (Lightning) look for it."""
 
-    def __init__(
-        self,
-        loader: Loader,
-        mode: str,
-        control: _Control,
-        buffers: SharedBatchBuffers | None = None,
-    ) -> None:
-        self.ds, self.mode, self.control, self.buffers = loader.dataset, mode, control, buffers
-        self.batch_size, self.augment = loader.batch_size, loader.augment
-        self.dtype, self.channels_last, self.strict = (
-            loader.dtype,
-            loader.channels_last,
-            loader.strict,
-        )
+    def __init__(self, loader: Loader) -> None:
+        self._loader = loader
 
-    def __iter__(self) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
-        info = torch.utils.data.get_worker_info()
-        worker, num = (info.id, info.num_workers) if info is not None else (0, 1)
-        tag, epoch, first = self.control.read(worker)
-        self.ds.set_epoch(epoch)  # this process's copy of the dataset
-        samples = self.ds.iter_worker(worker, num, skip=first)
-        retried = self.ds.source.retried
-        slot, reused = -1, False
-        alloc = None
-        if self.buffers is not None and info is not None:
-            buffers, capacity = self.buffers, self.batch_size * 3 * math.prod(self.augment.size)
-
-            def alloc(shape: tuple[int, ...]) -> torch.Tensor:
-                nonlocal slot, reused
-                out, slot, reused = buffers.take(
-                    worker, shape, self.dtype, self.channels_last, capacity, tag
-                )
-                return out
-
-        while True:
-            chunk = []
-            for s in samples:
-                chunk.append(s)
-                if len(chunk) == self.batch_size:
-                    break
-            if not chunk:
-                return
-            meta: dict[str, Any] = {"worker": worker, "first": first, "consumed": len(chunk)}
-            meta["retried"], retried = self.ds.source.retried - retried, self.ds.source.retried
-            if self.mode == "bytes":
-                yield chunk, torch.empty(0), meta
-            else:
-                gen = batch_generator(self.ds.seed, self.ds.epoch, self.ds.rank, worker, first)
-                images, labels, corrupt = build_batch(
-                    chunk,
-                    self.augment,
-                    gen,
-                    dtype=self.dtype,
-                    channels_last=self.channels_last,
-                    strict=self.strict,
-                    alloc=alloc,
-                )
-                meta.update(corrupt=corrupt, buffer=slot, reused=reused)
-                yield images, labels, meta
-            first += len(chunk)
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.set_epoch(epoch)
 
 
 class Loader:
     """Batches of (images, labels) from gpufeed shards, decoded and augmented on CPU workers
-    (`preprocess="cpu"`) or on the device (`"gpu"`), with a hard cap on host buffer memory.
+    (`preprocess="cpu"`) or on the GPU (`"gpu"`), ready on the device before the loop asks.
 
-    Call `set_epoch(n)` before each epoch (it seeds the shard order and shuffle). Within an
-    epoch every sample of this rank is delivered exactly once, also across `state_dict()` /
-    `load_state_dict()`. Each worker ends the epoch with one partial batch; a corrupt image is
-    left out of its batch and counted in `stats()` (or raises with `strict=True`).
+    Every epoch of a rank is cut into whole batches: all have `batch_size` samples but at most
+    the last, which `drop_last=True` drops (with it, the few samples that do not divide evenly
+    over the ranks). `len(loader)` does not depend on `num_workers`. Within an epoch every sample
+    is delivered exactly once, also across `state_dict()` / `load_state_dict()`.
+
+    Each new iteration is the next epoch (0, 1, 2, ...) unless `set_epoch(n)` chose one; the
+    epoch seeds the shard order, the shuffle and the augmentations. Workers run on into the
+    next epoch while the loop finishes the current one, so the GPU does not wait at epoch
+    boundaries. A corrupt image is left out of its batch and listed in `stats()` (or raises
+    with `strict=True`). Host buffers are shared, reused and (on CUDA) page-locked once; they
+    are capped by `max_host_bytes` (default: a quarter of the machine's memory).
     """
 
     def __init__(
@@ -148,10 +90,12 @@ class Loader:
         dtype: Any = None,
         channels_last: bool = False,
         strict: bool = False,
-        max_host_bytes: int = 4 << 30,
-        max_device_bytes: int = 2 << 30,
+        drop_last: bool = False,
+        max_host_bytes: int | None = None,
+        max_device_bytes: int = 8 << 30,
         pin_memory: bool | None = None,
         non_blocking: bool = True,
+        worker_nice: int = 5,
         **dataset_options: Any,
     ) -> None:
         if preprocess not in PREPROCESS_MODES:
@@ -160,57 +104,73 @@ class Loader:
             )
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.dataset = (
-            data if isinstance(data, ShardDataset) else ShardDataset(data, **dataset_options)
-        )
-        if isinstance(data, ShardDataset) and dataset_options:
-            raise ValueError(
-                f"options {sorted(dataset_options)} go to ShardDataset, which was given ready-made"
-            )
-        self.batch_size = batch_size
-        self.num_workers = _cpu_count() if num_workers is None else num_workers
+        if num_workers is not None and num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if isinstance(data, ShardDataset):
+            if dataset_options:
+                raise ValueError(
+                    f"options {sorted(dataset_options)} go to ShardDataset, which was given "
+                    "ready-made"
+                )
+            self.dataset = data
+        else:
+            self.dataset = ShardDataset(data, drop_last=drop_last, **dataset_options)
+        self.batch_size, self.drop_last = batch_size, drop_last
+        self.num_workers = default_workers() if num_workers is None else num_workers
         self.augment = augment or Augment()
         self.dtype = torch.float32 if dtype is None else dtype
         self.channels_last, self.strict = channels_last, strict
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.pin_memory = (self.device.type == "cuda") if pin_memory is None else pin_memory
-        self.non_blocking = non_blocking
-        self.max_host_bytes, self.max_device_bytes = max_host_bytes, max_device_bytes
-        self._skips: list[int] | None = None
-        self._delivered = [0] * max(1, self.num_workers)
+        self.non_blocking, self.worker_nice = non_blocking, worker_nice
+        self.max_host_bytes = default_max_host_bytes() if max_host_bytes is None else max_host_bytes
+        self.max_device_bytes = max_device_bytes
+        self.plan = BatchPlan(self.dataset, batch_size, self.num_workers, drop_last)
+        self.sampler = _Sampler(self)
+        self._epoch = self.dataset.epoch
+        self._next: Position | None = None  # set by set_epoch / load_state_dict
+        self._iterated = False
+        self._delivered = 0  # batches of the current epoch handed to the loop
+        self._token = 0  # the iteration in progress
+        self._feeder: Feeder | None = None
+        self._pool: WorkerPool | InlinePool | None = None
+        self._slots: Slots | None = None
+        self._pinned = False
+        self._stage: DeviceStage | None = None
         self._stats: dict[str, Any] = {
             "images": 0,
             "batches": 0,
             "seconds": 0.0,
+            "wait_seconds": 0.0,
             "retried": 0,
-            "reused_buffers": 0,
+            "first_batch_waits": [],
         }
         self._corrupt: list[tuple[str, str, str]] = []
-        self._pools: dict[str, tuple[Any, SharedBatchBuffers | None, _Control]] = {}
         self.preprocess, self.preprocess_reason = self._choose(preprocess)
         self.prefetch = self._bound_prefetch(prefetch)
+        self._stats["decoder"] = decoder_name(self.spec(), self.device)
 
     # --- sizing ------------------------------------------------------------------------------------
 
-    def _batch_bytes(self, mode: str) -> int:
-        if mode == "gpu":
-            return self.batch_size * self.dataset.max_sample_bytes()
-        h, w = self.augment.size
-        item = self.dtype.itemsize if hasattr(self.dtype, "itemsize") else 4
-        return self.batch_size * (3 * h * w * item + 8)
+    def spec(self, preprocess: str | None = None) -> BatchSpec:
+        """The batch every stage works to."""
+        mode = preprocess or self.preprocess
+        return BatchSpec(
+            batch_size=self.batch_size,
+            augment=self.augment,
+            handoff="encoded" if mode == "gpu" else "decoded",
+            dtype=self.dtype,
+            channels_last=self.channels_last,
+            strict=self.strict,
+            max_sample_bytes=self.dataset.max_sample_bytes(),
+            host_final=mode == "cpu" and self.device.type != "cuda",
+        )
 
     def host_bytes_bound(self, prefetch: int) -> int:
         """Most host memory the loader's buffers can hold with this prefetch depth."""
-        batch = self._batch_bytes(self.preprocess)
-        nw = max(1, self.num_workers)
-        src = self.dataset.source
-        per_worker = self.dataset.shuffle_buffer * self.dataset.max_sample_bytes()
-        if src.remote:
-            per_worker += (src.read_ahead + 2) * src.chunk_size
-        if self.preprocess == "cpu":  # the batch being filled (images are done one at a time)
-            per_worker += batch
-        queued = (nw * prefetch if self.num_workers > 0 else 0) + 2  # + pin thread + in hand
-        return nw * per_worker + queued * batch
+        workers = self.num_workers if self.num_workers > 0 else 1
+        per_worker = prefetch + 1 if self.num_workers > 0 else 2
+        return host_bytes(self.spec(), self.dataset, workers, per_worker)
 
     def _bound_prefetch(self, prefetch: int) -> int:
         prefetch = max(1, prefetch)
@@ -220,192 +180,208 @@ class Loader:
         if need > self.max_host_bytes:
             raise ValueError(
                 f"max_host_bytes={self.max_host_bytes:,} is too small: {max(1, self.num_workers)} "
-                f"worker(s) with shuffle_buffer={self.dataset.shuffle_buffer} and batches of "
-                f"{self._batch_bytes(self.preprocess):,} bytes need at least {need:,} bytes; "
-                "raise max_host_bytes or lower batch_size, num_workers or shuffle_buffer"
+                f"worker(s) with batches of {self.spec().slot_bytes:,} bytes and "
+                f"shuffle_buffer={self.dataset.shuffle_buffer} need at least {need:,} bytes; pass "
+                f"max_host_bytes={need} (this machine has {machine_memory():,}) or lower "
+                "batch_size, num_workers or shuffle_buffer"
             )
         return prefetch
 
     def device_bytes_bound(self) -> int:
-        """Device memory the gpu path holds at most: two batches in flight plus decode buffers."""
+        """Device memory the loader holds at most: batches ready and in the making (and, for
+        GPU preprocessing, the decoded images and the resampling canvas)."""
+        spec = self.spec()
+        ahead = (DEVICE_DEPTH + 2) * spec.output_bytes()
         if self.preprocess != "gpu":
-            return 0
+            return ahead
+        decoded = self.batch_size * self.dataset.max_sample_bytes() * 12  # ≈ 12× the JPEG size
         h, w = self.augment.size
-        out = self.batch_size * 3 * h * w * 4
-        decoded = self.batch_size * self.dataset.max_sample_bytes() * 12  # decoded ≈ 12× JPEG size
-        return 2 * (2 * out + decoded)
+        grids = 2 * self.batch_size * h * w * 2 * 4
+        return ahead + decoded + 2 * CANVAS_ELEMENTS + grids
 
     def _choose(self, preprocess: str) -> tuple[str, str]:
         if preprocess != "auto":
             return preprocess, "requested"
-        if not torch.cuda.is_available() or self.device.type != "cuda":
+        if self.device.type != "cuda" or not torch.cuda.is_available():
             return "cpu", "no CUDA device: preprocessing on CPU workers"
-        times = {}
+        rates = {}
         for mode in ("cpu", "gpu"):
-            self.preprocess = mode
-            self.prefetch = self._bound_prefetch(2)
-            times[mode] = self._measure(mode)
-        self._delivered = [0] * max(1, self.num_workers)
-        self._stats.update(images=0, batches=0, seconds=0.0, reused_buffers=0)
-        self._pools.clear()  # made with the measuring prefetch depth
-        best = min(times, key=times.__getitem__)
-        return best, "measured seconds/batch " + ", ".join(f"{m}={t:.4f}" for m, t in times.items())
-
-    def _measure(self, mode: str, batches: int = 4) -> float:
-        it = self._iterate(mode)
-        next(it)  # warm-up: worker start, first decode
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        n = 0
-        for _ in range(batches):
+            trial = Loader(
+                self.dataset,
+                self.batch_size,
+                num_workers=self.num_workers,
+                preprocess=mode,
+                device=self.device,
+                augment=self.augment,
+                dtype=self.dtype,
+                channels_last=self.channels_last,
+                drop_last=self.drop_last,
+                max_host_bytes=self.max_host_bytes,
+            )
             try:
-                next(it)
-            except StopIteration:
-                break
-            n += 1
-        torch.cuda.synchronize()
-        it.close()
-        return (time.perf_counter() - t) / max(1, n)
+                rates[mode] = measure_rate(trial, batches=6)
+            finally:
+                trial.close()
+        best = max(rates, key=rates.__getitem__)
+        return best, "measured images/s " + ", ".join(f"{m}={r:.0f}" for m, r in rates.items())
 
     # --- the training-loop interface ---------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch (seeds shard order and shuffle); call before iterating each epoch."""
-        self.dataset.set_epoch(epoch)
-        self._delivered = [0] * max(1, self.num_workers)
+        """Choose the epoch of the next iteration (it seeds shard order, shuffle, augmentations).
+        Without it each iteration is the epoch after the previous one."""
+        self._next = Position(int(epoch), 0)
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch (the same on every rank)."""
-        import numpy as np
-
-        per_worker = np.array_split(np.arange(len(self.dataset)), max(1, self.num_workers))
-        return sum(-(-len(p) // self.batch_size) for p in per_worker)
+        """Batches per epoch on this rank (the same on every rank, for any num_workers)."""
+        return self.plan.batches
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        return self._iterate(self.preprocess)
+        if self._next is not None:
+            at = self._next
+        elif self._iterated:
+            at = Position(self._epoch + 1, 0)
+        else:
+            at = Position(self._epoch, 0)
+        self._next, self._iterated = None, True
+        self._epoch, self._delivered = at.epoch, at.batch
+        self.dataset.set_epoch(at.epoch)
+        feeder = self._running_feeder()
+        if not feeder.running or feeder.expected != at:
+            feeder.start(at)
+        self._token += 1
+        return _EpochIterator(self, at, self._token)
 
-    def _iterate(self, mode: str) -> Iterator[tuple[Any, Any]]:
-        skips, self._skips = self._skips, None
-        self._delivered = list(skips) if skips else [0] * max(1, self.num_workers)
-        dl, buffers, control = self._pool(mode)
-        tag = control.start(self.dataset.epoch, skips)
-        if mode == "gpu":
-            yield from self._device_batches(iter(dl))
-            return
-        start = time.perf_counter()
-        reclaim = buffers is not None
-        for images, labels, meta in dl:
-            self._account(meta, len(labels), start)
-            if buffers is not None:
-                if reclaim:  # the workers have left any abandoned iteration behind
-                    buffers.reclaim(tag)
-                    reclaim = False
-                buffers.release_unused()
-                buffers.hold(meta["worker"], meta["buffer"], images)
-            if self.device.type != "cpu":
-                images = images.to(self.device, non_blocking=self.non_blocking)
-                labels = labels.to(self.device, non_blocking=self.non_blocking)
-            yield images, labels
-
-    def _pool(self, mode: str) -> tuple[Any, SharedBatchBuffers | None, _Control]:
-        """The DataLoader for `mode`, made once: its worker processes serve every epoch."""
-        if mode not in self._pools:
-            control = _Control(self.num_workers)
-            buffers = None
-            if mode == "cpu" and self.num_workers > 0:  # reuse output batches
-                buffers = SharedBatchBuffers(self.num_workers, slots=self.prefetch + 1)
-            stream = _BatchStream(self, "bytes" if mode == "gpu" else "cpu", control, buffers)
-            dl = torch.utils.data.DataLoader(
-                stream,
-                batch_size=None,
-                num_workers=self.num_workers,
-                prefetch_factor=self.prefetch if self.num_workers > 0 else None,
-                pin_memory=self.pin_memory and mode == "cpu",
-                persistent_workers=self.num_workers > 0,
+    def _running_feeder(self) -> Feeder:
+        if self._feeder is None:
+            spec = self.spec()
+            workers = self.num_workers
+            self._slots = Slots(spec, workers, self.prefetch + 1 if workers > 0 else 2)
+            self._pool = (
+                WorkerPool(self.plan, self._slots, nice=self.worker_nice)
+                if workers > 0
+                else InlinePool(self.plan, self._slots)
             )
-            self._pools[mode] = (dl, buffers, control)
-        return self._pools[mode]
-
-    def _device_batches(self, raw: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
-        from gpufeed.data.gpu import DevicePreprocessor
-
-        if self.device_bytes_bound() > self.max_device_bytes:
-            raise ValueError(
-                f"max_device_bytes={self.max_device_bytes:,} is too small for GPU preprocessing "
-                f"of batches of {self.batch_size}: needs {self.device_bytes_bound():,}; "
-                "raise it or lower batch_size"
+            # after the fork: CUDA may keep page-locked memory out of later forks
+            if self.device.type == "cuda" and self.pin_memory and spec.handoff == "decoded":
+                self._pinned = self._slots.pin() and self.non_blocking
+            stage = DeviceStage(
+                spec,
+                self.device,
+                self._slots,
+                pinned=self._pinned,
+                seed=self.dataset.seed,
+                rank=self.dataset.rank,
             )
-        pre = DevicePreprocessor(
-            self.augment,
-            self.device,
-            dtype=self.dtype,
-            channels_last=self.channels_last,
-            strict=self.strict,
-        )
-        self._stats["decoder"] = pre.decoder_name
-        start = time.perf_counter()
-        pending = None
-        for chunk, _, meta in raw:
-            nxt = (pre.submit(chunk, meta, self.dataset), meta)
-            if pending is not None:
-                yield self._finish(pre, *pending, start)
-            pending = nxt
-        if pending is not None:
-            yield self._finish(pre, *pending, start)
+            if self.preprocess == "gpu" and self.device_bytes_bound() > self.max_device_bytes:
+                raise ValueError(
+                    f"max_device_bytes={self.max_device_bytes:,} is too small for GPU "
+                    f"preprocessing of batches of {self.batch_size}: needs "
+                    f"{self.device_bytes_bound():,}; pass max_device_bytes="
+                    f"{self.device_bytes_bound()} or lower batch_size"
+                )
+            self._stage = stage
+            self._feeder = Feeder(self._pool, stage, self.plan, DEVICE_DEPTH)
+        return self._feeder
 
-    def _finish(self, pre: Any, p: Any, meta: dict[str, Any], start: float) -> tuple[Any, Any]:
-        meta["corrupt"] = p.corrupt
-        self._account(meta, len(p.labels), start)
-        return pre.finish(p)
-
-    def _account(self, meta: dict[str, Any], n: int, start: float) -> None:
-        self._delivered[meta["worker"]] = meta["first"] + meta["consumed"]
-        self._corrupt += [tuple(c) for c in meta.get("corrupt", [])]  # type: ignore[misc]
+    def _take(self, token: int, at: Position, first: bool = False) -> tuple[Any, Any]:
+        if token != self._token or self._feeder is None:
+            raise RuntimeError(
+                "another iteration over this Loader has started: a Loader serves one at a time"
+            )
+        t0 = time.perf_counter()
+        batch = self._feeder.take()
+        wait = time.perf_counter() - t0
+        if batch.at != at:
+            raise RuntimeError(f"gpufeed loader delivered batch {batch.at}, expected {at}")
+        images, labels = batch.images, batch.labels
+        if batch.ready is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(batch.ready)
+            images.record_stream(current)
+            labels.record_stream(current)
         st = self._stats
-        st["images"] += n
+        if first:
+            st["first_batch_waits"].append(wait)
+        st["images"] += len(labels)
         st["batches"] += 1
-        st["retried"] += meta.get("retried", 0)
-        st["reused_buffers"] += meta.get("reused", False)
-        st["seconds"] = time.perf_counter() - start
+        st["wait_seconds"] += wait
+        st["retried"] += batch.retried
+        self._corrupt += batch.corrupt
+        self._delivered = at.batch + 1
+        return images, labels
+
+    def close(self, wait: float = 1.0) -> None:
+        """Stop the feeder thread and the worker processes (also done when the Loader is freed).
+        Waits at most `wait` seconds for the feeder: one stuck in a read ends when it returns."""
+        if self._feeder is not None:
+            self._feeder.stop(wait)
+        if self._pool is not None:
+            self._pool.close()
+        if self._slots is not None:
+            self._slots.unpin()
+        self._feeder = self._pool = self._slots = None
+
+    def __del__(self) -> None:
+        # may run on any thread, even one the feeder waits for: signal, never wait
+        with contextlib.suppress(Exception):
+            self.close(wait=0)
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # --- resumption --------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this rank is in the epoch: samples delivered per worker (plan positions)."""
+        """Where this rank is: the epoch and how many of its batches were delivered."""
+        if self._next is not None:  # load_state_dict or set_epoch, not iterated yet
+            epoch, batch = self._next.epoch, self._next.batch
+        else:
+            epoch, batch = self._epoch, self._delivered
+        if batch >= self.plan.batches:
+            epoch, batch = epoch + 1, 0
         ds = self.dataset
         return {
-            "epoch": ds.epoch,
+            "epoch": epoch,
+            "batch": batch,
             "seed": ds.seed,
             "world_size": ds.world_size,
             "rank": ds.rank,
             "num_workers": self.num_workers,
             "batch_size": self.batch_size,
             "samples": ds.index.total,
-            "delivered": list(self._delivered),
+            "drop_last": self.drop_last,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next iteration delivers exactly the samples not yet delivered this epoch."""
+        """Resume: the next iteration delivers exactly the batches not yet delivered."""
         mine = self.state_dict()
-        for key in _STATE_KEYS:
+        for key in (*_STATE_KEYS, "epoch", "batch"):
             if key not in state:
                 raise ValueError(
-                    f"loader state has no {key!r}; pass what Loader.state_dict() returned"
+                    f"loader state has no {key!r}; pass what Loader.state_dict() returned "
+                    "(states saved by gpufeed before 0.2 cannot be resumed)"
                 )
+        for key in _STATE_KEYS:
             if state[key] != mine[key]:
                 raise ValueError(
                     f"loader state was saved with {key}={state[key]!r} but this loader has "
                     f"{mine[key]!r}; resume with the same {key}"
                 )
-        self.dataset.set_epoch(int(state["epoch"]))
-        self._skips = [int(x) for x in state["delivered"]]
-        self._delivered = list(self._skips)
+        if not 0 <= int(state["batch"]) <= self.plan.batches:
+            raise ValueError(f"loader state batch={state['batch']} is outside 0..{len(self)}")
+        self._next = Position(int(state["epoch"]), int(state["batch"]))
 
     # --- reporting ---------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Throughput, corrupt samples (shard, key, reason), retries and memory bounds."""
+        """Throughput, data wait, first-batch wait per epoch, corrupt samples (shard, key,
+        reason), retries and memory bounds."""
         st = dict(self._stats)
+        st["first_batch_waits"] = list(st["first_batch_waits"])
         st["images_per_s"] = st["images"] / st["seconds"] if st["seconds"] else 0.0
         st["corrupt"] = len(self._corrupt)
         st["corrupt_samples"] = [
@@ -413,9 +389,72 @@ class Loader:
         ]
         st["preprocess"], st["preprocess_reason"] = self.preprocess, self.preprocess_reason
         st["prefetch"] = self.prefetch
+        st["num_workers"] = self.num_workers
+        st["pinned"] = self._pinned
+        st["stage_seconds"] = dict(self._stage.seconds) if self._stage is not None else {}
         st["host_bytes_bound"] = self.host_bytes_bound(self.prefetch)
         st["max_host_bytes"] = self.max_host_bytes
         st["device_bytes_bound"] = self.device_bytes_bound()
         if self.device.type == "cuda":
             st["device_max_allocated"] = torch.cuda.max_memory_allocated(self.device)
         return st
+
+    def _add_seconds(self, seconds: float) -> None:
+        self._stats["seconds"] += seconds
+
+
+class _EpochIterator(_IterBase):  # type: ignore[misc,valid-type]
+    """One epoch's batches. Subclasses torch's DataLoader iterator base only so that profilers
+    hooking DataLoader `__next__` (gpufeed's own included) see the time spent waiting here."""
+
+    def __init__(self, loader: Loader, at: Position, token: int) -> None:
+        self._loader, self._at, self._token = loader, at, token
+        self._end = loader.plan.batches
+        # what the base class's __next__ reads
+        self._sampler_iter = iter(())
+        self._num_yielded = 0
+        self._profile_name = "enumerate(DataLoader)#gpufeed.Loader.__next__"
+        self._dataset_kind = 0  # map-style: no length warnings
+        self._IterableDataset_len_called = None
+        pool = loader._pool
+        self._workers = list(pool.processes) if pool is not None else []
+        self._last = time.perf_counter()
+
+    def __iter__(self) -> _EpochIterator:
+        return self
+
+    def __len__(self) -> int:
+        return self._end - self._at.batch
+
+    def _next_data(self) -> tuple[Any, Any]:
+        at = self._at
+        if at.batch >= self._end:
+            raise StopIteration
+        batch = self._loader._take(self._token, at, first=self._num_yielded == 0)
+        now = time.perf_counter()
+        self._loader._add_seconds(now - self._last)
+        self._last = now
+        self._at = Position(at.epoch, at.batch + 1)
+        return batch
+
+    if _IterBase is object:  # pragma: no cover
+        __next__ = _next_data
+
+
+def measure_rate(loader: Loader, batches: int = 8, warmup: int = 2) -> float:
+    """Images per second the loader delivers on its own (model removed), after `warmup` batches
+    (worker start, first decode); synchronizes the device, so the rate includes device work."""
+    it = iter(loader)
+    n, t = 0, 0.0
+    for i, (_, labels) in enumerate(it):
+        if i == warmup:
+            if loader.device.type == "cuda":
+                torch.cuda.synchronize(loader.device)
+            t = time.perf_counter()
+        elif i > warmup:
+            n += len(labels)
+        if i >= warmup + batches:
+            break
+    if loader.device.type == "cuda":
+        torch.cuda.synchronize(loader.device)
+    return n / (time.perf_counter() - t) if n and t else 0.0

@@ -1,0 +1,37 @@
+"""Host-memory budget of a loader: what its slots and read buffers hold at most, against a cap
+sized from the machine."""
+
+from __future__ import annotations
+
+import os
+
+from gpufeed.data.dataset import ShardDataset
+from gpufeed.data.spec import BatchSpec
+
+DEFAULT_SHARE = 0.25  # of the machine's memory, when the user sets no cap
+
+
+def machine_memory() -> int:
+    """Total physical memory in bytes."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def default_max_host_bytes() -> int:
+    """The cap used when none is given: a quarter of the machine's memory."""
+    return int(machine_memory() * DEFAULT_SHARE)
+
+
+def host_bytes(spec: BatchSpec, dataset: ShardDataset, workers: int, slots_per_worker: int) -> int:
+    """Most host memory the loader's buffers hold: every slot, plus per worker its shuffle buffer
+    of encoded images and, for remote shards, its read-ahead chunks."""
+    nw = max(1, workers)
+    per_worker = dataset.shuffle_buffer * dataset.max_sample_bytes()
+    src = dataset.source
+    if src.remote:
+        per_worker += (src.read_ahead + 2) * src.chunk_size
+    return nw * (per_worker + slots_per_worker * spec.slot_bytes)

@@ -1,0 +1,408 @@
+"""The device stage: turn a filled host slot into the batch the training loop receives.
+
+It runs on the feeder thread, never on the training thread, and on CUDA in its own
+high-priority stream, so its few kernels slot in between the training step's:
+- "decoded" slots (uint8 N×H×W×3 from CPU workers): one DMA copy from the page-locked slot, then
+  one fused kernel for float conversion, normalization and layout (channels_last is free: the
+  slot already is N×H×W×3). When the device is the CPU, workers already wrote the final batch
+  and this is one copy out of the slot;
+- "encoded" slots (JPEG bytes, with sizes and random parameters drawn by the workers): in two
+  steps on two threads and streams, so decoding batch k+1 overlaps resampling batch k:
+  `first` = a batched nvJPEG decode (torchvision; the GPU's hardware JPEG decoder where it has
+  one) into one zero-padded canvas; `second` = crop + resize + the first augmentation warp as ONE
+  batched, supersampled bilinear resampling of all images (`sample_canvas`), then the other
+  warps and normalization, batched. Without CUDA or torchvision the same batch is made with
+  libjpeg-turbo on the feeder thread (`build_batch`), which is what the CPU tests exercise.
+Random parameters come from the same per-batch generator as on CPU workers, so both paths draw
+the same crops, flips and angles.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from gpufeed.data.augment import Augment, Box
+from gpufeed.data.batch import CorruptSampleError, batch_generator, build_batch, cpu_decoder
+from gpufeed.data.dataset import RawSample
+from gpufeed.data.plan import Position
+from gpufeed.data.slots import Slots
+from gpufeed.data.spec import BatchSpec
+
+MAX_TAPS = 3  # supersampling taps per axis: antialiasing for downscales up to 3×
+CANVAS_ELEMENTS = 1 << 28  # images per resampling pass are limited to this many canvas elements
+
+
+def nvjpeg_available() -> bool:
+    """True when `torchvision.io.decode_jpeg(device="cuda")` can be used."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import torchvision.io  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def decoder_name(spec: BatchSpec, device: torch.device) -> str:
+    """Which decoder makes `spec`'s batches for `device`, and where it runs."""
+    if spec.handoff == "decoded":
+        return "libjpeg-turbo (CPU workers)"
+    if device.type == "cuda" and nvjpeg_available():
+        return "nvjpeg (torchvision)"
+    return "libjpeg-turbo (feeder thread)"
+
+
+@dataclass
+class DeviceBatch:
+    """A batch on its way to the training loop: ready once `ready` (a CUDA event) has passed."""
+
+    at: Position
+    images: torch.Tensor
+    labels: torch.Tensor
+    ready: Any
+    corrupt: list[tuple[str, str, str]]
+    retried: int
+
+
+def _normalizer(aug: Augment, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(-shift, scale) with x·scale − shift = (x/255 − mean)/std, each 1×3×1×1."""
+    m = torch.tensor(aug.mean, device=device).view(1, 3, 1, 1)
+    s = torch.tensor(aug.std, device=device).view(1, 3, 1, 1)
+    return -(m / s), 1 / (255 * s)
+
+
+class DeviceStage:
+    """Slot → `DeviceBatch` on `device`, for one `BatchSpec`."""
+
+    def __init__(
+        self,
+        spec: BatchSpec,
+        device: torch.device,
+        slots: Slots,
+        *,
+        pinned: bool,
+        seed: int,
+        rank: int,
+    ) -> None:
+        self.spec, self.device, self.slots, self.pinned = spec, device, slots, pinned
+        self.seed, self.rank = seed, rank
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device, priority=-1) if self.cuda else None
+        self.neg_shift, self.scale = _normalizer(spec.augment, device)
+        self.nvjpeg = spec.handoff == "encoded" and self.cuda and nvjpeg_available()
+        # two steps on two threads: decode (first) and resample (second), each its own stream
+        self.split = self.nvjpeg
+        self.stream2 = torch.cuda.Stream(device, priority=-1) if self.split else None
+        self.seconds = {"wait_workers": 0.0, "first": 0.0, "second": 0.0}
+        self.decoder_name = decoder_name(spec, device)
+
+    def first(self, at: Position, index: int, meta: dict[str, Any]) -> tuple[Any, Any]:
+        """Step one, from the slot: (a DeviceBatch, or what `second` finishes if `split`; an
+        event after which the slot may be reused, or None: at once)."""
+        t = time.perf_counter()
+        try:
+            if self.stream is None:
+                return self._first(at, index, meta)
+            with torch.cuda.stream(self.stream):
+                return self._first(at, index, meta)
+        finally:
+            self.seconds["first"] += time.perf_counter() - t
+
+    def _first(self, at: Position, index: int, meta: dict[str, Any]) -> tuple[Any, Any]:
+        n = meta["n"]
+        if self.spec.handoff == "decoded":
+            (images, labels), done = self._decoded(index, n)
+            corrupt = list(meta["corrupt"])
+        elif self.nvjpeg:
+            return self._decode_to_canvas(at, index, meta)
+        else:
+            (images, labels), done, corrupt = self._encoded_cpu(at, index, n, meta["keys"])
+        return self._batch(at, images, labels, corrupt, meta, self.stream), done
+
+    def second(self, part: Any) -> DeviceBatch:
+        """Step two (only when `split`): resample the decoded canvas into the batch."""
+        t = time.perf_counter()
+        try:
+            with torch.cuda.stream(self.stream2):
+                return self._resample(part)
+        finally:
+            self.seconds["second"] += time.perf_counter() - t
+
+    def _batch(
+        self,
+        at: Position,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        corrupt: list[tuple[str, str, str]],
+        meta: dict[str, Any],
+        stream: Any,
+    ) -> DeviceBatch:
+        ready = None
+        if stream is not None:
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        return DeviceBatch(at, images, labels, ready, corrupt, meta.get("retried", 0))
+
+    # --- decoded: copy, then normalize ------------------------------------------------------
+
+    def _decoded(self, index: int, n: int) -> tuple[tuple[torch.Tensor, torch.Tensor], Any]:
+        src = self.slots.images[index, :n]
+        labels = self.slots.labels[index, :n]
+        if self.cuda:
+            x = torch.empty(src.shape, dtype=torch.uint8, device=self.device)
+            x.copy_(src, non_blocking=self.pinned)
+            y = torch.empty(n, dtype=torch.int64, device=self.device)
+            y.copy_(labels, non_blocking=self.pinned)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+            return (self.normalize(x.permute(0, 3, 1, 2)), y), done
+        # the slot is reused once this returns: hand out a copy, never a view of it
+        x = src.permute(0, 3, 1, 2) if src.shape[-1] == 3 else src
+        if self.spec.host_final or self.spec.dtype == torch.uint8:
+            return (x.clone(memory_format=self._format()), labels.clone()), None
+        return (self.normalize(x), labels.clone()), None
+
+    def _format(self) -> torch.memory_format:
+        return torch.channels_last if self.spec.channels_last else torch.contiguous_format
+
+    def _layout(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=self._format())
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 N×3×H×W (any layout) → the spec's dtype and layout, normalized: one kernel."""
+        if self.spec.dtype == torch.uint8:
+            return self._layout(x)
+        out = torch.empty(
+            x.shape, dtype=self.spec.dtype, device=x.device, memory_format=self._format()
+        )
+        return torch.addcmul(self.neg_shift, x, self.scale, out=out)
+
+    # --- encoded: decode on the device ------------------------------------------------------
+
+    def _encoded_cpu(
+        self, at: Position, index: int, n: int, keys: list[tuple[str, str]]
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], Any, list[tuple[str, str, str]]]:
+        """No nvJPEG: libjpeg-turbo here, the ops on the device (the same batch as on workers)."""
+        buf = self.slots.images[index].numpy()
+        offs = self.slots.offsets[index, : n + 1].tolist()
+        labels = self.slots.labels[index, :n].tolist()
+        samples = [
+            RawSample(s, k, labels[i], buf[offs[i] : offs[i + 1]].tobytes())
+            for i, (s, k) in enumerate(keys)
+        ]
+        images, y, corrupt = build_batch(
+            samples,
+            self.spec.augment,
+            batch_generator(self.seed, at.epoch, self.rank, at.batch),
+            dtype=self.spec.dtype,
+            channels_last=self.spec.channels_last,
+            strict=self.spec.strict,
+            decoder=cpu_decoder,
+            device=self.device,
+        )
+        return (images, y.to(self.device, non_blocking=True)), None, corrupt
+
+    def _decode_to_canvas(self, at: Position, index: int, meta: dict[str, Any]) -> tuple[Any, Any]:
+        import torchvision.io as tvio
+
+        n, keys = meta["n"], meta["keys"]
+        bad: dict[int, str] = {int(i): why for i, why in meta["bad"].items()}
+        buf = self.slots.images[index]
+        offs = self.slots.offsets[index, : n + 1].tolist()
+        # one call, not one per image: every Python-level call here waits for the GIL, which
+        # the training thread holds most of the time
+        views = list(torch.split(buf[: offs[n]], [b - a for a, b in itertools.pairwise(offs)]))
+        ok = [i for i in range(n) if i not in bad]
+        decoded: dict[int, torch.Tensor] = {}
+        try:
+            imgs = tvio.decode_jpeg(
+                [views[i] for i in ok], mode=tvio.ImageReadMode.RGB, device=self.device
+            )
+            decoded = dict(zip(ok, imgs, strict=True))
+        except RuntimeError:  # one bad image fails the batch: find it one by one
+            for i in ok:
+                try:
+                    decoded[i] = tvio.decode_jpeg(
+                        views[i], mode=tvio.ImageReadMode.RGB, device=self.device
+                    )
+                except RuntimeError as e:
+                    bad[i] = f"cannot decode image: {e}"
+        for i in [i for i in bad if bad[i] == "not a JPEG"]:  # PNG and such: on the CPU
+            img = cpu_decoder([views[i].numpy().tobytes()], [(0, 0)])[0]
+            if not isinstance(img, Exception):
+                decoded[i] = img.permute(2, 0, 1).to(self.device, non_blocking=True)
+                del bad[i]
+        corrupt = [(keys[i][0], keys[i][1], bad[i]) for i in sorted(bad)]
+        if corrupt and self.spec.strict:
+            shard, key, why = corrupt[0]
+            raise CorruptSampleError(f"corrupt sample in shard {shard}, key {key}: {why}")
+        done = torch.cuda.Event()  # the slot's bytes are read: it may be reused after this
+        done.record(self.stream)
+        keep = sorted(decoded)
+        canvases = fill_canvases([decoded[i] for i in keep])
+        filled = torch.cuda.Event()
+        filled.record(self.stream)
+        params = self.slots.params[index, :n][keep]
+        labels = self.slots.labels[index, :n][keep]
+        part = (at, canvases, params, labels, corrupt, meta, filled)
+        return part, done
+
+    def _resample(self, part: Any) -> DeviceBatch:
+        at, canvases, params, labels, corrupt, meta, decoded = part
+        stream = self.stream2
+        stream.wait_event(decoded)
+        for canvas in canvases:
+            canvas.record_stream(stream)
+        aug = self.spec.augment
+        boxes = [tuple(b) for b in params[:, 2:6].long().tolist()]
+        reps = (params.shape[1] - 6) // 3
+        hflip = params[:, 6 : 6 + reps].T.bool()
+        vflip = params[:, 6 + reps : 6 + 2 * reps].T.bool()
+        angle = params[:, 6 + 2 * reps : 6 + 3 * reps].T.float()
+        # page-locked, so that copying them to the device does not wait for the stream
+        warps = [w.pin_memory() for w in aug.warps((hflip, vflip, angle))]
+        x = sample_canvases(canvases, boxes, warps[0] if warps else None, aug.size)
+        out = torch.empty(
+            (len(boxes), 3, *aug.size),
+            dtype=self.spec.dtype,
+            device=self.device,
+            memory_format=self._format(),
+        )
+        aug.finish(x, warps[1:], out, owned=True)
+        y = labels.pin_memory().to(self.device, non_blocking=True)
+        return self._batch(at, out, y, corrupt, meta, stream)
+
+
+def fill_canvases(
+    images: Sequence[torch.Tensor], dtype: torch.dtype | None = None
+) -> list[torch.Tensor]:
+    """uint8 3×h×w images → zero-padded float N×3×H×W canvases (several if one would exceed
+    `CANVAS_ELEMENTS`), filled with one multi-tensor copy each."""
+    if not images:
+        return []
+    device = images[0].device
+    if dtype is None:
+        dtype = torch.float16 if device.type == "cuda" else torch.float32
+    hmax = max(int(im.shape[1]) for im in images)
+    wmax = max(int(im.shape[2]) for im in images)
+    per = max(1, CANVAS_ELEMENTS // (3 * hmax * wmax))
+    out = []
+    for i in range(0, len(images), per):
+        part = images[i : i + per]
+        out.append(_canvas(list(part), dtype, hmax, wmax))
+    return out
+
+
+def _canvas(part: list[torch.Tensor], dtype: torch.dtype, hmax: int, wmax: int) -> torch.Tensor:
+    """One zero-padded canvas (zeros around each image: warps reaching past it sample black, as
+    on CPU workers), in a few calls: a nested tensor padded by one kernel; per-image copies only
+    where nested tensors cannot do it."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # nested tensors are a "prototype"
+            nested = torch.nested.as_nested_tensor(part).to(dtype)
+            return nested.to_padded_tensor(0.0, (len(part), 3, hmax, wmax))
+    except (RuntimeError, NotImplementedError):
+        canvas = torch.zeros((len(part), 3, hmax, wmax), dtype=dtype, device=part[0].device)
+        dst = [canvas[k, :, : im.shape[1], : im.shape[2]] for k, im in enumerate(part)]
+        torch._foreach_copy_(dst, part)
+        return canvas
+
+
+def sample_canvases(
+    canvases: Sequence[torch.Tensor],
+    boxes: Sequence[Box],
+    theta: torch.Tensor | None,
+    size: tuple[int, int],
+) -> torch.Tensor:
+    """Crop `boxes` (top, left, height, width, in canvas pixels of image k) out of the canvases,
+    resize them to `size` and warp them by `theta` (N×2×3, as `Augment.crop_warp`), as one
+    bilinear resampling per canvas: float N×3×H×W in 0..255. Each output pixel averages t×t
+    samples spread over its footprint (t = the largest downscale, at most `MAX_TAPS`), which
+    antialiases the shrinking crops."""
+    parts, start = [], 0
+    for canvas in canvases:
+        n = canvas.shape[0]
+        th = None if theta is None else theta[start : start + n]
+        parts.append(_sample(canvas, boxes[start : start + n], th, size))
+        start += n
+    if not parts:
+        return torch.empty((0, 3, *size))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def resample_batch(
+    images: Sequence[torch.Tensor],
+    boxes: Sequence[Box],
+    theta: torch.Tensor | None,
+    size: tuple[int, int],
+) -> torch.Tensor:
+    """`fill_canvases` then `sample_canvases`: crop, resize and warp uint8 3×h×w images."""
+    if not images:
+        return torch.empty((0, 3, *size))
+    return sample_canvases(fill_canvases(images), boxes, theta, size)
+
+
+def _sample(
+    canvas: torch.Tensor, boxes: Sequence[Box], theta: torch.Tensor | None, size: tuple[int, int]
+) -> torch.Tensor:
+    n, _, hmax, wmax = canvas.shape
+    device, canvas_dtype = canvas.device, canvas.dtype
+    out_h, out_w = size
+    scale = max(max(b[2] / out_h, b[3] / out_w) for b in boxes)
+    taps = min(MAX_TAPS, max(1, math.ceil(scale - 0.25)))
+    b = torch.tensor(boxes, dtype=torch.float64).view(n, 4)  # top, left, height, width
+    t = torch.eye(2, 3, dtype=torch.float64).expand(n, 2, 3) if theta is None else theta.double()
+    t = t.cpu()
+    # canvas-normalized g = s·(theta·p) + o, with s = box/canvas size, o = (2·offset + box)/canvas − 1
+    sx, sy = b[:, 3] / wmax, b[:, 2] / hmax
+    ox, oy = (2 * b[:, 1] + b[:, 3]) / wmax - 1, (2 * b[:, 0] + b[:, 2]) / hmax - 1
+    a = torch.stack([t[:, 0] * sx[:, None], t[:, 1] * sy[:, None]], 1)
+    a[:, 0, 2] += ox
+    a[:, 1, 2] += oy
+    a = a.float()
+    steps = [((k + 0.5) / taps - 0.5) for k in range(taps)]  # sub-pixel offsets, in output pixels
+    d = torch.tensor([[2 * dx / out_w, 2 * dy / out_h] for dy in steps for dx in steps])
+    shifts = torch.einsum("nij,tj->tni", a[:, :, :2], d)  # taps²×N×2, in canvas coordinates
+    if taps > 1:  # spread each image's taps over its own footprint: none at 1:1 or upscaling
+        own = torch.maximum(b[:, 2] / out_h, b[:, 3] / out_w).float()
+        shifts *= ((own - 1) / (taps - 1)).clamp(0, 1).view(1, n, 1)
+    host = torch.cat([a.flatten(), shifts.flatten()])
+    if device.type == "cuda":  # one copy, from page-locked memory: no wait for the stream
+        host = host.pin_memory()
+    dev = host.to(device, non_blocking=True)
+    a = dev[: n * 6].view(n, 2, 3)
+    shifts = dev[n * 6 :].view(taps * taps, n, 1, 1, 2)
+    grid = (_grid(out_h, out_w, device) @ a.transpose(1, 2)).view(n, out_h, out_w, 2)
+    if taps == 1:
+        return F.grid_sample(canvas, grid.to(canvas_dtype), align_corners=False).float()
+    acc = None
+    for shift in shifts:
+        s = F.grid_sample(canvas, (grid + shift).to(canvas_dtype), align_corners=False)
+        acc = s.float() if acc is None else acc.add_(s)
+    assert acc is not None
+    return acc.div_(taps * taps)
+
+
+_GRIDS: dict[tuple[int, int, str], torch.Tensor] = {}
+
+
+def _grid(h: int, w: int, device: torch.device) -> torch.Tensor:
+    """1×(h·w)×3 output pixel centres [x, y, 1] in normalized coordinates (align_corners=False)."""
+    key = (h, w, str(device))
+    if key not in _GRIDS:
+        ys = (torch.arange(h, dtype=torch.float32) * 2 + 1) / h - 1
+        xs = (torch.arange(w, dtype=torch.float32) * 2 + 1) / w - 1
+        gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+        g = torch.stack([gx, gy, torch.ones_like(gx)], -1).view(1, h * w, 3)
+        _GRIDS[key] = g.to(device)
+    return _GRIDS[key]

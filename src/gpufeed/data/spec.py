@@ -1,0 +1,83 @@
+"""`BatchSpec`: the one description of a batch that every stage of the loader shares.
+
+Workers fill host slots to it, the device stage turns slots into training batches by it, and the
+memory budget is computed from it. Frozen: a stage cannot change what the others rely on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpufeed.data.augment import Augment
+
+# What a worker hands over: "decoded" = uint8 N×H×W×3 images, augmented except normalization;
+# "encoded" = the undecoded image bytes, for decoding on the device.
+HANDOFFS = ("decoded", "encoded")
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """What a batch is: its size and augmentation, how workers hand it over, what the loop gets."""
+
+    batch_size: int
+    augment: Augment
+    handoff: str  # one of HANDOFFS
+    dtype: Any  # torch dtype the training loop receives
+    channels_last: bool
+    strict: bool
+    max_sample_bytes: int  # the largest encoded image, bounds "encoded" slots
+    # workers write the final batch (dtype, normalized, layout): a device that is the CPU gains
+    # nothing from uint8 and would only normalize on the training process's cores
+    host_final: bool = False
+
+    @property
+    def host_dtype(self) -> Any:
+        """The dtype of "decoded" slots."""
+        import torch
+
+        return self.dtype if self.host_final else torch.uint8
+
+    @property
+    def host_shape(self) -> tuple[int, ...]:
+        """The shape of one "decoded" slot: N×H×W×3 (channels_last), or N×3×H×W."""
+        h, w = self.augment.size
+        b = self.batch_size
+        if self.host_final and not self.channels_last:
+            return (b, 3, h, w)
+        return (b, h, w, 3)
+
+    @property
+    def image_bytes(self) -> int:
+        """Bytes of one slot's image area."""
+        import torch
+
+        h, w = self.augment.size
+        if self.handoff == "decoded":
+            item = torch.empty(0, dtype=self.host_dtype).element_size()
+            return self.batch_size * h * w * 3 * item
+        return self.batch_size * self.max_sample_bytes
+
+    @property
+    def param_columns(self) -> int:
+        """Per-image parameters an "encoded" slot carries: height, width, crop box (4), and
+        hflip, vflip, angle per repetition of the load block."""
+        reps = self.augment.load if self.augment.train else 0
+        return 6 + 3 * reps
+
+    @property
+    def slot_bytes(self) -> int:
+        """Host bytes of one slot: images, labels (int64) and, for "encoded", byte offsets and
+        the augmentation parameters (float64)."""
+        extra = 0
+        if self.handoff == "encoded":
+            extra = 8 * (self.batch_size + 1) + 8 * self.batch_size * self.param_columns
+        return self.image_bytes + 8 * self.batch_size + extra
+
+    def output_bytes(self) -> int:
+        """Device bytes of one batch as the training loop receives it."""
+        import torch
+
+        h, w = self.augment.size
+        item = torch.empty(0, dtype=self.dtype).element_size()
+        return self.batch_size * (3 * h * w * item + 8)
