@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import io
+import json
+import struct
+import subprocess
+import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -47,3 +52,95 @@ def test_garbage_and_truncated_images_raise_corrupt_image(jpeg: bytes):
 def test_dct_scales_above_one_half_are_not_used_since_they_decode_slower(jpeg: bytes):
     assert decode(jpeg, 200, 300).shape == (200, 300, 3)  # 1/2
     assert decode(jpeg, 250, 250).shape == (400, 600, 3)  # 5/8 would cover, full size is faster
+
+
+# --- decompression bombs ------------------------------------------------------------------------
+
+
+def jpeg_claiming(height: int, width: int) -> bytes:
+    """A tiny valid JPEG whose SOF header is patched to claim height × width pixels."""
+    data = bytearray(simplejpeg.encode_jpeg(np.zeros((8, 8, 3), np.uint8), quality=50))
+    i = 2
+    while data[i + 1] not in (0xC0, 0xC1, 0xC2):  # walk the marker segments to the frame header
+        i += 2 + struct.unpack(">H", data[i + 2 : i + 4])[0]
+    data[i + 5 : i + 9] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+def png_claiming(height: int, width: int) -> bytes:
+    """A small valid PNG whose IHDR is patched (CRC fixed) to claim height × width pixels."""
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buf, format="PNG")
+    data = bytearray(buf.getvalue())
+    assert data[12:16] == b"IHDR"
+    data[16:24] = struct.pack(">II", width, height)
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    return bytes(data)
+
+
+_BOMB_CHILD = """
+import json, resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a regression fails, not swaps
+from gpufeed.data.decode import decode, image_size
+data = open(sys.argv[1], "rb").read()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t = time.perf_counter()
+reasons = []
+for call in (lambda: decode(data), lambda: decode(data, 100, 100), lambda: image_size(data)):
+    try:
+        call()
+        reasons.append(None)
+    except Exception as e:
+        reasons.append(f"{type(e).__name__}: {e}")
+seconds = time.perf_counter() - t
+grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(json.dumps({"reasons": reasons, "seconds": seconds, "rss_growth_kb": grew}))
+"""
+
+
+def test_a_jpeg_bomb_is_rejected_from_its_header_before_anything_is_allocated(tmp_path):
+    bomb = jpeg_claiming(60000, 60000)
+    assert len(bomb) < 2500 and simplejpeg.decode_jpeg_header(bomb)[:2] == (60000, 60000)
+    (tmp_path / "bomb.jpg").write_bytes(bomb)
+    out = subprocess.run(
+        [sys.executable, "-c", _BOMB_CHILD, str(tmp_path / "bomb.jpg")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    got = json.loads(out.stdout)
+    for reason in got["reasons"]:  # decode, DCT-scaled decode and image_size all refuse it
+        assert reason == (
+            "CorruptImage: image claims 60000×60000 pixels, over the limit of 178,956,970 (a "
+            "possible decompression bomb); raise gpufeed.data.decode.MAX_IMAGE_PIXELS to allow it"
+        )
+    assert got["rss_growth_kb"] < 20_000 and got["seconds"] < 1.0
+
+
+def test_the_pixel_limit_is_configurable(jpeg: bytes, monkeypatch: pytest.MonkeyPatch):
+    from gpufeed.data import decode as decode_module
+
+    monkeypatch.setattr(decode_module, "MAX_IMAGE_PIXELS", 400 * 600 - 1)
+    with pytest.raises(CorruptImage, match=r"claims 600×400 pixels, over the limit of 239,999"):
+        decode(jpeg, 100, 100)
+    with pytest.raises(CorruptImage, match="MAX_IMAGE_PIXELS"):
+        image_size(jpeg)
+    monkeypatch.setattr(decode_module, "MAX_IMAGE_PIXELS", 400 * 600)
+    assert decode(jpeg).shape == (400, 600, 3)
+    monkeypatch.setattr(decode_module, "MAX_IMAGE_PIXELS", None)
+    assert image_size(jpeg_claiming(60000, 60000)) == (60000, 60000)  # header only: harmless
+
+
+def test_other_formats_are_checked_too_and_pillows_bomb_error_is_a_clear_corrupt_image(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    from gpufeed.data import decode as decode_module
+
+    bomb = png_claiming(60000, 60000)
+    for call in (decode, image_size):
+        with pytest.raises(CorruptImage, match=r"over Pillow's size limit.*PIL\.Image\.MAX_IMAGE"):
+            call(bomb)
+    monkeypatch.setattr(decode_module, "MAX_IMAGE_PIXELS", 1000)
+    with pytest.raises(CorruptImage, match=r"claims 40×30 pixels, over the limit of 1,000"):
+        decode(png_claiming(30, 40))

@@ -1,34 +1,82 @@
-"""Decode image bytes on CPU: libjpeg-turbo (simplejpeg) with DCT-scaled reduced-size decoding, Pillow for the rest."""
+"""Decode image bytes on CPU: libjpeg-turbo (simplejpeg) with DCT-scaled reduced-size decoding, Pillow for the rest.
+
+Decompression bombs: an image header can claim any size (a 600-byte JPEG can claim 60000×60000,
+which is 10 GB of RGB pixels), so every decode checks the size its header claims before
+decoding. An image of more than `MAX_IMAGE_PIXELS` pixels (height × width) is a `CorruptImage`
+(skipped and reported by the loader, like any undecodable image), and `image_size` reports it too,
+so callers that read headers first reject it before any decoding. The default is Pillow's hard
+limit (twice `PIL.Image.MAX_IMAGE_PIXELS`, about 179 million pixels, 537 MB as RGB). To allow
+larger images set `gpufeed.data.decode.MAX_IMAGE_PIXELS` (an int, or None for no limit) before the
+loader starts its workers (they are forked and inherit it). Formats other than JPEG also go
+through Pillow's own check, which `PIL.Image.MAX_IMAGE_PIXELS` controls (Pillow refuses images
+over twice that value and warns over it); its refusal is a `CorruptImage` too.
+"""
 
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
+
 JPEG_MAGIC = b"\xff\xd8"
+MAX_IMAGE_PIXELS: int | None = 178_956_970
 
 
 class CorruptImage(ValueError):
-    """The bytes are not a decodable image."""
+    """The bytes are not a decodable image (or claim more pixels than `MAX_IMAGE_PIXELS`)."""
 
 
 def is_jpeg(data: bytes) -> bool:
     return data[:2] == JPEG_MAGIC
 
 
+def check_pixels(height: int, width: int) -> None:
+    """Raise CorruptImage when a header's claimed size is over `MAX_IMAGE_PIXELS`."""
+    limit = MAX_IMAGE_PIXELS
+    if limit is not None and height * width > limit:
+        raise CorruptImage(
+            f"image claims {width}×{height} pixels, over the limit of {limit:,} "
+            "(a possible decompression bomb); raise gpufeed.data.decode.MAX_IMAGE_PIXELS to allow it"
+        )
+
+
+def _pillow_open(data: bytes) -> PILImage:
+    """Open (header only) with Pillow; a size over either limit is a CorruptImage."""
+    from PIL import Image
+
+    try:
+        im = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as e:
+        raise CorruptImage(
+            f"image is over Pillow's size limit ({e}); raise PIL.Image.MAX_IMAGE_PIXELS "
+            "and gpufeed.data.decode.MAX_IMAGE_PIXELS to allow it"
+        ) from None
+    try:
+        check_pixels(im.height, im.width)
+    except CorruptImage:
+        im.close()
+        raise
+    return im
+
+
 def image_size(data: bytes) -> tuple[int, int]:
-    """(height, width) from the header alone; raises CorruptImage."""
+    """(height, width) from the header alone; raises CorruptImage, also for an image over
+    `MAX_IMAGE_PIXELS`."""
     try:
         if is_jpeg(data):
             import simplejpeg
 
             h, w, _, _ = simplejpeg.decode_jpeg_header(data)
+            check_pixels(int(h), int(w))
             return int(h), int(w)
-        from PIL import Image
-
-        with Image.open(io.BytesIO(data)) as im:
+        with _pillow_open(data) as im:
             return im.height, im.width
+    except CorruptImage:
+        raise
     except Exception as e:
         raise CorruptImage(f"unreadable image header: {e}") from e
 
@@ -36,24 +84,26 @@ def image_size(data: bytes) -> tuple[int, int]:
 def decode(data: bytes, min_height: int = 0, min_width: int = 0) -> np.ndarray:
     """RGB uint8 HxWx3. With min sizes, a JPEG is DCT-scaled (in steps of 1/8) to the smallest
     size that still covers them, if that is at most half size: the scales between 5/8 and 7/8
-    decode slower than full size in libjpeg-turbo, so those cases decode at full size."""
+    decode slower than full size in libjpeg-turbo, so those cases decode at full size.
+
+    The header's size is checked against `MAX_IMAGE_PIXELS` before anything is decoded."""
     try:
         if is_jpeg(data):
             import simplejpeg
 
-            if min_height > 0 or min_width > 0:
-                h, w, _, _ = simplejpeg.decode_jpeg_header(data)
-                if 2 * min_height > h or 2 * min_width > w:
-                    min_height = min_width = 0
+            h, w, _, _ = simplejpeg.decode_jpeg_header(data)
+            check_pixels(int(h), int(w))
+            if 2 * min_height > h or 2 * min_width > w:
+                min_height = min_width = 0
             return simplejpeg.decode_jpeg(
                 data,
                 colorspace="RGB",
                 min_height=max(0, int(min_height)),
                 min_width=max(0, int(min_width)),
             )
-        from PIL import Image
-
-        with Image.open(io.BytesIO(data)) as im:
+        with _pillow_open(data) as im:
             return np.asarray(im.convert("RGB"))
+    except CorruptImage:
+        raise
     except Exception as e:
         raise CorruptImage(f"cannot decode image: {e}") from e

@@ -2,10 +2,18 @@
 
 Writing is deterministic (fixed mtime/owner) so a re-pack gives identical bytes. Reading goes
 straight to the image offsets recorded in index.json (`read_indexed`), checking the tar header in
-front of each image; shards without offsets are parsed member by member (`iter_samples`). Either way
-every member read is validated: no links, no names that escape a directory, and no member type that
-could be unpickled (see `FORBIDDEN_EXTS`), so shards are safe to read from untrusted storage. Only the extensions in `IMAGE_EXTS`/`META_EXTS` are interpreted; other
-unknown members are ignored.
+front of each image and the headers of the members between the images it reads; shards without
+offsets are parsed member by member (`iter_samples`). Either way every member read is validated: no
+links, no names that escape a directory, and no member type that could be unpickled (see
+`FORBIDDEN_EXTS`), so shards are safe to read from untrusted storage. Only the extensions in
+`IMAGE_EXTS`/`META_EXTS` are interpreted; other unknown members are ignored.
+
+index.json is validated when it is parsed (`Index.from_bytes`): its shape, shard names (relative,
+inside the data set, no NUL or control characters), checksums (64 hex digits, or empty for none)
+and offsets (inside the shard). What it promises is checked on read: `Source` checks each shard's
+size and, whenever a shard is read from start to end, its SHA-256 (see `gpufeed.data.source`).
+index.json has no per-sample checksums, so bytes altered inside one image are only found by that
+whole-shard check (or, if the image no longer decodes, as a corrupt sample).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,6 +34,8 @@ IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "bmp"})
 META_EXTS = frozenset({"cls", "json", "txt"})
 # Members that could carry pickled Python objects: a shard holding one is rejected outright.
 FORBIDDEN_EXTS = frozenset({"pyd", "pickle", "pkl", "pth", "pt", "ckpt", "joblib", "npy", "npz"})
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class ShardError(Exception):
@@ -76,10 +87,20 @@ class ShardEntry:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ShardEntry:
+        """One shard of index.json; raises ValueError (or ShardError for a name) when malformed."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a shard entry is {type(d).__name__}, not an object")
+        name = d["name"]
+        if not isinstance(name, str):
+            raise ValueError(f"shard name {name!r} is not a string")
+        check_shard_name(name)
+        sha = str(d.get("sha256") or "").lower()
+        if sha and not SHA256_HEX.fullmatch(sha):
+            raise ValueError(f"shard {name}: sha256 {sha[:80]!r} is not 64 hex digits")
         entry = cls(
-            name=str(d["name"]),
+            name=name,
             bytes=int(d["bytes"]),
-            sha256=str(d.get("sha256", "")),
+            sha256=sha,
             keys=[str(k) for k in d["keys"]],
             labels=[int(x) for x in d["labels"]],
             offsets=[int(x) for x in d["offsets"]],
@@ -90,7 +111,14 @@ class ShardEntry:
         n = entry.samples
         if not (len(entry.labels) == len(entry.offsets) == n) or int(d.get("samples", n)) != n:
             raise ValueError(f"shard {entry.name}: keys/labels/offsets lengths differ")
-        _check_name(entry.name, entry.name)
+        if entry.bytes < 0:
+            raise ValueError(f"shard {entry.name}: bytes is {entry.bytes}")
+        for what in ("offsets", "image_offsets", "image_sizes"):
+            values = getattr(entry, what)
+            if values and (min(values) < 0 or max(values) > entry.bytes):
+                raise ValueError(
+                    f"shard {entry.name}: {what} outside the shard's {entry.bytes} bytes"
+                )
         return entry
 
 
@@ -120,15 +148,29 @@ class Index:
         """Parse index.json; `where` names it in errors."""
         try:
             doc = json.loads(data)
-            if doc.get("format") != "gpufeed-shards":
+            if not isinstance(doc, dict) or doc.get("format") != "gpufeed-shards":
                 raise ValueError("not a gpufeed index (missing format: gpufeed-shards)")
             if int(doc.get("version", 0)) > INDEX_VERSION:
                 raise ValueError(f"index version {doc['version']} is newer than this gpufeed")
+            for field_ in ("classes", "shards"):
+                if not isinstance(doc[field_], list):
+                    raise ValueError(f"{field_!r} is not a list")
             return cls(
                 classes=[str(c) for c in doc["classes"]],
                 shards=[ShardEntry.from_json(s) for s in doc["shards"]],
             )
-        except (ValueError, KeyError, TypeError) as e:
+        except KeyError as e:
+            raise ShardError(
+                f"{where}: invalid index: missing {e}; re-create it with `gpufeed pack`"
+            ) from e
+        except (
+            ValueError,
+            TypeError,
+            AttributeError,
+            OverflowError,
+            RecursionError,
+            ShardError,
+        ) as e:
             raise ShardError(
                 f"{where}: invalid index: {e}; re-create it with `gpufeed pack`"
             ) from e
@@ -142,9 +184,31 @@ def split_name(name: str) -> tuple[str, str]:
     return key, ext.lower()
 
 
+def check_shard_name(name: str) -> None:
+    """A shard name from index.json: a relative path inside the data set, without NUL or control
+    characters (it becomes part of local paths and URLs)."""
+    if _CONTROL.search(name):
+        raise ShardError(f"shard name {name!r} holds a NUL or control character; rejected")
+    if any(part in ("", ".") for part in name.split("/")):
+        raise ShardError(f"shard name {name!r} is not a plain relative file path; rejected")
+    _check_name(name, name)
+
+
+def _ext(name: str) -> str:
+    """`split_name(name)[1]`, without pathlib for plain names (it runs for every sample)."""
+    if "/." in name or "//" in name or name.endswith("/"):
+        return split_name(name)[1]
+    return name.rsplit("/", 1)[-1].partition(".")[2].lower()
+
+
 def _check_name(name: str, shard: str) -> None:
-    parts = PurePosixPath(name).parts
-    if name.startswith(("/", "\\")) or ".." in parts or "\\" in name or ":" in name.split("/")[0]:
+    # pathlib's parts differ from a split on "/" only in dropping "" and "." components
+    if (
+        name.startswith(("/", "\\"))
+        or ".." in name.split("/")
+        or "\\" in name
+        or ":" in name.split("/")[0]
+    ):
         raise ShardError(f"shard {shard}: member name {name!r} escapes its directory; rejected")
 
 
@@ -154,11 +218,45 @@ def _check_member(info: tarfile.TarInfo, shard: str) -> None:
         raise ShardError(f"shard {shard}: member {info.name!r} is a link; links are rejected")
     if not info.isreg():
         raise ShardError(f"shard {shard}: member {info.name!r} is not a regular file; rejected")
-    if split_name(info.name)[1].rsplit(".", 1)[-1] in FORBIDDEN_EXTS:
+    _check_not_pickle(info.name, shard)
+
+
+def _check_not_pickle(name: str, shard: str) -> None:
+    if _ext(name).rsplit(".", 1)[-1] in FORBIDDEN_EXTS:
         raise ShardError(
-            f"shard {shard}: member {info.name!r} may hold pickled objects; "
+            f"shard {shard}: member {name!r} may hold pickled objects; "
             "gpufeed never unpickles, so shards with such members are rejected"
         )
+
+
+def _regular_header(block: bytes) -> tuple[str, int] | None:
+    """(name, size) of a plain regular-file tar header (no prefix field, octal size, valid
+    checksum), read as `tarfile.TarInfo.frombuf` reads it but several times faster; None for any
+    other block, which tarfile then reads and judges."""
+    if len(block) != 512 or block[156] not in (0x30, 0) or block[345] or block[124] & 0x80:
+        return None
+    try:  # every numeric field, as tarfile's nti (base-256 ones are valid; size is octal here)
+        _, _, _, size, _, chksum, _, _ = (
+            int(block[a:b].split(b"\0", 1)[0].strip() or b"0", 8)
+            if block[a] not in (0o200, 0o377)
+            else 0
+            for a, b in _NUMERIC_FIELDS
+        )
+    except ValueError:
+        return None
+    if chksum != 256 + sum(block) - sum(block[148:156]):
+        return None
+    name = block[:100].split(b"\0", 1)[0].decode(tarfile.ENCODING, "surrogateescape")
+    return None if name.endswith("/") else (name, size)  # a trailing slash: a V7 directory
+
+
+def _check_regular_header(block: bytes, shard: str) -> tuple[str, int] | None:
+    """Check a plain regular-file header as `_check_member` would; None if it is not one."""
+    fast = _regular_header(block)
+    if fast is not None:
+        _check_name(fast[0], shard)
+        _check_not_pickle(fast[0], shard)
+    return fast
 
 
 def iter_samples(fileobj: BinaryIO, shard: str) -> Iterator[tuple[str, dict[str, bytes]]]:
@@ -195,28 +293,122 @@ def read_indexed(
 ) -> Iterator[tuple[str, bytes]]:
     """Yield (key, image bytes) of samples `first`.. (`count` of them) read at their index offsets.
 
-    `fileobj` must be positioned at `entry.offsets[first]`. Reads only each image and the headers
-    in front of it (no tar parse of the other members); the header right before each image must be
-    a valid regular-file header with the index's name and size, so an unsafe member, a truncated
-    shard or an index that disagrees with its shard is a ShardError as with `iter_samples`.
+    `fileobj` must be positioned at `entry.offsets[first]`. Reads each image and the bytes in
+    front of it, and checks their tar headers (the data of other members is not interpreted): the
+    header right before each image must be a valid regular-file header with the index's name and
+    size, and the stretch between two images must be whole, valid members. With the shard's last
+    sample, the rest of the shard is read and checked the same way, up to exactly `entry.bytes`
+    (so a source reading from byte 0 sees the whole shard and can verify its checksum) before that
+    sample is yielded. So an unsafe member (link, escaping name, pickle-capable type), a truncated
+    or overlong shard, or an index that disagrees with its shard is a ShardError as with
+    `iter_samples`. Members before `first` that are not read are not checked.
     """
     pos = entry.offsets[first]
     for i in range(first, first + count):
         start, image, size = entry.offsets[i], entry.image_offsets[i], entry.image_sizes[i]
         name = f"{entry.keys[i]}.{entry.image_exts[i]}"
-        if not pos <= start <= image - 512 or size < 0:
+        if not pos <= start <= image - 512 or size < 0 or (i > first and start < _padded(pos)):
             raise ShardError(
                 f"shard {shard}: index.json offsets of sample {i} ({name!r}) are out of order; "
                 "the index is corrupt, re-create it with `gpufeed pack`"
             )
         head = _read_exactly(fileobj, image - pos, shard, entry, i)
         data = _read_exactly(fileobj, size, shard, entry, i)
+        if i > first:  # the members between the previous image and this sample (its .cls, ...)
+            _check_members(head[_padded(pos) - pos : start - pos], shard, end=False)
         if image - start == 512:
             _check_image_header(head[-512:], name, size, shard)
         else:  # extension headers (long name): let tarfile read this one sample
             _check_with_tarfile(head[start - pos :], data, name, shard)
         pos = image + size
+        if i == entry.samples - 1:
+            _check_tail(fileobj, entry, pos, shard)
         yield entry.keys[i], data
+
+
+def _check_tail(fileobj: BinaryIO, entry: ShardEntry, pos: int, shard: str) -> None:
+    """After the last image: the remaining members up to the end-of-archive marker are checked,
+    then only zeros may follow, up to exactly `entry.bytes` (reading to the end lets the source
+    verify the shard's checksum)."""
+    n = entry.bytes - pos
+    tail = fileobj.read(n) if _padded(pos) <= entry.bytes else b""
+    if _padded(pos) > entry.bytes or len(tail) != n:
+        raise ShardError(
+            f"shard {shard} is truncated after its last sample ({entry.keys[-1]!r}); "
+            f"index.json says it has {entry.bytes} bytes"
+        )
+    _check_members(tail[_padded(pos) - pos :], shard, end=True)
+    if fileobj.read(1):
+        raise ShardError(
+            f"shard {shard} is longer than the {entry.bytes} bytes index.json says: it was "
+            "changed after packing; re-create it with `gpufeed pack`"
+        )
+
+
+_REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
+# mode, uid, gid, size, mtime, chksum, devmajor, devminor: (start, end) in a tar header
+_NUMERIC_FIELDS = (
+    (100, 108),
+    (108, 116),
+    (116, 124),
+    (124, 136),
+    (136, 148),
+    (148, 156),
+    (329, 337),
+    (337, 345),
+)
+
+
+def _check_members(buf: bytes, shard: str, *, end: bool) -> None:
+    """Validate every member in `buf`, which starts at a tar header: the whole of it must be
+    members (and, with `end`, then the end-of-archive marker and zeros only)."""
+    q = 0
+    while q < len(buf):
+        block = buf[q : q + 512]
+        if end and not block.strip(b"\0"):  # end-of-archive: zeros to the end
+            if buf[q:].strip(b"\0"):
+                raise ShardError(
+                    f"shard {shard}: data after the end-of-archive marker; the shard is corrupt"
+                )
+            return
+        fast = _check_regular_header(block, shard)
+        if fast is not None:
+            q += 512 + _padded(fast[1])
+            continue
+        try:
+            info = tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
+        except tarfile.HeaderError as e:
+            raise ShardError(
+                f"shard {shard}: no valid tar header where the next member should start "
+                f"({e}); the shard is corrupt or the index does not belong to this shard"
+            ) from e
+        if info.type not in _REGULAR:  # extension headers, links, ...: let tarfile read them
+            _check_with_tarfile_only(buf[q:], shard, end=end)
+            return
+        _check_member(info, shard)
+        q += 512 + _padded(info.size)
+    if q != len(buf):
+        raise ShardError(
+            f"shard {shard}: a member runs past where index.json puts the next sample (or the "
+            "shard's end); the shard is corrupt or the index does not belong to it"
+        )
+
+
+def _check_with_tarfile_only(buf: bytes, shard: str, *, end: bool) -> None:
+    """`_check_members` for a stretch holding extension headers (long names, pax) or worse."""
+    stream = io.BytesIO(buf if end else buf + b"\0" * 1024)
+    try:
+        with tarfile.open(fileobj=stream, mode="r:") as tar:
+            for info in tar:
+                _check_member(info, shard)
+            stop = tar.offset
+    except tarfile.TarError as e:
+        raise ShardError(f"shard {shard}: invalid tar headers between samples ({e})") from e
+    if buf[stop:].strip(b"\0") if end else stop != len(buf):
+        raise ShardError(
+            f"shard {shard}: no valid tar header where the next member should start; the shard "
+            "is corrupt or the index does not belong to this shard"
+        )
 
 
 def _read_exactly(fileobj: BinaryIO, n: int, shard: str, entry: ShardEntry, i: int) -> bytes:
@@ -230,6 +422,10 @@ def _read_exactly(fileobj: BinaryIO, n: int, shard: str, entry: ShardEntry, i: i
 
 
 def _check_image_header(block: bytes, name: str, size: int, shard: str) -> None:
+    fast = _check_regular_header(block, shard)
+    if fast is not None:
+        _check_agrees(fast[0], fast[1], name, size, shard)
+        return
     try:
         info = tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
     except tarfile.HeaderError as e:
@@ -256,7 +452,7 @@ def _check_agrees(found: str, found_size: int, name: str, size: int, shard: str)
             f"shard {shard}: found member {found!r} ({found_size} bytes) where index.json puts "
             f"{name!r} ({size} bytes); the index does not belong to this shard"
         )
-    if split_name(name)[1] not in IMAGE_EXTS:
+    if _ext(name) not in IMAGE_EXTS:
         raise ShardError(f"shard {shard}: index.json lists {name!r} as an image; rejected")
 
 

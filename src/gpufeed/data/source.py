@@ -5,21 +5,43 @@ thread, so training starts before a shard, let alone the data set, is downloaded
 idempotent range request retried with exponential backoff, so a retry can never deliver a byte
 twice or skip one. With `cache_dir`, a shard read from start to end is verified against its
 index checksum and kept on local disk for later epochs and runs.
+
+What index.json promises is checked on read. Every shard's size: a local one when it is opened,
+a remote one when its last chunk is fetched (one byte more is asked for). Its SHA-256 whenever a
+shard is read from its first byte to its end (the reader hashes as it goes; a mismatch is a
+ShardError at the end of the shard, after its other samples were delivered: index.json has no
+per-sample checksums). A local shard or cache file found intact is not hashed again by the same
+process while its size, inode and mtime stay the same. Cache files are only ever written inside
+`cache_dir` under names made of the index's checksum (64 hex digits, checked when index.json is
+read), and a cache file is used only after its SHA-256 matched: a planted or damaged one is
+deleted and the shard fetched again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
 import random
+import stat
+import tempfile
 import time
+import warnings
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from gpufeed.data.shards import INDEX_NAME, Index, ShardEntry, ShardError
+from gpufeed.data.shards import (
+    INDEX_NAME,
+    SHA256_HEX,
+    Index,
+    ShardEntry,
+    ShardError,
+    check_shard_name,
+    sha256_file,
+)
 
 MB = 1 << 20
 
@@ -80,28 +102,51 @@ class Source:
         self.retries, self.backoff = retries, backoff
         self.chunk_size, self.read_ahead = max(64 * 1024, chunk_size), max(0, read_ahead)
         self.retried = 0  # transient errors retried in this process
+        # local shards and cache files whose SHA-256 matched: (path, dev, inode, size, mtime_ns)
+        self._verified: set[tuple[str, int, int, int, int]] = set()
 
     def path(self, name: str) -> str:
         return f"{self.url}/{name}"
 
     def read_index(self) -> Index:
-        """The data set's index.json, with a clear error when it is missing."""
+        """The data set's index.json, with a clear ShardError when it is missing or unreadable."""
         where = self.path(INDEX_NAME)
+        hint = "pass the directory `gpufeed pack` wrote (the one holding index.json)"
+        if self.url.rsplit("/", 1)[-1] == INDEX_NAME:
+            hint = f"pass its directory, {self.url.rsplit('/', 1)[0] or '/'}, instead"
+        missing = f"{where} not found: is {self.url} a directory written by `gpufeed pack`?"
+        if self.url.rsplit("/", 1)[-1] == INDEX_NAME:
+            missing += f" ({hint})"
         try:
             if self.remote:
                 data = self._retry(
                     lambda: filesystem(self.url, self.storage_options).cat_file(where)
                 )
             else:
+                if os.path.exists(self.url) and not os.path.isdir(self.url):
+                    raise ShardError(f"{self.url} is a file, not a data set directory: {hint}")
+                if os.path.exists(where) and not os.path.isfile(where):
+                    raise ShardError(
+                        f"cannot read {where}: it is not a regular file; re-create it with "
+                        "`gpufeed pack`"
+                    )
                 data = Path(where).read_bytes()
         except FileNotFoundError:
+            raise ShardError(missing) from None
+        except PermissionError as e:
             raise ShardError(
-                f"{where} not found: is {self.url} a directory written by `gpufeed pack`?"
-            ) from None
+                f"cannot read {where}: permission denied ({e}); check its permissions"
+                + (" and the storage credentials (AWS_* variables or storage_options)")
+                * self.remote
+            ) from e
+        except OSError as e:
+            raise ShardError(f"cannot read {where}: {e}") from e
         return Index.from_bytes(data, where)
 
     def open(self, entry: ShardEntry, start: int = 0) -> BinaryIO:
-        """A file-like over shard `entry` from byte `start`; missing/short shards raise ShardError."""
+        """A file-like over shard `entry` from byte `start`; a missing, unreadable or wrong-sized
+        shard raises ShardError, and a reader opened at 0 and read to its end checks the SHA-256."""
+        check_shard_name(entry.name)
         cached = self._cached(entry)
         if cached is not None:
             f = open(cached, "rb")  # noqa: SIM115 - handed to the caller
@@ -109,17 +154,7 @@ class Source:
             return f
         where = self.path(entry.name)
         if not self.remote:
-            try:
-                size = os.path.getsize(where)
-            except FileNotFoundError:
-                raise ShardError(f"shard {where} is missing (listed in index.json)") from None
-            if size < entry.bytes:
-                raise ShardError(
-                    f"shard {where} is truncated: {size} bytes, index.json says {entry.bytes}"
-                )
-            f = open(where, "rb")  # noqa: SIM115 - handed to the caller
-            f.seek(start)
-            return f
+            return self._open_local(entry, where, start)
         cache_to = None
         if self.cache_dir is not None and start == 0:
             cache_to = self._cache_path(entry)
@@ -127,24 +162,98 @@ class Source:
             RangeReader(self, entry, start, cache_to=cache_to), buffer_size=256 * 1024
         )
 
-    def _cache_path(self, entry: ShardEntry) -> Path:
+    def _open_local(self, entry: ShardEntry, where: str, start: int) -> BinaryIO:
+        root = os.path.abspath(self.url)
+        if not os.path.abspath(where).startswith(os.path.join(root, "")):
+            raise ShardError(f"shard {entry.name!r} is outside {self.url}; rejected")
+        try:
+            st = os.stat(where)
+            if not stat.S_ISREG(st.st_mode):
+                raise ShardError(
+                    f"cannot read shard {where}: it is not a regular file (listed in index.json)"
+                )
+            f = open(where, "rb", buffering=0)  # noqa: SIM115 - handed to the caller
+        except FileNotFoundError:
+            raise ShardError(f"shard {where} is missing (listed in index.json)") from None
+        except OSError as e:
+            raise ShardError(
+                f"cannot read shard {where}: {e.strerror or e}; check that it is a readable file"
+            ) from e
+        if st.st_size != entry.bytes:
+            f.close()
+            if st.st_size < entry.bytes:
+                raise ShardError(
+                    f"shard {where} is truncated: {st.st_size} bytes, index.json says {entry.bytes}"
+                )
+            raise ShardError(
+                f"shard {where} is {st.st_size} bytes, longer than the {entry.bytes} bytes "
+                "index.json says: it was changed after packing; re-create it with `gpufeed pack`"
+            )
+        key = (where, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        raw: io.RawIOBase = f
+        if start == 0 and SHA256_HEX.fullmatch(entry.sha256) and key not in self._verified:
+            raw = VerifyingReader(f, entry, where, lambda: self._verified.add(key))
+        else:
+            f.seek(start)
+        return io.BufferedReader(raw, buffer_size=64 * 1024)
+
+    def _cache_path(self, entry: ShardEntry) -> Path | None:
+        """Where the cache keeps `entry`, always inside `cache_dir`; None for a shard without a
+        checksum (its cache file could not be verified, so it is not cached)."""
         assert self.cache_dir is not None
+        if not SHA256_HEX.fullmatch(entry.sha256):
+            return None
+        check_shard_name(entry.name)
         tag = hashlib.sha256(self.url.encode()).hexdigest()[:16]
-        return self.cache_dir / tag / f"{entry.sha256[:16] or 'nosum'}-{entry.name}"
+        path = self.cache_dir / tag / f"{entry.sha256[:16]}-{entry.name}"
+        root = self.cache_dir.resolve()
+        if not path.parent.resolve().is_relative_to(root):
+            raise ShardError(
+                f"cache path {path} of shard {entry.name} resolves outside the cache directory "
+                f"{self.cache_dir} (a symbolic link?); remove it or choose another cache_dir"
+            )
+        return path
 
     def _cached(self, entry: ShardEntry) -> Path | None:
+        """The cache file of `entry` if it holds the shard: same size and SHA-256 (hashed once
+        per process and file). A file that does not match is deleted, so the shard is fetched again."""
         if self.cache_dir is None or not self.remote:
             return None
         p = self._cache_path(entry)
-        return p if p.is_file() and p.stat().st_size == entry.bytes else None
+        try:
+            st = os.lstat(p) if p is not None else None
+        except OSError:
+            return None
+        if p is None or st is None or not stat.S_ISREG(st.st_mode):
+            return None
+        key = (str(p), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key in self._verified:
+            return p
+        if st.st_size != entry.bytes or sha256_file(str(p)) != entry.sha256:
+            with contextlib.suppress(OSError):
+                p.unlink()
+            return None
+        self._verified.add(key)
+        return p
 
-    def fetch_range(self, entry: ShardEntry, start: int, end: int) -> bytes:
-        """Bytes [start, end) of a remote shard, retried with backoff; never short."""
+    def fetch_range(
+        self, entry: ShardEntry, start: int, end: int, check_end: bool = False
+    ) -> bytes:
+        """Bytes [start, end) of a remote shard, retried with backoff; never short. With
+        `check_end` (`end` is the shard's end) one byte more is asked for: getting it means the
+        shard is longer than index.json says, a ShardError."""
         fs = filesystem(self.url, self.storage_options)
         where = self.path(entry.name)
 
         def get() -> bytes:
-            data = fs.cat_file(where, start=start, end=end)
+            data = fs.cat_file(where, start=start, end=end + 1 if check_end else end)
+            if check_end and len(data) > end - start:
+                size = int(fs.info(where).get("size", 0))
+                raise ShardError(
+                    f"shard {where} is {size} bytes, longer than the {entry.bytes} bytes "
+                    "index.json says: it was changed after packing; re-create it with "
+                    "`gpufeed pack`"
+                )
             if len(data) != end - start:
                 info = fs.info(where)
                 if int(info.get("size", 0)) < entry.bytes:
@@ -172,8 +281,46 @@ class Source:
         raise AssertionError("unreachable")
 
 
+def _mismatch(where: str, got: str, want: str) -> ShardError:
+    return ShardError(
+        f"shard {where}: its SHA-256 is {got}, index.json says {want}: the shard was changed "
+        "after packing or is corrupt; re-create it with `gpufeed pack` or restore it"
+    )
+
+
+class VerifyingReader(io.RawIOBase):
+    """A local shard read from its first byte: hashes what is read and, at its end, checks the
+    SHA-256 against index.json (a ShardError if it differs; `verified()` if it matches)."""
+
+    def __init__(self, f: io.FileIO, entry: ShardEntry, where: str, verified: Any) -> None:
+        self._f, self.entry, self.where, self._verified = f, entry, where, verified
+        self._hash: Any = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = self._f.readinto(b)
+        if n:
+            if self._hash is not None:
+                self._hash.update(memoryview(b)[:n])
+        elif self._hash is not None:
+            got, self._hash = self._hash.hexdigest(), None
+            if got != self.entry.sha256:
+                raise _mismatch(self.where, got, self.entry.sha256)
+            self._verified()
+        return n or 0
+
+    def close(self) -> None:
+        if not self.closed:
+            self._f.close()
+        super().close()
+
+
 class RangeReader(io.RawIOBase):
-    """Sequential reader over a remote shard: chunked ranged GETs with `read_ahead` in flight."""
+    """Sequential reader over a remote shard: chunked ranged GETs with `read_ahead` in flight.
+    Opened at byte 0, it hashes what it delivers and checks the SHA-256 at the end of the shard
+    (a ShardError if it differs); with `cache_to`, a verified shard is then kept there."""
 
     def __init__(
         self, source: Source, entry: ShardEntry, start: int, cache_to: Path | None = None
@@ -184,19 +331,26 @@ class RangeReader(io.RawIOBase):
         self._buf = memoryview(b"")
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-readahead")
         self._pending: deque[Future[bytes]] = deque()
-        self._hash = hashlib.sha256() if cache_to is not None else None
-        self._cache_to = cache_to
-        self._tmp = None
-        if cache_to is not None:
-            cache_to.parent.mkdir(parents=True, exist_ok=True)
-            self._tmp = open(f"{cache_to}.tmp-{os.getpid()}", "wb")  # noqa: SIM115
+        verify = start == 0 and SHA256_HEX.fullmatch(entry.sha256) is not None
+        self._hash: Any = hashlib.sha256() if verify else None
+        self._cache_to = cache_to if verify else None
+        self._tmp: Any = None  # the cache copy being written, and its name
+        self._tmp_name = ""
+        if self._cache_to is not None:
+            self._cache_to.parent.mkdir(parents=True, exist_ok=True)
+            fd, self._tmp_name = tempfile.mkstemp(
+                dir=self._cache_to.parent, prefix=f"{self._cache_to.name}.tmp-"
+            )
+            os.fchmod(fd, 0o644)  # as an ordinary file (mkstemp makes it private to its owner)
+            self._tmp = os.fdopen(fd, "wb")
         self._fill()
 
     def _fill(self) -> None:
         while len(self._pending) <= self.source.read_ahead and self._next < self.entry.bytes:
             end = min(self._next + self.source.chunk_size, self.entry.bytes)
+            last = end == self.entry.bytes
             self._pending.append(
-                self._pool.submit(self.source.fetch_range, self.entry, self._next, end)
+                self._pool.submit(self.source.fetch_range, self.entry, self._next, end, last)
             )
             self._next = end
 
@@ -212,7 +366,7 @@ class RangeReader(io.RawIOBase):
             self._fill()
             if self._tmp is not None:
                 self._tmp.write(chunk)
-                assert self._hash is not None
+            if self._hash is not None:
                 self._hash.update(chunk)
             self._buf = memoryview(chunk)
         n = min(len(b), len(self._buf))
@@ -222,28 +376,39 @@ class RangeReader(io.RawIOBase):
         return n
 
     def _finish_cache(self) -> None:
-        if self._tmp is None or self._cache_to is None or self._hash is None:
+        """At the end of the shard: check the SHA-256, then keep the copy in the cache."""
+        if self._hash is None:
             return
-        self._tmp.close()
-        tmp, self._tmp = self._tmp.name, None
-        if self._hash.hexdigest() == self.entry.sha256:
-            os.replace(tmp, self._cache_to)
-        else:
-            os.unlink(tmp)
+        got, self._hash = self._hash.hexdigest(), None
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            tmp.close()
+        if got != self.entry.sha256:
+            if tmp is not None:
+                os.unlink(self._tmp_name)
+            raise _mismatch(self.source.path(self.entry.name), got, self.entry.sha256)
+        if tmp is not None and self._cache_to is not None:
+            try:
+                os.replace(self._tmp_name, self._cache_to)
+            except OSError:  # e.g. a directory in the way: just not cached
+                os.unlink(self._tmp_name)
 
     def close(self) -> None:
         if not self.closed:
             if self._tmp is not None and self.entry.bytes - self.pos <= 2 * self.source.chunk_size:
                 # stopped just short of the end (the tar trailer): finish so the cache is complete
                 buf = bytearray(self.source.chunk_size)
-                while self.readinto(buf):
-                    pass
+                try:
+                    while self.readinto(buf):
+                        pass
+                except Exception as e:  # never raise from close(): the copy is just not kept
+                    warnings.warn(f"not cached: {e}", RuntimeWarning, stacklevel=2)
             for fut in self._pending:
                 fut.cancel()
             self._pool.shutdown(wait=False, cancel_futures=True)
             if self._tmp is not None:  # stopped early: the partial copy is not a cache entry
                 self._tmp.close()
-                os.unlink(self._tmp.name)
+                os.unlink(self._tmp_name)
                 self._tmp = None
         super().close()
 
