@@ -51,6 +51,10 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
 
 from __future__ import annotations
 
+import os
+import shutil
+import sqlite3
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -105,7 +109,6 @@ def load(path: str | PathLike[str]) -> Run:
     import pandas as pd
 
     from gpufeed.profile.session import read_meta
-    from gpufeed.profile.store import read_store
 
     run_dir = Path(path)
     if not run_dir.is_dir():
@@ -134,7 +137,7 @@ def load(path: str | PathLike[str]) -> Run:
     dropped = 0
     for store in stores:
         try:
-            data = read_store(store)
+            data = _read_store(store)
         except Exception as e:
             raise RunError(f"cannot read store file {store}: {e}") from None
         info = data["info"]
@@ -184,6 +187,82 @@ def load(path: str | PathLike[str]) -> Run:
             "data up to the last flush is shown"
         )
     return Run(run_dir, meta, system_df, steps_df, proc_df, workers)
+
+
+def _read_store(path: Path) -> dict[str, Any]:
+    """`read_store`, also where the run directory or its files cannot be written (a read-only mount,
+    a copy owned by someone else): there a normal SQLite connection fails on a WAL database."""
+    from gpufeed.profile.store import read_store
+
+    if _writable(path):
+        try:
+            return read_store(path)
+        except sqlite3.OperationalError:
+            pass  # e.g. a file system that is read-only although access() says otherwise
+    return _read_store_readonly(path)
+
+
+def _sidecars(path: Path) -> tuple[Path, Path]:
+    """The WAL and shared-memory files SQLite keeps next to a WAL-mode database."""
+    return path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")
+
+
+def _writable(path: Path) -> bool:
+    files = [path.parent, path, *(p for p in _sidecars(path) if p.exists())]
+    return all(os.access(p, os.W_OK) for p in files)
+
+
+def _read_store_readonly(path: Path) -> dict[str, Any]:
+    """Read a store without writing anything next to it.
+
+    Without a WAL (the writer closed the file, folding the WAL in) `immutable=1` opens the file as
+    it is; `mode=ro` reads the WAL of a live or killed writer where its -wal and -shm files exist; a
+    WAL that cannot be read in place (no -shm file, which a read-only directory cannot get) is
+    replayed in a private copy.
+    """
+    from gpufeed.profile.store import read_store
+
+    wal, _ = _sidecars(path)
+    has_wal = wal.exists() and wal.stat().st_size > 0
+    uri = path.resolve().as_uri()
+    # Without a WAL no writer is at work (stores are WAL-mode while open) and the file is complete:
+    # immutable=1 reads it without locks and without creating -wal/-shm files.
+    modes = ["mode=ro"] if has_wal else ["immutable=1", "mode=ro"]
+    error: Exception | None = None
+    for mode in modes:
+        try:
+            return _read_uri(f"{uri}?{mode}")
+        except sqlite3.Error as e:
+            error = error or e
+    if not has_wal:
+        assert error is not None
+        raise error
+    with tempfile.TemporaryDirectory(prefix="gpufeed-store-") as tmp:
+        copy = Path(tmp) / path.name
+        shutil.copyfile(path, copy)
+        shutil.copyfile(wal, _sidecars(copy)[0])
+        return read_store(copy)
+
+
+def _read_uri(uri: str) -> dict[str, Any]:
+    """What `read_store` returns, from a SQLite URI (read-only modes)."""
+    import json
+
+    from gpufeed.profile.store import TABLES
+
+    db = sqlite3.connect(uri, uri=True, timeout=5.0)
+    try:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        out: dict[str, Any] = {"info": {}}
+        if "info" in tables:
+            out["info"] = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM info")}
+        for table, cols in TABLES.items():
+            quoted = ",".join(f'"{c}"' for c in cols)
+            rows = db.execute(f"SELECT {quoted} FROM {table}") if table in tables else []
+            out[table] = list(rows)
+        return out
+    finally:
+        db.close()
 
 
 def _corrected_roles(

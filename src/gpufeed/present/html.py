@@ -103,6 +103,7 @@ def render_html(run: Run, findings: list[Finding], max_points: int = MAX_POINTS)
 
     from gpufeed import __version__
     from gpufeed.analyze.stats import run_span
+    from gpufeed.profile.redact import redact_argv, redact_value
 
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("gpufeed.present", "templates"),
@@ -117,9 +118,15 @@ def render_html(run: Run, findings: list[Finding], max_points: int = MAX_POINTS)
     columns, rows = _percentiles(run)
     gpus = meta.get("gpus") or []
     command = meta.get("command") or []
+    # Redacted again: a meta.json from an older gpufeed may hold what today's redaction hides.
+    command = (
+        shlex.join(redact_argv(str(c) for c in command))
+        if isinstance(command, list)
+        else redact_value(str(command))
+    )
     return env.get_template("report.html").render(
         name=str(meta.get("name") or Path(str(run.path)).name),
-        command=shlex.join(str(c) for c in command) if isinstance(command, list) else str(command),
+        command=command,
         hosts=", ".join(str(h) for h in meta.get("hosts") or []) or "unknown host",
         started=_clock(t0),
         cpu=f"{meta.get('cpu_count', '?')} cores ({meta.get('cpu_model') or 'unknown CPU'})",
@@ -363,8 +370,11 @@ def _util_vs_steps(
 
 
 def _breakdown(steps: pd.DataFrame, max_points: int) -> tuple[dict[str, Any], str]:
-    rank = steps[(steps["host"] == steps["host"].iloc[0]) & (steps["rank"] == steps["rank"].min())]
-    rank = rank.sort_values("step")
+    # The lowest rank (rank 0) on its own host, which need not be the host that sorts first.
+    lowest = steps["rank"] == steps["rank"].min()
+    hosts = steps["host"].astype(str)
+    host = hosts[lowest].min()
+    rank = steps[lowest & (hosts == host)].sort_values("step")
     n = len(rank)
     per = max(1, math.ceil(n / max_points))
     idx = np.arange(n) // per
@@ -390,7 +400,11 @@ def _breakdown(steps: pd.DataFrame, max_points: int) -> tuple[dict[str, Any], st
     ]
     fig = _fig(traces, "Per-step breakdown: data wait vs compute", "step", "ms")
     fig["layout"] |= {"barmode": "stack", "bargap": 0}
-    note = f"rank {int(rank['rank'].iloc[0])}" + (f"; mean of every {per} steps" if per > 1 else "")
+    note = f"rank {int(rank['rank'].iloc[0])}"
+    if hosts.nunique() > 1:
+        note += f" on {host}"
+    if per > 1:
+        note += f"; mean of every {per} steps"
     return fig, note
 
 

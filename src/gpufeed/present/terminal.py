@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:
     from gpufeed.analyze.finding import Finding
@@ -48,23 +51,30 @@ def show(run: Run | str | os.PathLike[str], console: Console | None = None) -> R
         run = load(run)  # type: ignore[arg-type]
     console = console or Console()
     meta = run.meta
-    console.print(f"[bold]gpufeed run[/bold] {run.path}")
-    console.print(f"  command   {' '.join(map(str, meta.get('command') or [])) or '?'}")
-    gpus = ", ".join(g.get("name", "?") for g in meta.get("gpus") or []) or "none"
+    # Everything from the run (paths, argv, host and GPU names, store strings) is shown as text,
+    # never as markup: `_m` escapes it for markup and `_text` wraps it for table cells.
+    console.print(f"[bold]gpufeed run[/bold] {_m(run.path)}", emoji=False)
+    console.print(f"  command   {_m(_command_line(meta) or '?')}", emoji=False)
+    gpus = ", ".join(_gpu_name(g) for g in meta.get("gpus") or []) or "none"
+    hosts = ", ".join(map(str, meta.get("hosts") or [])) or "?"
     console.print(
-        f"  hosts     {', '.join(meta.get('hosts') or []) or '?'} · {meta.get('cpu_count', '?')} CPUs "
-        f"({meta.get('cpu_model', '?')}) · GPUs: {gpus}"
+        f"  hosts     {_m(hosts)} · {_m(meta.get('cpu_count', '?'))} CPUs "
+        f"({_m(meta.get('cpu_model', '?'))}) · GPUs: {_m(gpus)}",
+        emoji=False,
     )
     if meta.get("gpu_unavailable"):
-        console.print(f"  [dim]{meta['gpu_unavailable']}[/dim]")
+        console.print(f"  [dim]{_m(meta['gpu_unavailable'])}[/dim]", emoji=False)
     status = (
-        f"exit code {meta.get('exit_code')}"
+        f"exit code {_m(meta.get('exit_code'))}"
         if meta.get("finished")
-        else f"[yellow]{meta.get('not_finished', 'not finished')}[/yellow]"
+        else f"[yellow]{_m(meta.get('not_finished', 'not finished'))}[/yellow]"
     )
-    console.print(f"  status    {status}")
+    console.print(f"  status    {status}", emoji=False)
     if meta.get("dropped_events"):
-        console.print(f"  [yellow]{meta['dropped_events']} profiler events were dropped[/yellow]")
+        console.print(
+            f"  [yellow]{_m(meta['dropped_events'])} profiler events were dropped[/yellow]",
+            emoji=False,
+        )
 
     ph = phases(run)
     table = Table(title="Phases", title_justify="left")
@@ -113,7 +123,7 @@ def show(run: Run | str | os.PathLike[str], console: Console | None = None) -> R
     for (metric, device), row in pt.iterrows():
         unit, scale, decimals = _UNITS.get(metric, ("", 1, 2))
         values = [_num(row[name] / scale, decimals) for name, _ in PERCENTILES]
-        table.add_row(metric, device or "", unit, *values)
+        table.add_row(_text(metric), _text(device or ""), unit, *values)
     console.print(table)
     return run
 
@@ -131,7 +141,7 @@ def _print_processes(run: Run, console: Console) -> None:
         cpu = rows.groupby("time")["cpu"].sum()
         rss = rows.groupby("time")["rss"].sum()
         table.add_row(
-            role,
+            _text(role),
             str(rows["pid"].nunique()),
             _num(float(cpu.quantile(0.5)), 0) + "%",
             _num(float(cpu.quantile(0.95)), 0) + "%",
@@ -146,10 +156,8 @@ def print_findings(
     title: str = "Findings",
 ) -> None:
     """Each finding: severity, title, expected speedup, its evidence numbers and the action."""
-    from rich.markup import escape
-
     console = console or Console()
-    console.print(f"\n[bold]{escape(title)}[/]")
+    console.print(f"\n[bold]{_m(title)}[/]", emoji=False)
     if not findings:
         console.print("  no bottleneck found")
     colors = {"critical": "red", "warning": "yellow", "info": "blue"}
@@ -157,10 +165,12 @@ def print_findings(
         d = f if isinstance(f, dict) else f.to_dict()
         color = colors.get(d["severity"], "white")
         speed = f" (expected speedup ×{d['est_speedup']:.2f})" if d.get("est_speedup") else ""
-        console.print(f"  [{color}]{d['severity'].upper()}[/] [bold]{escape(d['title'])}[/]{speed}")
+        # Titles, evidence and recommendations can embed run strings (hosts, argv, paths).
+        head = f"[{color}]{_m(str(d['severity']).upper())}[/] [bold]{_m(d['title'], True)}[/]"
+        console.print(head + speed, emoji=False)
         ev = ", ".join(f"{k}={v}" for k, v in d["evidence"].items())
-        console.print(f"    evidence: {escape(ev)}", soft_wrap=True)
-        console.print(f"    → {escape(d['recommendation'])}", soft_wrap=True)
+        console.print(f"    evidence: {_m(ev)}", soft_wrap=True, emoji=False)
+        console.print(f"    → {_m(d['recommendation'], True)}", soft_wrap=True, emoji=False)
 
 
 def list_runs(out: str | os.PathLike[str], console: Console | None = None) -> list[Path]:
@@ -173,9 +183,12 @@ def list_runs(out: str | os.PathLike[str], console: Console | None = None) -> li
         (p.parent for p in base.glob(f"*/{META_FILE}")), key=os.path.getmtime, reverse=True
     )
     if not runs:
-        console.print(f"No runs under {base}/ (create one with `gpufeed profile -- COMMAND`).")
+        console.print(
+            f"No runs under {_m(base)}/ (create one with `gpufeed profile -- COMMAND`).",
+            emoji=False,
+        )
         return []
-    table = Table(title=f"Runs in {base}", title_justify="left")
+    table = Table(title=_text(f"Runs in {base}"), title_justify="left")
     table.add_column("run", no_wrap=True)
     table.add_column("started", no_wrap=True)
     table.add_column("duration", justify="right")
@@ -183,23 +196,81 @@ def list_runs(out: str | os.PathLike[str], console: Console | None = None) -> li
     table.add_column("command", overflow="ellipsis", no_wrap=True)
     for run_dir in runs:
         meta = _read_json(run_dir / META_FILE)
-        start, end = meta.get("start_time"), meta.get("end_time")
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start)) if start else "?"
+        start, end = _number(meta.get("start_time")), _number(meta.get("end_time"))
+        started = _clock(start)
         duration = _seconds(end - start) if start and end else "[yellow]unfinished[/yellow]"
         code = meta.get("exit_code")
-        command = " ".join(map(str, meta.get("command") or []))
         table.add_row(
-            run_dir.name, started, duration, "" if code is None else str(code), command[:60]
+            _text(run_dir.name),
+            started,
+            duration,
+            "" if code is None else _text(code),
+            _text(_visible(_command_line(meta))[:60]),
         )
     console.print(table)
     return runs
 
 
+def _command_line(meta: dict[str, Any]) -> str:
+    """The run's command as one line, secrets redacted (again: meta.json of older gpufeed versions
+    may hold what today's redaction hides)."""
+    from gpufeed.profile.redact import redact_argv, redact_value
+
+    command = meta.get("command") or []
+    if isinstance(command, list):
+        return " ".join(redact_argv(str(c) for c in command))
+    return redact_value(str(command))
+
+
+# C0 and C1 controls (ESC, CSI, BEL, CR...), DEL, and invisible or direction-changing characters.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def _visible(value: Any, keep_newlines: bool = False) -> str:
+    """`value` as text with control characters shown as escapes (`\\x1b`) instead of sent to the
+    terminal."""
+
+    def escaped(m: re.Match[str]) -> str:
+        c = m.group(0)
+        return c if keep_newlines and c == "\n" else c.encode("unicode_escape").decode("ascii")
+
+    return _CONTROL.sub(escaped, str(value))
+
+
+def _m(value: Any, keep_newlines: bool = False) -> str:
+    """A string from a run, safe to put into Rich markup: escaped, control characters visible."""
+    return escape(_visible(value, keep_newlines))
+
+
+def _text(value: Any) -> Text:
+    """A string from a run as a table cell: plain text (no markup, no emoji codes)."""
+    return Text(_visible(value))
+
+
+def _gpu_name(gpu: Any) -> str:
+    return str(gpu.get("name", "?")) if isinstance(gpu, dict) else str(gpu)
+
+
 def _read_json(path: Path) -> dict[str, Any]:
+    """A meta.json as a dict; {} where it is unreadable or not an object (one damaged run must not
+    stop `ls` from listing the others)."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _clock(epoch: float | None) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch)) if epoch else "?"
+    except (OverflowError, OSError, ValueError):
+        return "?"
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
 
 
 def _num(value: float, decimals: int) -> str:

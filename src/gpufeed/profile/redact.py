@@ -1,9 +1,25 @@
-"""Redact secrets (keys, tokens, passwords) from argv and environment before anything is written."""
+"""Redact secrets (keys, tokens, passwords) from argv and environment before anything is written.
+
+What is hidden:
+- the value of an option or variable whose name says it is secret, in every spelling: `--token X`,
+  `--token=X`, `-p X` (the password of mysql & co), `KEY=X`, `db.password=X`;
+- URL userinfo: a token (`https://***@host`) or the whole password (`https://user:***@host`), also
+  when the password holds `/` or `@`;
+- secret-named keys inside JSON arguments (`--config '{"password": "X"}'`) and inside `key: value` /
+  `key=value` text (query strings, Python or YAML literals);
+- `Authorization:`-style headers and `Bearer X`;
+- known token shapes (AWS, GitHub, Hugging Face, OpenAI, Slack, JWT) whatever they are called;
+- all of the above inside shell strings (`bash -c "python train.py --password X"`), which are split
+  with shlex and redacted like argv.
+"""
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 REDACTED = "***"
 
@@ -19,12 +35,24 @@ _SECRET_WORDS = {
     "password",
     "passwd",
     "pass",
+    "pwd",
+    "pw",
     "passphrase",
     "credential",
     "credentials",
     "auth",
+    "authorization",
+    "bearer",
+    "jwt",
+    "cookie",
+    "cookies",
     "signature",
+    "sig",
 }
+# Names that contain a secret word but are well known not to be secret.
+_NOT_SECRET_NAMES = {"PWD"}  # the shell's working directory
+# Short options whose value is a secret (`mysql -p PW`, `sshpass -p PW`).
+_SECRET_SHORT_OPTIONS = {"-p"}
 # Values that are secrets whatever they are called.
 _SECRET_VALUES = re.compile(
     r"(?:AKIA|ASIA)[0-9A-Z]{16}"  # AWS access key id
@@ -35,8 +63,23 @@ _SECRET_VALUES = re.compile(
     r"|xox[abprs]-[A-Za-z0-9-]{10,}"  # Slack token
     r"|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"  # JWT
 )
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/:@\s]*:)[^@/\s]+(?=@)")
+# scheme://REST, REST up to whitespace or a quote (quotes end a URL inside JSON or Python text).
+_URL = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<rest>[^\s\"'<>]*)")
+_HOST_PORT = re.compile(r"[^:@]*:\d*")
+# `Authorization: X`-style headers: everything after the colon is the secret.
+_HEADER = re.compile(
+    r"(?i)(?P<head>\b(?:proxy-)?(?:authorization|cookie|x-api-key|x-auth-token)\s*:\s*)"
+    r"(?P<value>[^\s\"'][^\n\"']*)"
+)
+_BEARER = re.compile(r"(?i)(?P<head>\bbearer\s+)(?P<value>[A-Za-z0-9._~+/=-]+)")
+# `key=value` / `key: value` / `"key": "value"` inside text; the key decides (is_secret_name).
+_PAIR_KEY = re.compile(r"(?<![\w.])(?P<key>[A-Za-z_][\w.-]*)[\"']?\s*[:=]\s*")
+_PAIR_VALUE = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,;&}\])\"']+")
+# What counts as an option or variable name in `NAME=VALUE` (also Hydra's `+db.password=X`).
+_OPTION_NAME = re.compile(r"[-+~]*[A-Za-z_][\w.\-/]*")
+_SHELL_SAFE = re.compile(r"[\w@%+=:,./*-]+")
 _NAME_PARTS = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z])(?=[A-Z])")
+_MAX_DEPTH = 4  # nesting of shell strings / JSON inside each other that is looked into
 
 # Environment variables worth keeping in meta.json: they change how training performs.
 ENV_PREFIXES = ("CUDA_", "NCCL_", "OMP_", "MKL_", "PYTORCH_", "TORCH_", "NVIDIA_", "AWS_", "S3_")
@@ -44,34 +87,30 @@ ENV_PREFIXES = ("CUDA_", "NCCL_", "OMP_", "MKL_", "PYTORCH_", "TORCH_", "NVIDIA_
 
 def is_secret_name(name: str) -> bool:
     """True if an option or variable name (e.g. `--api-key`, `AWS_SECRET_ACCESS_KEY`) holds a secret."""
+    if name in _NOT_SECRET_NAMES:
+        return False
     parts = [p.lower() for p in _NAME_PARTS.split(name) if p]
     return any(p in _SECRET_WORDS for p in parts) or "password" in name.lower()
 
 
+def _is_secret_option(option: str) -> bool:
+    """`option` is an argv option or `NAME` of `NAME=VALUE` whose value is a secret."""
+    if option in _SECRET_SHORT_OPTIONS:
+        return True
+    name = option.lstrip("-+~")
+    return is_secret_name(name) or (option != name and name.lower() == "pwd")  # `--PWD X`
+
+
 def redact_value(value: str) -> str:
-    """`value` with known secret shapes and URL passwords replaced."""
-    value = _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, value)
-    return _SECRET_VALUES.sub(REDACTED, value)
+    """`value` with secrets replaced: URL userinfo, secret keys in JSON or `key=value` text, headers,
+    known token shapes, and all of these inside a shell string."""
+    return _redact_text(value, 0)
 
 
 def redact_argv(argv: Iterable[str]) -> list[str]:
-    """argv with the values of secret options (`--token X`, `--token=X`, `KEY=X`) and secret shapes redacted."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        name, sep, _ = arg.partition("=")
-        if sep and is_secret_name(name.lstrip("-")):
-            out.append(f"{name}={REDACTED}")
-        elif arg.startswith("-") and not sep and is_secret_name(arg.lstrip("-")):
-            out.append(arg)
-            hide_next = True
-        else:
-            out.append(redact_value(arg))
-    return out
+    """argv with the values of secret options (`--token X`, `--token=X`, `-p X`, `KEY=X`) and the
+    secrets `redact_value` finds in any argument (shell strings, JSON, URLs) redacted."""
+    return _redact_argv(argv, 0)
 
 
 def redact_env(env: Mapping[str, str], prefixes: tuple[str, ...] = ENV_PREFIXES) -> dict[str, str]:
@@ -81,3 +120,112 @@ def redact_env(env: Mapping[str, str], prefixes: tuple[str, ...] = ENV_PREFIXES)
         for k, v in sorted(env.items())
         if k.startswith(prefixes)
     }
+
+
+def _redact_argv(argv: Iterable[str], depth: int) -> list[str]:
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        arg = str(arg)
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        name, sep, value = arg.partition("=")
+        option_like = bool(sep) and _OPTION_NAME.fullmatch(name) is not None
+        if option_like and _is_secret_option(name):
+            out.append(f"{name}={REDACTED}")
+        elif not sep and arg.startswith("-") and _OPTION_NAME.fullmatch(arg):
+            hide_next = _is_secret_option(arg)
+            out.append(arg if hide_next else _redact_text(arg, depth))
+        elif option_like:
+            out.append(f"{name}={_redact_text(value, depth)}")
+        else:
+            out.append(_redact_text(arg, depth))
+    return out
+
+
+def _redact_text(text: str, depth: int) -> str:
+    """One argument or value: JSON, then shell words, then the patterns on the whole text."""
+    text = str(text)
+    stripped = text.strip()
+    if stripped[:1] in ("{", "[") and depth <= _MAX_DEPTH:
+        try:
+            obj = json.loads(stripped)
+        except ValueError:
+            obj = None
+        if isinstance(obj, (dict, list)):
+            red = _redact_json(obj, depth + 1)
+            return text if red == obj else json.dumps(red, ensure_ascii=False)
+    if depth < _MAX_DEPTH and any(c.isspace() for c in text):
+        try:
+            words = shlex.split(text)
+        except ValueError:  # unbalanced quotes: not a shell string, the patterns below still apply
+            words = []
+        if len(words) > 1 or (words and words[0] != text):
+            red = _redact_argv(words, depth + 1)
+            if red != words:
+                text = " ".join(w if _SHELL_SAFE.fullmatch(w) else shlex.quote(w) for w in red)
+    text = _URL.sub(_redact_url, text)
+    text = _HEADER.sub(lambda m: m.group("head") + REDACTED, text)
+    text = _BEARER.sub(lambda m: m.group("head") + REDACTED, text)
+    text = _redact_pairs(text)
+    return _SECRET_VALUES.sub(REDACTED, text)
+
+
+def _redact_json(obj: Any, depth: int) -> Any:
+    if isinstance(obj, dict):
+        return {
+            k: (
+                REDACTED
+                if is_secret_name(str(k)) and v is not None and not isinstance(v, bool)
+                else _redact_json(v, depth)
+            )
+            for k, v in obj.items()
+        }
+    if isinstance(obj, list):
+        return [_redact_json(v, depth) for v in obj]
+    if isinstance(obj, str):
+        return _redact_text(obj, depth)
+    return obj
+
+
+def _redact_url(m: re.Match[str]) -> str:
+    """A URL with the secret part of its userinfo (`token@`, the password of `user:password@`)
+    replaced."""
+    rest = m.group("rest")
+    slash = rest.find("/")
+    authority = rest if slash < 0 else rest[:slash]
+    if "@" in authority:
+        at = authority.rfind("@")
+    elif (
+        slash >= 0
+        and "@" in rest
+        and ":" in authority
+        and not authority.startswith("[")  # IPv6 host
+        and not _HOST_PORT.fullmatch(authority)
+    ):
+        at = rest.rfind("@")  # `user:pa/ss@host`: a "/" in the password, not a path
+    else:
+        return m.group(0)
+    # `user:password@`: the user name stays (it tells which account), all of the password goes;
+    # `token@` (no colon): all of it goes.
+    user, colon, _ = rest[:at].partition(":")
+    return f"{m.group('scheme')}{user + colon if colon else ''}{REDACTED}{rest[at:]}"
+
+
+def _redact_pairs(text: str) -> str:
+    """`text` with the values of secret keys in `key=value`, `key: value`, `"key": "value"` hidden."""
+    out: list[str] = []
+    pos = 0
+    while (m := _PAIR_KEY.search(text, pos)) is not None:
+        value = _PAIR_VALUE.match(text, m.end()) if is_secret_name(m.group("key")) else None
+        if value is None or value.group(0) == REDACTED:
+            out.append(text[pos : m.end()])
+            pos = m.end()
+            continue
+        quote = value.group(0)[0] if value.group(0)[0] in "\"'" else ""
+        out.append(text[pos : m.end()] + quote + REDACTED + quote)
+        pos = value.end()
+    out.append(text[pos:])
+    return "".join(out)

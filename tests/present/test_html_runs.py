@@ -1,0 +1,41 @@
+"""The HTML report on hand-made run directories: multi-host runs, and what it shows of argv."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import gpufeed
+from gpufeed.present.html import render_html
+from gpufeed.profile.session import steps_store_path
+from gpufeed.profile.store import Store
+
+
+def _figures(html: str) -> dict:
+    return json.loads(re.search(r'id="chart-data">(.*?)</script>', html, re.S).group(1))
+
+
+def test_report_of_a_multi_host_run_whose_rank_0_host_does_not_sort_first(make_run):
+    # rank 0 on "node-b", rank 1 on "node-a": the host that sorts first has no rank 0.
+    steps = {0: [(i, 1010.0 + i, 1011.0 + i, 0.25, 16.0, None) for i in range(5)]}
+    run_dir = make_run(ranks=steps, host="node-b", system=[(1000.0, "cpu.util", "", 5.0)])
+    store = Store(steps_store_path(run_dir, "node-a", 201))
+    info = {"host": "node-a", "rank": 1, "local_rank": 0, "world_size": 2, "pid": 201}
+    rows = [(i, 1010.0 + i, 1011.0 + i, 0.5, 16.0, None) for i in range(5)]
+    store.write({**info, "start": 1000.0, "end": 1099.0}, steps=rows)
+    store.close()
+    run = gpufeed.load(run_dir)
+    assert run.meta["hosts"] == ["node-a", "node-b"]
+    html = render_html(run, [])  # IndexError before
+    breakdown = _figures(html)["chart-step-breakdown"]
+    wait = breakdown["data"][0]["y"]
+    assert wait == [250.0] * 5  # rank 0's data wait (rank 1 waits 500 ms)
+    assert "rank 0 on node-b" in html
+
+
+def test_report_redacts_secrets_left_in_an_old_meta_json(make_run):
+    command = ["python", "t.py", "--pwd", "Pw9x", "--url", "https://u:p@ss@h/x", "-p", "Pw9x"]
+    html = render_html(gpufeed.load(make_run(meta={"command": command})), [])
+    shown = re.search(r'<span id="run-command">(.*?)</span>', html, re.S).group(1)
+    assert "Pw9x" not in shown and "ss@h" not in shown and "p@ss" not in shown
+    assert "--pwd" in shown and "https://u:***@h/x" in shown
