@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import gpufeed
+from gpufeed.profile.store import read_store
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -178,16 +179,31 @@ def _start_forever(tmp_path: Path, gpufeed_cli) -> tuple[subprocess.Popen, Path]
         start_new_session=True,
         cwd=tmp_path,
     )
-    deadline = time.monotonic() + 60
+    # Wait for a condition, not for time (a busy machine may train slowly): until the store holds
+    # enough steps. Those steps ended before `seen`; 1.5 s later they are all older than the
+    # one-flush window the test allows to be lost, however slowly the rest goes.
+    deadline = time.monotonic() + 180
     runs = tmp_path / "runs"
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and proc.poll() is None:
         stores = list(runs.glob("*/steps-*.db")) if runs.exists() else []
-        if stores:
-            time.sleep(2.0)  # let it record a couple of seconds of steps
+        if stores and _stored_steps(stores[0]) >= _STEPS_BEFORE_KILL:
+            time.sleep(1.5)
             return proc, stores[0]
         time.sleep(0.1)
     proc.kill()
-    raise AssertionError("training never started: " + proc.communicate()[1])
+    raise AssertionError(
+        f"fewer than {_STEPS_BEFORE_KILL} steps were recorded: " + proc.communicate()[1]
+    )
+
+
+_STEPS_BEFORE_KILL = 60
+
+
+def _stored_steps(store: Path) -> int:
+    try:
+        return len(read_store(store)["steps"])
+    except Exception:  # being created: no tables yet
+        return 0
 
 
 def _printed_steps(stdout: str) -> list[float]:
@@ -209,7 +225,9 @@ def test_kill_9_loses_at_most_the_last_flush(tmp_path, victim, gpufeed_cli):
     ends = _printed_steps(out)
     run = gpufeed.load(run_dir)
     recorded = len(run.steps)
-    assert recorded <= len(ends)
+    # The script prints a step after opt.step() returns: the step in progress at the kill may be
+    # recorded without its line.
+    assert recorded <= len(ends) + 1
     # Every step that ended more than one flush window (<= 1 s) before the kill is there.
     assert recorded >= sum(t <= killed_at - 1.0 for t in ends) > 50
     assert list(run.steps["step"]) == list(range(recorded))
@@ -278,25 +296,6 @@ def test_interval_out_of_range_is_a_clear_error(tmp_path, profile_cli, interval)
     assert cp.returncode == 2
     assert f"--interval {float(interval)} is out of range" in cp.stderr
     assert not (tmp_path / "gpufeed-runs").exists()
-
-
-def test_unwritable_out_dir_is_a_clear_error_before_the_command_runs(tmp_path, profile_cli):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    marker = tmp_path / "ran"
-    code = f"open({str(marker)!r}, 'w')"
-    cp = profile_cli("--out", str(blocker / "runs"), "--", sys.executable, "-c", code)
-    assert cp.returncode == 2
-    assert "cannot write the run directory" in cp.stderr and str(blocker) in cp.stderr
-    assert not marker.exists()
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only directory")
-def test_read_only_out_dir_is_a_clear_error(tmp_path, profile_cli):
-    ro = tmp_path / "ro"
-    ro.mkdir(mode=0o555)
-    cp = profile_cli("--out", str(ro), "--", sys.executable, "-c", "pass")
-    assert cp.returncode == 2 and "cannot write the run directory" in cp.stderr
 
 
 HANDLES_SIGNALS = """

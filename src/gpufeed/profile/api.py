@@ -19,11 +19,14 @@ from gpufeed.profile.session import DEFAULT_INTERVAL, ENV_RUN_DIR
 
 def step(samples: float | None = None) -> None:
     """Mark the end of a training step (for loops without a torch optimizer); no-op when not profiling."""
-    from gpufeed.profile.autopatch import recorder
+    from gpufeed.profile import autopatch
 
-    rec = recorder()
-    if rec is not None:
-        rec.mark_step(samples)
+    try:
+        rec = autopatch.recorder()
+        if rec is not None:
+            rec.mark_step(samples)
+    except Exception as e:  # the profiler never raises into the training loop
+        autopatch.hook_failed(e)
 
 
 class profile:
@@ -47,12 +50,14 @@ class profile:
         from gpufeed.profile import autopatch
         from gpufeed.profile.redact import redact_argv, redact_env
         from gpufeed.profile.session import (
+            ProfileError,
             create_run_dir,
             hostname,
             machine_meta,
             run_name,
+            save_meta,
             system_store_path,
-            write_meta,
+            warn_once,
         )
 
         existing = os.environ.get(ENV_RUN_DIR)
@@ -61,37 +66,43 @@ class profile:
             return self
         argv = [sys.executable, *sys.argv]
         name = self.name or run_name(argv)
-        self.run_dir = create_run_dir(self.out, name).resolve()
-        write_meta(
+        try:
+            self.run_dir = create_run_dir(self.out, name).resolve()
+        except ProfileError as e:  # storage never stops the training: it runs unprofiled
+            warn_once("run-dir", f"{e}; running without profiling")
+            return self
+        save_meta(
             self.run_dir,
-            {
-                "name": name,
-                "command": redact_argv(argv),
-                "env": redact_env(os.environ),
-                "cwd": os.getcwd(),
-                "start_time": time.time(),
-                "end_time": None,
-                "exit_code": None,
-                "interval": self.interval,
-                **machine_meta(),
-            },
+            name=name,
+            command=redact_argv(argv),
+            env=redact_env(os.environ),
+            cwd=os.getcwd(),
+            start_time=time.time(),
+            end_time=None,
+            exit_code=None,
+            interval=self.interval,
+            **machine_meta(),
         )
         self._owner = True
         os.environ[ENV_RUN_DIR] = str(self.run_dir)
-        self._sampler = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpufeed.profile.sampler",
-                str(self.run_dir),
-                "--root-pid",
-                str(os.getpid()),
-                "--interval",
-                str(self.interval),
-            ],
-            stdin=subprocess.DEVNULL,
-        )
-        _wait_for(system_store_path(self.run_dir, hostname()), self._sampler, timeout=10.0)
+        try:
+            self._sampler = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpufeed.profile.sampler",
+                    str(self.run_dir),
+                    "--root-pid",
+                    str(os.getpid()),
+                    "--interval",
+                    str(self.interval),
+                ],
+                stdin=subprocess.DEVNULL,
+            )
+        except OSError as e:  # without a sampler the steps are still worth having
+            warn_once(str(self.run_dir), f"system sampler not started: {e}")
+        else:
+            _wait_for(system_store_path(self.run_dir, hostname()), self._sampler, timeout=10.0)
         autopatch.reset()
         autopatch.install()
         rec = autopatch.recorder()
@@ -104,7 +115,7 @@ class profile:
         if not self._owner:
             return
         from gpufeed.profile import autopatch
-        from gpufeed.profile.session import update_meta
+        from gpufeed.profile.session import save_meta
 
         self._owner = False
         autopatch.close()
@@ -118,7 +129,7 @@ class profile:
             except subprocess.TimeoutExpired:
                 self._sampler.kill()
                 self._sampler.wait()
-        update_meta(self.run_dir, end_time=time.time(), exit_code=exit_code)  # type: ignore[arg-type]
+        save_meta(self.run_dir, end_time=time.time(), exit_code=exit_code)  # type: ignore[arg-type]
 
     def __enter__(self) -> profile:
         return self.start()

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpufeed.profile.session import ENV_RUN_DIR, identity, steps_store_path
+from gpufeed.profile.session import ENV_RUN_DIR, identity, steps_store_path, warn_once
 from gpufeed.profile.steps import Recorder
 
 _DISABLED: Any = False  # sentinel: this process does not record
@@ -29,6 +29,7 @@ _original_next: Callable[[Any], Any] | None = None
 _original_enter: Callable[[Any], Any] | None = None
 _pending_autocast: tuple[str, Any] | None = None  # autocast entered before this process trained
 _installed = False
+hook_errors = 0  # hook calls that failed in this process (their events are dropped)
 
 
 # --- the recorder of this process ---------------------------------------------------------------
@@ -51,10 +52,16 @@ def _create() -> Recorder | Any:
         if not run_dir or _in_dataloader_worker():
             _recorder = _DISABLED
             return _recorder
-        who = identity()
-        info = {**who, "start": process_start_time()}
-        _recorder = Recorder(steps_store_path(run_dir, who["host"], who["pid"]), info)
-        _recorder.autocast = _pending_autocast
+        try:
+            who = identity()
+            info = {**who, "start": process_start_time()}
+            rec = Recorder(steps_store_path(run_dir, who["host"], who["pid"]), info)
+        except Exception as e:  # e.g. no thread to flush with: this process records nothing
+            _recorder = _DISABLED
+            hook_failed(e)
+            return _recorder
+        rec.autocast = _pending_autocast
+        _recorder = rec
         atexit.register(close)
         return _recorder
 
@@ -64,8 +71,28 @@ def close() -> None:
     global _recorder
     with _lock:
         rec, _recorder = _recorder, None
-    if rec and rec.path is not None:
-        rec.close()
+    try:
+        if rec and rec.path is not None:
+            rec.close()
+    except Exception as e:  # at exit too, the profiler never adds a traceback of its own
+        hook_failed(e)
+
+
+def hook_failed(error: BaseException) -> None:
+    """A hook (or `gpufeed.step()`) failed: count its event as dropped, warn once, go on."""
+    global hook_errors
+    hook_errors += 1
+    try:
+        rec = _recorder
+        if rec:
+            rec.dropped += 1
+    except Exception:  # a recorder that broken is not counting anything any more
+        pass
+    warn_once(
+        "hooks",
+        f"profiler hook failed ({type(error).__name__}: {error}); its event is dropped and "
+        "counted, training continues",
+    )
 
 
 def reset() -> None:
@@ -95,10 +122,18 @@ os.register_at_fork(after_in_child=reset)
 # --- the hooks ----------------------------------------------------------------------------------
 
 
+# Every hook runs inside the user's training step: whatever fails in it is counted and dropped
+# (`hook_failed`), never raised into the user's code. Only the wrapped call's own outcome (a batch,
+# StopIteration, the user's exception) reaches the caller. A try costs nothing until it catches.
+
+
 def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    rec = _recorder if _recorder is not None else _create()
-    if rec:
-        rec.on_optimizer_step(optimizer)
+    try:
+        rec = _recorder if _recorder is not None else _create()
+        if rec:
+            rec.on_optimizer_step(optimizer)
+    except Exception as e:
+        hook_failed(e)
 
 
 def _next(self: Any) -> Any:
@@ -106,14 +141,20 @@ def _next(self: Any) -> Any:
     try:
         batch = _original_next(self)  # type: ignore[misc]
     except StopIteration:
+        try:
+            rec = _recorder if _recorder is not None else _create()
+            if rec:
+                rec.on_wait(t0, time.perf_counter())
+        except Exception as e:
+            hook_failed(e)
+        raise
+    try:
+        t1 = time.perf_counter()
         rec = _recorder if _recorder is not None else _create()
         if rec:
-            rec.on_wait(t0, time.perf_counter())
-        raise
-    t1 = time.perf_counter()
-    rec = _recorder if _recorder is not None else _create()
-    if rec:
-        rec.on_batch(t0, t1, batch, self)
+            rec.on_batch(t0, t1, batch, self)
+    except Exception as e:
+        hook_failed(e)
     return batch
 
 
@@ -122,13 +163,17 @@ def _enter_autocast(self: Any) -> Any:
     result = _original_enter(self)  # type: ignore[misc]
     try:
         if self._enabled:
+            amp = (self.device, self.fast_dtype)
+            hash(amp)  # steps are counted per dtype: an unhashable one fails here, not later
             rec = _recorder
             if rec:
-                rec.autocast = (self.device, self.fast_dtype)
+                rec.autocast = amp
             elif rec is None:
-                _pending_autocast = (self.device, self.fast_dtype)
+                _pending_autocast = amp
     except AttributeError:  # a torch whose autocast names these differently: precision unknown
         pass
+    except Exception as e:  # e.g. a subclass whose properties raise: precision stays unknown
+        hook_failed(e)
     return result
 
 

@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from gpufeed.profile.redact import redact_argv, redact_env
 from gpufeed.profile.sampler import Sampler
@@ -25,8 +26,9 @@ from gpufeed.profile.session import (
     create_run_dir,
     machine_meta,
     run_name,
-    update_meta,
-    write_meta,
+    save_meta,
+    warn_once,
+    warned,
 )
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
@@ -70,28 +72,28 @@ def profile_command(
     out: str | os.PathLike[str] | None = None,
     name: str | None = None,
     interval: float = DEFAULT_INTERVAL,
-) -> tuple[int, Path]:
+) -> tuple[int, Path | None]:
     """Run `command` under the profiler; return (its exit code, the run directory).
 
-    Raises ProfileError before anything starts if the command, out directory or interval is bad.
+    Raises ProfileError before anything starts if the command or interval is bad. Storage never
+    stops the command nor changes its exit code: if the run directory cannot be created the command
+    runs unprofiled (run directory None); if it cannot be written, what can be is recorded. Either
+    way one warning is printed per process.
     """
     interval = check_interval(interval)
     executable = resolve_command(command)
-    run_dir = create_run_dir(out, name or run_name(command))
-    meta = {
-        "name": name or run_name(command),
-        "command": redact_argv(command),
-        "env": redact_env(os.environ),
-        "cwd": os.getcwd(),
-        "start_time": time.time(),
-        "end_time": None,
-        "exit_code": None,
-        "interval": interval,
-        **machine_meta(),
-    }
-    write_meta(run_dir, meta)
-    sys.stderr.write(f"gpufeed: profiling into {run_dir}\n")
-    sys.stderr.flush()
+    name = name or run_name(command)
+    run_dir: Path | None
+    try:
+        run_dir = create_run_dir(out, name)
+    except ProfileError as e:
+        warn_once("run-dir", f"{e}; the command runs without profiling")
+        run_dir = None
+    meta: dict[str, Any] = {}
+    if run_dir is not None:
+        _say(f"gpufeed: profiling into {run_dir}")
+        meta = _initial_meta(command, name, interval)
+        save_meta(run_dir, **meta)
 
     # Signals are blocked from here on and taken by sigtimedwait() (the sampler thread inherits
     # the block); the child is spawned with an empty mask.
@@ -101,32 +103,68 @@ def profile_command(
             pid = os.posix_spawn(
                 executable,
                 command,
-                child_env(run_dir),
+                child_env(run_dir) if run_dir is not None else dict(os.environ),
                 setsigmask=(),
                 setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
             )
         except OSError as e:
-            update_meta(run_dir, end_time=time.time(), exit_code=126, error=str(e))
+            if run_dir is not None:
+                save_meta(
+                    run_dir, **{**meta, "end_time": time.time(), "exit_code": 126, "error": str(e)}
+                )
             raise ProfileError(
                 f"cannot run {command[0]!r}: {e.strerror or e}", exit_code=126
             ) from None
         sampler = None
-        try:
-            sampler = Sampler(run_dir, pid, interval)
-            sampler.start()
-        except Exception as e:  # without a sampler the steps are still worth having
-            sys.stderr.write(f"gpufeed: warning: system sampler not started: {e}\n")
+        if run_dir is not None:
+            try:
+                sampler = Sampler(run_dir, pid, interval)
+                sampler.start()
+            except Exception as e:  # without a sampler the steps are still worth having
+                warn_once(str(run_dir), f"system sampler not started: {e}")
         code = _wait_forwarding(pid)
         if sampler is not None:
-            sampler.stop()
-        update_meta(run_dir, end_time=time.time(), exit_code=code)
+            try:
+                sampler.stop()
+            except Exception as e:
+                warn_once(str(run_dir), f"system sampler did not stop cleanly: {e}")
+        if run_dir is not None:
+            save_meta(run_dir, **{**meta, "end_time": time.time(), "exit_code": code})
     finally:
         # A Ctrl-C that reached the child after our last wait must not kill us once unblocked.
         while signal.sigtimedwait([*_FORWARDED, signal.SIGCHLD], 0) is not None:
             pass
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [*_FORWARDED, signal.SIGCHLD])
-    sys.stderr.write(f"gpufeed: run written to {run_dir} (exit code {code})\n")
+    if run_dir is None:
+        _say(f"gpufeed: the command ran unprofiled (exit code {code})")
+    elif warned(str(run_dir)):
+        _say(
+            f"gpufeed: run in {run_dir} is incomplete: it could not all be written (exit code {code})"
+        )
+    else:
+        _say(f"gpufeed: run written to {run_dir} (exit code {code})")
     return code, run_dir
+
+
+def _initial_meta(command: list[str], name: str, interval: float) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "start_time": time.time(), "end_time": None}
+    meta.update(exit_code=None, interval=interval)
+    try:
+        meta.update(command=redact_argv(command), env=redact_env(os.environ), cwd=os.getcwd())
+    except Exception as e:  # nothing unredacted is written; the run goes on
+        meta["meta_error"] = f"command and environment not recorded: {e}"
+    try:
+        meta.update(machine_meta())
+    except Exception as e:
+        meta["meta_error"] = f"machine facts not recorded: {e}"
+    return meta
+
+
+def _say(line: str) -> None:
+    # The command's exit code must pass through even where our stderr is closed.
+    with contextlib.suppress(Exception):
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 def _wait_forwarding(pid: int) -> int:

@@ -25,10 +25,12 @@ from gpufeed.profile.session import (
     hostname,
     main_pids,
     system_store_path,
+    warn_once,
 )
 from gpufeed.profile.store import Store
 
 Row = tuple[float, str, str, float]
+_MAX_BUFFERED = 100_000  # sample rows kept for a store that cannot be written just now
 
 
 class Gpus:
@@ -146,6 +148,9 @@ class Sampler:
         self._rows: list[Row] = []
         self._proc_rows: list[tuple[float, int, str, float, float]] = []
         self._last_commit = time.monotonic()
+        self._retry_after = 0.0  # after a failed commit, the next try waits (monotonic time)
+        self._backoff = FLUSH_INTERVAL
+        self.dropped = 0  # sample rows given up on because the store could not be written
         self._prev: dict[str, tuple[float, float]] = {}  # counter -> (time, value) for rates
         self._pcie_every = 1
         # Look for new processes about once a second; read the known ones on every tick.
@@ -167,7 +172,10 @@ class Sampler:
         _lower_priority()
         next_t = time.monotonic()
         while not self._stop.is_set() and not (until and until()):
-            self.tick()
+            try:
+                self.tick()
+            except Exception as e:  # a bug of ours: this tick is lost, sampling goes on
+                warn_once("sampler", f"system sample failed ({type(e).__name__}: {e})")
             next_t += self.interval
             delay = next_t - time.monotonic()
             if delay < 0:  # fell behind (a slow NVML call): skip, do not burst
@@ -183,7 +191,8 @@ class Sampler:
             self._thread.join(timeout=10)
         else:
             self.flush()
-        self._store.close()
+        with contextlib.suppress(Exception):
+            self._store.close()
 
     def tick(self) -> None:
         """One sample of everything; failures of one source never stop the others."""
@@ -203,21 +212,31 @@ class Sampler:
         with contextlib.suppress(Exception):
             self._proc_rows.extend(self._processes(now))
         self._ticks += 1
-        if time.monotonic() - self._last_commit >= FLUSH_INTERVAL:
+        now_m = time.monotonic()
+        if now_m - self._last_commit >= FLUSH_INTERVAL and now_m >= self._retry_after:
             self.flush()
 
     def flush(self) -> None:
-        """Commit buffered samples (kept for the next try if the store fails)."""
+        """Commit buffered samples. If the store fails they are kept for a later try (backing off
+        up to 30 s, at most _MAX_BUFFERED rows, the rest dropped and counted) and one warning is
+        printed per run directory, not one per try."""
         try:
             self._store.write(system=self._rows, processes=self._proc_rows)
         except Exception as e:
-            sys.stderr.write(f"gpufeed: warning: cannot write system samples: {e}\n")
-            if len(self._rows) > 100_000:
-                self._rows.clear()
-                self._proc_rows.clear()
+            warn_once(
+                str(self.run_dir),
+                f"cannot write system samples to {self.run_dir}: {e}; "
+                "dropping them, the command continues",
+            )
+            if len(self._rows) + len(self._proc_rows) > _MAX_BUFFERED:
+                self.dropped += len(self._rows) + len(self._proc_rows)
+                self._rows, self._proc_rows = [], []
+            self._retry_after = time.monotonic() + self._backoff
+            self._backoff = min(30.0, 2 * self._backoff)
             return
         self._rows, self._proc_rows = [], []
         self._last_commit = time.monotonic()
+        self._retry_after, self._backoff = 0.0, FLUSH_INTERVAL
 
     # --- sources ----------------------------------------------------------------------------------
 
@@ -345,7 +364,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--root-pid", type=int, required=True)
     ap.add_argument("--interval", type=float, default=0.2)
     args = ap.parse_args(argv)
-    sampler = Sampler(args.run_dir, args.root_pid, args.interval)
+    try:
+        sampler = Sampler(args.run_dir, args.root_pid, args.interval)
+    except Exception as e:  # the profiled process goes on without system samples
+        warn_once(args.run_dir, f"system sampler not started: {e}")
+        return
     import signal
 
     signal.signal(signal.SIGTERM, lambda *_: sampler._stop.set())

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,6 @@ def identity() -> dict[str, Any]:
     rank, local_rank, world = env.get("RANK"), env.get("LOCAL_RANK"), env.get("WORLD_SIZE")
     if rank is None:
         # mp.spawn-style DDP sets no env; ask torch.distributed if the script already initialized it.
-        import sys
-
         dist = sys.modules.get("torch.distributed")
         try:
             if dist is not None and dist.is_available() and dist.is_initialized():
@@ -168,11 +167,20 @@ def cpu_model() -> str:
 
 
 def write_meta(run_dir: str | os.PathLike[str], meta: dict[str, Any]) -> None:
-    """Write meta.json atomically (temp file + rename), so a reader never sees half a file."""
+    """Write meta.json atomically (temp file + rename), so a reader never sees half a file.
+
+    Raises OSError if it cannot be written; the temp file is never left behind.
+    """
     path = Path(run_dir) / META_FILE
     tmp = path.with_name(f".{META_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(meta, indent=2, default=str))
-    os.replace(tmp, path)
+    text = json.dumps(meta, indent=2, default=str)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def read_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
@@ -188,3 +196,49 @@ def update_meta(run_dir: str | os.PathLike[str], **items: Any) -> None:
     meta = read_meta(run_dir)
     meta.update(items)
     write_meta(run_dir, meta)
+
+
+def save_meta(run_dir: str | os.PathLike[str], **items: Any) -> bool:
+    """Merge `items` into meta.json, best effort: a failure warns once per run directory and never
+    raises (the profiled command must not notice). True if written."""
+    try:
+        try:
+            meta = read_meta(run_dir)
+        except Exception:  # damaged: what we know replaces it
+            meta = {}
+        meta.update(items)
+        write_meta(run_dir, meta)
+        return True
+    except Exception as e:
+        warn_once(
+            str(run_dir),
+            f"cannot write {Path(run_dir) / META_FILE}: {e}; the command continues, "
+            "the run directory will be incomplete",
+        )
+        return False
+
+
+_warned: set[str] = set()
+os.register_at_fork(after_in_child=_warned.clear)  # a forked child is a process of its own
+
+
+def warn_once(key: str, message: str) -> bool:
+    """Print `gpufeed: warning: MESSAGE` to stderr unless this process already warned about `key`.
+
+    Writers of one run directory share its path as key, so a storage fault is one line per process,
+    not one per writer tick. Never raises (stderr may be closed); True if this call warned.
+    """
+    if key in _warned:
+        return False
+    _warned.add(key)
+    try:
+        sys.stderr.write(f"gpufeed: warning: {message}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+    return True
+
+
+def warned(key: str) -> bool:
+    """Whether this process has warned about `key`."""
+    return key in _warned

@@ -9,6 +9,7 @@ precision the steps computed in (autocast per step, the optimizer's parameter dt
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import threading
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpufeed.profile.session import FLUSH_INTERVAL
+from gpufeed.profile.session import FLUSH_INTERVAL, warn_once
 from gpufeed.profile.store import Store
 
 NAN = math.nan
@@ -30,15 +31,22 @@ _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float
 
 
 def batch_size(batch: Any, _depth: int = 0) -> int | None:
-    """Leading dimension of the first tensor-like (has `.shape`) in a batch of nested lists/dicts."""
-    shape = getattr(batch, "shape", None)
-    if shape is not None:
-        return int(shape[0]) if len(shape) else None
-    if _depth < 4:
-        if isinstance(batch, (list, tuple)) and batch:
-            return batch_size(batch[0], _depth + 1)
-        if isinstance(batch, Mapping) and batch:
-            return batch_size(next(iter(batch.values())), _depth + 1)
+    """Leading dimension of the first tensor-like (has `.shape`) in a batch of nested lists/dicts.
+
+    None where it cannot tell: a batch is the user's object, and whatever its `shape` is (a method, a
+    number, a property that raises) or its container does, this never raises.
+    """
+    try:
+        shape = getattr(batch, "shape", None)
+        if shape is not None:
+            return int(shape[0]) if len(shape) else None
+        if _depth < 4:
+            if isinstance(batch, (list, tuple)) and batch:
+                return batch_size(batch[0], _depth + 1)
+            if isinstance(batch, Mapping) and batch:
+                return batch_size(next(iter(batch.values())), _depth + 1)
+    except Exception:
+        pass
     return None
 
 
@@ -95,6 +103,7 @@ class Recorder:
         self._primary: weakref.ref | None = None
         self._last_iter = 0
         self._cuda = None  # torch.cuda once it is initialized
+        self._gpu_off = False  # CUDA events failed once: GPU time is not measured any more
         self._ev_start: Any = None
         self._ev_prev_end: Any = None
         self._pending_gpu: deque[tuple[int, Any, Any]] = deque()
@@ -132,8 +141,7 @@ class Recorder:
             for w in getattr(iterator, "_workers", ()):
                 self._workers.append((w.pid, now))
         if self._ev_start is None and self._cuda_ready():
-            self._ev_start = self._cuda.Event(enable_timing=True)
-            self._ev_start.record()
+            self._ev_start = self._record_event()
 
     def on_wait(self, t0: float, t1: float) -> None:
         """A DataLoader `__next__` blocked from t0 to t1 and ended the epoch (StopIteration)."""
@@ -170,9 +178,8 @@ class Recorder:
             samples = self._samples if self._samples is not None else NAN
         ev0 = ev1 = None
         if self._cuda_ready():
-            ev1 = self._cuda.Event(enable_timing=True)
-            ev1.record()
-            ev0 = self._ev_start or self._ev_prev_end
+            ev1 = self._record_event()
+            ev0 = (self._ev_start or self._ev_prev_end) if ev1 is not None else None
         if len(self._queue) < self._capacity:
             self._queue.append((self._step, start, t, self._wait, samples, ev0, ev1))
         else:
@@ -196,18 +203,51 @@ class Recorder:
 
     def _cuda_ready(self) -> bool:
         if self._cuda is not None:
-            return True
+            return not self._gpu_off
         torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_initialized():
-            self._cuda = torch.cuda
-            return True
+        try:
+            if torch is not None and torch.cuda.is_initialized():
+                self._cuda = torch.cuda
+                return True
+        except Exception as e:  # a torch without (working) CUDA: no GPU time, steps go on
+            self._cuda = False
+            self._cuda_failed(e)
         return False
+
+    def _record_event(self) -> Any:
+        """A timing event recorded on the current stream now; None (and no more tries) if CUDA fails."""
+        try:
+            ev = self._cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        except Exception as e:
+            self._cuda_failed(e)
+            return None
+
+    def _cuda_failed(self, error: BaseException) -> None:
+        self._gpu_off = True
+        self._ev_start = self._ev_prev_end = None
+        warn_once(
+            "cuda-events",
+            f"CUDA event timing failed ({type(error).__name__}: {error}); "
+            "GPU time is not recorded from now on, training continues",
+        )
 
     # --- flushing (background thread) -----------------------------------------------------------
 
     def _run(self) -> None:
         while not self._stop.wait(self._flush_interval):
+            self._safe_flush()
+
+    def _safe_flush(self) -> None:
+        try:
             self.flush()
+        except Exception as e:  # a bug of ours must not end recording, nor reach training
+            warn_once(
+                "flush",
+                f"profiler flush failed ({type(e).__name__}: {e}); recording goes on, "
+                "training continues",
+            )
 
     def flush(self) -> None:
         """Write queued steps and resolved GPU times; on a store error drop them, count, warn once."""
@@ -256,9 +296,11 @@ class Recorder:
     def _warn(self, error: BaseException) -> None:
         if not self._warned:
             self._warned = True
-            sys.stderr.write(
-                f"gpufeed: warning: cannot write profile store {self.path}: {error}; "
-                "dropping profiler events, training continues\n"
+            # Keyed by the run directory: one line per process, whichever of its writers fails.
+            warn_once(
+                str(self.path.parent),
+                f"cannot write profile store {self.path}: {error}; "
+                "dropping profiler events, training continues",
             )
 
     def close(self, gpu_wait: float = 2.0) -> None:
@@ -269,20 +311,22 @@ class Recorder:
         # Training is over: GPU times still in flight may be waited for, briefly.
         deadline = time.monotonic() + gpu_wait
         while self._pending_gpu and time.monotonic() < deadline:
-            self.flush()
+            self._safe_flush()
             if self._pending_gpu:
                 time.sleep(0.01)
-        self.flush()
+        self._safe_flush()
         with self._flush_lock:
-            try:
-                if self._store is not None:
-                    self._store.write({"end": time.time(), "dropped_events": self.dropped})
-                    self._store.close()
-                    self._store = None
-            except Exception as e:
-                self._warn(e)
+            store, self._store = self._store, None
+            if store is not None:
+                try:
+                    store.write({"end": time.time(), "dropped_events": self.dropped})
+                except Exception as e:
+                    self._warn(e)
+                with contextlib.suppress(Exception):
+                    store.close()
         if self.dropped:
-            sys.stderr.write(f"gpufeed: {self.dropped} profiler events were dropped\n")
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"gpufeed: {self.dropped} profiler events were dropped\n")
 
 
 def _drain(queue: deque) -> list:
