@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -167,7 +169,25 @@ while True:
 """
 
 
-def _start_forever(tmp_path: Path, gpufeed_cli) -> tuple[subprocess.Popen, Path]:
+class _Reader:
+    """Reads a pipe to its end in a thread, so the writer never blocks on a full pipe."""
+
+    def __init__(self, stream) -> None:
+        self._chunks: list[str] = []
+        self._thread = threading.Thread(target=self._run, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _run(self, stream) -> None:
+        for line in stream:
+            self._chunks.append(line)
+
+    def text(self, timeout: float = 60) -> str:
+        """Everything read, once the pipe has closed (or `timeout` passed)."""
+        self._thread.join(timeout)
+        return "".join(self._chunks)
+
+
+def _start_forever(tmp_path: Path, gpufeed_cli) -> tuple[subprocess.Popen, Path, _Reader, _Reader]:
     script = tmp_path / "forever.py"
     script.write_text(FOREVER)
     cmd = gpufeed_cli("profile", "--out", str(tmp_path / "runs"), "--interval", "0.1", "--")
@@ -179,8 +199,10 @@ def _start_forever(tmp_path: Path, gpufeed_cli) -> tuple[subprocess.Popen, Path]
         start_new_session=True,
         cwd=tmp_path,
     )
+    # The script prints every step: a pipe nobody reads would fill and stop its training.
+    out, err = _Reader(proc.stdout), _Reader(proc.stderr)
     # Wait for a condition, not for time (a busy machine may train slowly): until the store holds
-    # enough steps. Those steps ended before `seen`; 1.5 s later they are all older than the
+    # enough steps. Those ended before they were seen; 1.5 s later they are all older than the
     # one-flush window the test allows to be lost, however slowly the rest goes.
     deadline = time.monotonic() + 180
     runs = tmp_path / "runs"
@@ -188,12 +210,12 @@ def _start_forever(tmp_path: Path, gpufeed_cli) -> tuple[subprocess.Popen, Path]
         stores = list(runs.glob("*/steps-*.db")) if runs.exists() else []
         if stores and _stored_steps(stores[0]) >= _STEPS_BEFORE_KILL:
             time.sleep(1.5)
-            return proc, stores[0]
+            return proc, stores[0], out, err
         time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(
-        f"fewer than {_STEPS_BEFORE_KILL} steps were recorded: " + proc.communicate()[1]
-    )
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the training process too: it holds the pipes
+    proc.wait(timeout=60)
+    raise AssertionError(f"fewer than {_STEPS_BEFORE_KILL} steps were recorded: " + err.text())
 
 
 _STEPS_BEFORE_KILL = 60
@@ -207,12 +229,14 @@ def _stored_steps(store: Path) -> int:
 
 
 def _printed_steps(stdout: str) -> list[float]:
-    return [float(line.split()[2]) for line in stdout.splitlines() if line.startswith("STEP")]
+    # A kill may cut the last line short: only whole "STEP i time" lines count.
+    fields = (line.split() for line in stdout.splitlines())
+    return [float(f[2]) for f in fields if len(f) == 3 and f[0] == "STEP"]
 
 
 @pytest.mark.parametrize("victim", ["training process", "whole tree"])
 def test_kill_9_loses_at_most_the_last_flush(tmp_path, victim, gpufeed_cli):
-    proc, store = _start_forever(tmp_path, gpufeed_cli)
+    proc, store, out, err = _start_forever(tmp_path, gpufeed_cli)
     run_dir = store.parent
     live = gpufeed.load(run_dir)  # readable while it is being written
     assert len(live.steps) > 0 and not live.meta["finished"]
@@ -221,8 +245,8 @@ def test_kill_9_loses_at_most_the_last_flush(tmp_path, victim, gpufeed_cli):
         os.killpg(proc.pid, signal.SIGKILL)
     else:
         os.kill(int(store.stem.rsplit("-", 1)[1]), signal.SIGKILL)
-    out, err = proc.communicate(timeout=60)
-    ends = _printed_steps(out)
+    proc.wait(timeout=60)
+    ends = _printed_steps(out.text())
     run = gpufeed.load(run_dir)
     recorded = len(run.steps)
     # The script prints a step after opt.step() returns: the step in progress at the kill may be
@@ -234,7 +258,7 @@ def test_kill_9_loses_at_most_the_last_flush(tmp_path, victim, gpufeed_cli):
     if victim == "whole tree":
         assert not run.meta["finished"] and "did not finish" in run.meta["not_finished"]
     else:
-        assert proc.returncode == 128 + signal.SIGKILL, err
+        assert proc.returncode == 128 + signal.SIGKILL, err.text()
         assert run.meta["finished"] and run.meta["exit_code"] == 137
 
 

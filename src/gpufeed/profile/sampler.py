@@ -143,7 +143,12 @@ class Sampler:
         }
         if self.gpus.unavailable:
             info["gpu_unavailable"] = self.gpus.unavailable
-        self._store.write(info)
+        try:
+            self._store.write(info)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._store.close()
+            raise
         self._procs: dict[int, psutil.Process] = {}
         self._rows: list[Row] = []
         self._proc_rows: list[tuple[float, int, str, float, float]] = []
