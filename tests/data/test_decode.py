@@ -12,6 +12,7 @@ import zlib
 import numpy as np
 import pytest
 import simplejpeg
+from bombs import jpeg_claiming
 from PIL import Image
 
 from gpufeed.data.decode import CorruptImage, decode, image_size
@@ -55,16 +56,6 @@ def test_dct_scales_above_one_half_are_not_used_since_they_decode_slower(jpeg: b
 
 
 # --- decompression bombs ------------------------------------------------------------------------
-
-
-def jpeg_claiming(height: int, width: int) -> bytes:
-    """A tiny valid JPEG whose SOF header is patched to claim height × width pixels."""
-    data = bytearray(simplejpeg.encode_jpeg(np.zeros((8, 8, 3), np.uint8), quality=50))
-    i = 2
-    while data[i + 1] not in (0xC0, 0xC1, 0xC2):  # walk the marker segments to the frame header
-        i += 2 + struct.unpack(">H", data[i + 2 : i + 4])[0]
-    data[i + 5 : i + 9] = struct.pack(">HH", height, width)
-    return bytes(data)
 
 
 def png_claiming(height: int, width: int) -> bytes:

@@ -8,7 +8,6 @@ import json
 import os
 import pickle
 import shutil
-import struct
 import subprocess
 import sys
 import uuid
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import simplejpeg
+from bombs import jpeg_claiming
 
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.loader import Loader
@@ -352,16 +352,6 @@ def test_an_s3_url_of_the_index_itself_says_to_pass_its_directory(s3_shards: str
 
 
 # --- a decompression bomb inside a shard --------------------------------------------------------
-
-
-def jpeg_claiming(height: int, width: int) -> bytes:
-    """A tiny valid JPEG whose SOF header is patched to claim height × width pixels."""
-    data = bytearray(simplejpeg.encode_jpeg(np.zeros((8, 8, 3), np.uint8), quality=50))
-    i = 2
-    while data[i + 1] not in (0xC0, 0xC1, 0xC2):  # walk the marker segments to the frame header
-        i += 2 + struct.unpack(">H", data[i + 2 : i + 4])[0]
-    data[i + 5 : i + 9] = struct.pack(">HH", height, width)
-    return bytes(data)
 
 
 _LOADER_CHILD = """

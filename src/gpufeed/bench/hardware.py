@@ -6,11 +6,13 @@ usable cores, GPU models and the imaging libraries' versions.
 
 from __future__ import annotations
 
-import os
 from importlib import metadata
 from typing import Any
 
+from gpufeed.data.budget import usable_cores
 from gpufeed.profile.session import machine_meta
+
+__all__ = ["hardware", "usable_cores"]
 
 _EXTRA_LIBRARIES = (
     "simplejpeg",
@@ -19,14 +21,6 @@ _EXTRA_LIBRARIES = (
     "nvidia-dali-cuda120",
     "nvidia-dali-cuda130",
 )
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity set), which is what a loader can use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def hardware() -> dict[str, Any]:

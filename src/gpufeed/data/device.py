@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gpufeed.data.augment import Augment, Box
+from gpufeed.data.augment import Box, _base_grid, _normalizer
 from gpufeed.data.batch import CorruptSampleError, batch_generator, build_batch, cpu_decoder
 from gpufeed.data.dataset import RawSample
 from gpufeed.data.plan import Position
@@ -73,13 +73,6 @@ class DeviceBatch:
     retried: int
 
 
-def _normalizer(aug: Augment, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(-shift, scale) with x·scale − shift = (x/255 − mean)/std, each 1×3×1×1."""
-    m = torch.tensor(aug.mean, device=device).view(1, 3, 1, 1)
-    s = torch.tensor(aug.std, device=device).view(1, 3, 1, 1)
-    return -(m / s), 1 / (255 * s)
-
-
 class DeviceStage:
     """Slot → `DeviceBatch` on `device`, for one `BatchSpec`."""
 
@@ -97,7 +90,8 @@ class DeviceStage:
         self.seed, self.rank = seed, rank
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device, priority=-1) if self.cuda else None
-        self.neg_shift, self.scale = _normalizer(spec.augment, device)
+        self.scale, shift = _normalizer(spec.augment.mean, spec.augment.std, device)
+        self.neg_shift = -shift
         self.nvjpeg = spec.handoff == "encoded" and self.cuda and nvjpeg_available()
         # two steps on two threads: decode (first) and resample (second), each its own stream
         self.split = self.nvjpeg
@@ -382,7 +376,9 @@ def _sample(
     dev = host.to(device, non_blocking=True)
     a = dev[: n * 6].view(n, 2, 3)
     shifts = dev[n * 6 :].view(taps * taps, n, 1, 1, 2)
-    grid = (_grid(out_h, out_w, device) @ a.transpose(1, 2)).view(n, out_h, out_w, 2)
+    grid = (_base_grid(out_h, out_w, device, torch.float32) @ a.transpose(1, 2)).view(
+        n, out_h, out_w, 2
+    )
     if taps == 1:
         return F.grid_sample(canvas, grid.to(canvas_dtype), align_corners=False).float()
     acc = None
@@ -391,18 +387,3 @@ def _sample(
         acc = s.float() if acc is None else acc.add_(s)
     assert acc is not None
     return acc.div_(taps * taps)
-
-
-_GRIDS: dict[tuple[int, int, str], torch.Tensor] = {}
-
-
-def _grid(h: int, w: int, device: torch.device) -> torch.Tensor:
-    """1×(h·w)×3 output pixel centres [x, y, 1] in normalized coordinates (align_corners=False)."""
-    key = (h, w, str(device))
-    if key not in _GRIDS:
-        ys = (torch.arange(h, dtype=torch.float32) * 2 + 1) / h - 1
-        xs = (torch.arange(w, dtype=torch.float32) * 2 + 1) / w - 1
-        gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-        g = torch.stack([gx, gy, torch.ones_like(gx)], -1).view(1, h * w, 3)
-        _GRIDS[key] = g.to(device)
-    return _GRIDS[key]

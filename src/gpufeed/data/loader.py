@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from gpufeed.data.augment import Augment
-from gpufeed.data.budget import default_max_host_bytes, host_bytes, machine_memory
+from gpufeed.data.budget import default_max_host_bytes, host_bytes, machine_memory, usable_cores
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.device import CANVAS_ELEMENTS, DeviceStage, decoder_name
 from gpufeed.data.feeder import Feeder
@@ -34,14 +34,6 @@ try:  # the profiler measures data wait in DataLoader iterators' __next__: be on
     from torch.utils.data.dataloader import _BaseDataLoaderIter as _IterBase
 except ImportError:  # pragma: no cover - a torch without it
     _IterBase = object  # type: ignore[assignment,misc]
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def default_workers() -> int:
