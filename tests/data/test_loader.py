@@ -708,6 +708,21 @@ def test_unknown_preprocess_mode_is_refused(shards: Path):
         Loader(shards, preprocess="tpu")
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("batch_size", "8"),
+        ("batch_size", 0),
+        ("num_workers", -1),
+        ("num_workers", 2.5),
+        ("prefetch", 0),
+    ],
+)
+def test_a_bad_count_is_refused_naming_the_option(shards: Path, option: str, value: object):
+    with pytest.raises(ValueError, match=rf"{option} must be an integer >= \d, got {value!r}"):
+        Loader(shards, **{"batch_size": 4, option: value})
+
+
 # --- CUDA ---------------------------------------------------------------------------------------
 
 

@@ -94,10 +94,15 @@ class Loader:
             raise ValueError(
                 f"preprocess={preprocess!r}: choose one of {', '.join(PREPROCESS_MODES)}"
             )
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if num_workers is not None and num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        for name, value, least in (
+            ("batch_size", batch_size, 1),
+            ("num_workers", num_workers, 0),
+            ("prefetch", prefetch, 1),
+        ):
+            if value is None and name == "num_workers":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
         if isinstance(data, ShardDataset):
             if dataset_options:
                 raise ValueError(
