@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from os import PathLike
 
     import pandas as pd
@@ -104,13 +105,18 @@ class Run:
         )
 
 
-def load(path: str | PathLike[str]) -> Run:
-    """Read every store file of a run directory (also one still written, or killed) into a Run."""
+def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
+    """Read every store file of a run directory (also one still written, or killed) into a Run.
+    Several directories (a list, or a glob pattern) are read as one run of several hosts."""
     import pandas as pd
 
+    from gpufeed.analyze.combine import combine, run_paths
     from gpufeed.profile.session import read_meta
 
-    run_dir = Path(path)
+    paths = run_paths(path)
+    if len(paths) > 1:
+        return combine([load(p) for p in paths])
+    run_dir = paths[0]
     if not run_dir.is_dir():
         raise RunError(
             f"{str(run_dir)!r} is not a directory: pass a run directory printed by `gpufeed profile`"

@@ -39,7 +39,7 @@ _LAYOUT = {
 
 
 def write_report(
-    run_path: str | os.PathLike[str],
+    run_path: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
     out: str | os.PathLike[str] | None = None,
     json_out: str | os.PathLike[str] | None = None,
     config: str | os.PathLike[str] | None = None,
@@ -52,12 +52,13 @@ def write_report(
     JSON; thresholds from `config` (or ./gpufeed.toml) and `sets` ("RULE.param=value"); with `watch`,
     rewrite both every `watch` seconds until the run finishes or Ctrl-C. `on_findings` gets the
     findings of the last rewrite (e.g. to print them in the terminal)."""
+    from gpufeed.analyze.combine import run_paths
     from gpufeed.analyze.config import resolve
     from gpufeed.analyze.rules import run_rules
     from gpufeed.analyze.run import load
 
     overrides = resolve(config, sets)
-    target = Path(out) if out is not None else Path(run_path) / "report.html"
+    target = Path(out) if out is not None else run_paths(run_path)[0] / "report.html"
     while True:
         run = load(run_path)
         findings = run_rules(run, **overrides)

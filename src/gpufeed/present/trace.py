@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +37,7 @@ class TraceError(ValueError):
 
 
 def write_trace(
-    run_path: str | os.PathLike[str],
+    run_path: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
     out: str | os.PathLike[str] | None = None,
     start: float | None = None,
     end: float | None = None,
@@ -52,7 +52,7 @@ def write_trace(
     text = json.dumps(trace, separators=(",", ":"))
     if len(text) > max_mb * 1e6:
         raise TraceError(_too_big(run, len(text) / 1e6, max_mb, trace["otherData"]))
-    target = Path(out) if out is not None else Path(run_path) / "trace.json"
+    target = Path(out) if out is not None else run.path / "trace.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
