@@ -160,6 +160,28 @@ def trace_cmd(
         raise fail(f"cannot write {e.filename}: {e.strerror}") from None
 
 
+@app.command("export")
+def export_cmd(
+    runs: Annotated[list[str], typer.Argument(help=RUNS_HELP)],
+    tensorboard: Annotated[
+        str | None,
+        typer.Option("--tensorboard", help="write TensorBoard event files into this folder"),
+    ] = None,
+) -> None:
+    """Export a run for other tools: step time, data wait, throughput and system metrics."""
+    from gpufeed.analyze.run import RunError
+    from gpufeed.present.tensorboard import ExportError, export_tensorboard
+
+    if tensorboard is None:
+        raise fail("say what to export: --tensorboard DIR")
+    try:
+        export_tensorboard(runs, tensorboard, echo=typer.echo)
+    except (RunError, ExportError) as e:
+        raise fail(str(e)) from None
+    except OSError as e:
+        raise fail(f"cannot write {e.filename}: {e.strerror}") from None
+
+
 @app.command("rules")
 def rules_cmd() -> None:
     """List the bottleneck rules with their parameters and defaults."""
