@@ -147,13 +147,20 @@ def trace_cmd(
     max_mb: Annotated[
         float, typer.Option("--max-mb", help="refuse traces larger than this")
     ] = 200.0,
+    merge: Annotated[
+        str | None,
+        typer.Option(
+            "--merge",
+            help="a torch.profiler (Kineto) trace: add gpufeed's tracks to it, aligned in time",
+        ),
+    ] = None,
 ) -> None:
     """Write a Chrome/Perfetto trace: step and data-wait spans per rank, system metric counters."""
     from gpufeed.analyze.run import RunError
     from gpufeed.present.trace import TraceError, write_trace
 
     try:
-        write_trace(runs, out, start=start, end=end, max_mb=max_mb, echo=typer.echo)
+        write_trace(runs, out, start=start, end=end, max_mb=max_mb, echo=typer.echo, merge=merge)
     except (RunError, TraceError) as e:
         raise fail(str(e)) from None
     except OSError as e:
