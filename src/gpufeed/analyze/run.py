@@ -10,7 +10,8 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     mem.used / mem.total       ""            host memory bytes
     disk.read / disk.write     ""            bytes/s, all disks
     net.rx / net.tx            ""            bytes/s, all interfaces except loopback
-    gpu.util                   "0".."G-1"    SM utilization %, 0-100 (NVML)
+    gpu.util                   "0".."G-1"    % of time a kernel was running, 0-100 (NVML utilization.gpu;
+                                             not SM occupancy)
     gpu.mem_util               "0".."G-1"    memory-controller utilization %
     gpu.mem_used / gpu.mem_total  "0"..      bytes
     gpu.power                  "0"..         watts
