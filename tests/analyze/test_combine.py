@@ -66,29 +66,26 @@ def test_a_glob_that_matches_nothing_is_a_clear_error(tmp_path):
 
 
 def test_cli_commands_take_several_runs(two_hosts, tmp_path, gpufeed_cli):
-    a, b = two_hosts
-    show = subprocess.run(
-        gpufeed_cli("show", str(a), str(b)), capture_output=True, text=True, timeout=120
-    )
-    assert show.returncode == 0, show.stderr
-    assert "node-a, node-b" in show.stdout and "Findings" in show.stdout
-    html = tmp_path / "r.html"
-    report = subprocess.run(
-        gpufeed_cli("report", str(a), str(b), "-o", str(html)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert report.returncode == 0, report.stderr
+    html, trace, tb = tmp_path / "r.html", tmp_path / "t.json", tmp_path / "tb"
+    out = {}
+    for command, *options in (
+        ("show",),
+        ("report", "-o", str(html)),
+        ("trace", "-o", str(trace)),
+        ("export", "--tensorboard", str(tb)),
+    ):
+        argv = gpufeed_cli(command, *map(str, two_hosts), *options)
+        cp = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert cp.returncode == 0, f"{command}: {cp.stderr}"
+        out[command] = cp.stdout
+    assert "node-a, node-b" in out["show"] and "Findings" in out["show"]
     assert "node-b:rank 1" in html.read_text()
-    trace = tmp_path / "t.json"
-    cp = subprocess.run(
-        gpufeed_cli("trace", str(a), str(b), "-o", str(trace)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert cp.returncode == 0, cp.stderr
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert names == {"node-a", "node-b"}
+    assert {p.relative_to(tb).as_posix() for p in tb.glob("*/*")} == {
+        "node-a/rank0",
+        "node-a/system",
+        "node-b/rank1",
+        "node-b/system",
+    }

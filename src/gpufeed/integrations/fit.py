@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 from gpufeed.profile.session import DEFAULT_INTERVAL
 
 
-class FitProfiler:
-    """`start()` when the fit begins, `finish(failed)` when it ends; the report lands in the run dir."""
+class ProfiledFit:
+    """Mixin of the trainer callbacks: their options, `run_dir`, `report`, and the begin/end steps."""
 
     def __init__(
         self,
@@ -18,28 +17,26 @@ class FitProfiler:
         name: str | None = None,
         interval: float = DEFAULT_INTERVAL,
         report: bool = True,
-        echo: Callable[[str], None] = print,
     ) -> None:
         from gpufeed.profile.api import profile
 
         self._profile = profile(out=out, name=name, interval=interval)  # checks the interval now
-        self.report_enabled, self.echo = report, echo
-        self.run_dir: Path | None = None
-        self.report: Path | None = None
+        self._write_report = report
+        self.run_dir: Path | None = None  # set when the fit starts
+        self.report: Path | None = None  # set when the report was written at the fit's end
 
-    def start(self) -> None:
+    def _begin(self) -> None:
         """Begin profiling (under `gpufeed profile` the running session goes on recording)."""
         self.run_dir = self._profile.start().run_dir
 
-    def finish(self, failed: bool = False, write_report: bool = True) -> Path | None:
-        """Stop profiling and, on the process that should, write RUN/report.html; returns its path."""
+    def _end(self, failed: bool = False, write_report: bool = True) -> None:
+        """Stop profiling and, on the process that should, write RUN/report.html."""
         from gpufeed.present.html import write_report as write
 
         self._profile.stop(exit_code=1 if failed else 0)
-        if not (self.report_enabled and write_report and self.run_dir is not None):
-            return None
+        if not (self._write_report and write_report and self.run_dir is not None):
+            return
         try:
-            self.report = write(self.run_dir, echo=self.echo)
+            self.report = write(self.run_dir)
         except Exception as e:  # a report that cannot be written never fails the training
-            self.echo(f"gpufeed: warning: no report for {self.run_dir}: {e}")
-        return self.report
+            print(f"gpufeed: warning: no report for {self.run_dir}: {e}")

@@ -7,12 +7,9 @@ Each process of a multi-GPU run records its own steps; launch those under ``gpuf
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
-from gpufeed.integrations.fit import FitProfiler
-from gpufeed.profile.session import DEFAULT_INTERVAL
+from gpufeed.integrations.fit import ProfiledFit
 
 try:
     from transformers import TrainerCallback
@@ -22,30 +19,14 @@ except ImportError:
     ) from None
 
 
-class GpufeedCallback(TrainerCallback):
-    """Profile `trainer.train()` from start to end; the report goes to `run_dir`/report.html."""
+class GpufeedCallback(ProfiledFit, TrainerCallback):
+    """Profile `trainer.train()` from start to end; the report goes to `run_dir`/report.html.
 
-    def __init__(
-        self,
-        out: str | os.PathLike[str] | None = None,
-        name: str | None = None,
-        interval: float = DEFAULT_INTERVAL,
-        report: bool = True,
-    ) -> None:
-        self._fit = FitProfiler(out=out, name=name, interval=interval, report=report)
-
-    @property
-    def run_dir(self) -> Path | None:
-        """The run directory (None before training starts)."""
-        return self._fit.run_dir
-
-    @property
-    def report(self) -> Path | None:
-        """The report written when training ended (None before, or with report=False)."""
-        return self._fit.report
+    Options: out (folder for run directories), name, interval (system sampling, seconds), report.
+    """
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._fit.start()
+        self._begin()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._fit.finish(write_report=state.is_world_process_zero)
+        self._end(write_report=state.is_world_process_zero)

@@ -7,12 +7,9 @@ those under ``gpufeed profile -- ...`` so that all ranks share one run directory
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
-from gpufeed.integrations.fit import FitProfiler
-from gpufeed.profile.session import DEFAULT_INTERVAL
+from gpufeed.integrations.fit import ProfiledFit
 
 
 def _callback_base() -> type:
@@ -29,34 +26,17 @@ def _callback_base() -> type:
     return Callback
 
 
-class GpufeedCallback(_callback_base()):  # type: ignore[misc]
-    """Profile `trainer.fit` from start to end; the report goes to `run_dir`/report.html."""
+class GpufeedCallback(ProfiledFit, _callback_base()):  # type: ignore[misc]
+    """Profile `trainer.fit` from start to end; the report goes to `run_dir`/report.html.
 
-    def __init__(
-        self,
-        out: str | os.PathLike[str] | None = None,
-        name: str | None = None,
-        interval: float = DEFAULT_INTERVAL,
-        report: bool = True,
-    ) -> None:
-        super().__init__()
-        self._fit = FitProfiler(out=out, name=name, interval=interval, report=report)
-
-    @property
-    def run_dir(self) -> Path | None:
-        """The run directory (None before the fit starts)."""
-        return self._fit.run_dir
-
-    @property
-    def report(self) -> Path | None:
-        """The report written at the fit's end (None before, or with report=False)."""
-        return self._fit.report
+    Options: out (folder for run directories), name, interval (system sampling, seconds), report.
+    """
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        self._fit.start()
+        self._begin()
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
-        self._fit.finish(write_report=trainer.is_global_zero)
+        self._end(write_report=trainer.is_global_zero)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self._fit.finish(failed=True, write_report=trainer.is_global_zero)
+        self._end(failed=True, write_report=trainer.is_global_zero)
