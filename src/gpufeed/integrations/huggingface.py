@@ -2,7 +2,8 @@
 writes the report when it ends.
 
 Each process of a multi-GPU run records its own steps; launch those under ``gpufeed profile -- ...``
-(or ``accelerate launch`` under it) so that all ranks share one run directory.
+(or ``accelerate launch`` under it) so that all ranks share one run directory. Transformers calls no
+callback when training raises: such a run stays unfinished, like a killed one, and still loads.
 """
 
 from __future__ import annotations
