@@ -58,14 +58,17 @@ def profile_cmd(
     raise typer.Exit(code)
 
 
+RUNS_HELP = "a run directory; several (one per host of a multi-node job) are read as one run"
+
+
 @app.command("show")
-def show_cmd(run: Annotated[str, typer.Argument(help="a run directory")]) -> None:
-    """Print a run's summary: phases, steps/s, data wait, and percentiles of every system metric."""
+def show_cmd(runs: Annotated[list[str], typer.Argument(help=RUNS_HELP)]) -> None:
+    """Print a run's summary (phases, steps/s, data wait, percentiles of every metric) and findings."""
     from gpufeed.analyze.run import RunError
     from gpufeed.present.terminal import show
 
     try:
-        show(run)
+        show(runs)
     except RunError as e:
         raise fail(str(e)) from None
 
@@ -74,7 +77,7 @@ def show_cmd(run: Annotated[str, typer.Argument(help="a run directory")]) -> Non
 def ls_cmd(
     out: Annotated[str, typer.Argument(help="folder holding run directories")] = DEFAULT_RUNS_DIR,
 ) -> None:
-    """List the runs under a folder (default ./gpufeed-runs), newest first."""
+    """List the runs under a folder (default ./gpufeed-runs), latest start first."""
     from gpufeed.present.terminal import list_runs
 
     list_runs(out)
@@ -85,7 +88,7 @@ def ls_cmd(
 
 @app.command("report")
 def report_cmd(
-    run: Annotated[str, typer.Argument(help="a run directory")],
+    runs: Annotated[list[str], typer.Argument(help=RUNS_HELP)],
     out: Annotated[
         str | None, typer.Option("--out", "-o", help="HTML file (default: RUN/report.html)")
     ] = None,
@@ -114,7 +117,7 @@ def report_cmd(
         raise fail(f"--watch {watch:g}: give the seconds between rewrites, e.g. --watch 10")
     try:
         write_report(
-            run,
+            runs,
             out,
             json_out,
             config=config,
@@ -131,7 +134,7 @@ def report_cmd(
 
 @app.command("trace")
 def trace_cmd(
-    run: Annotated[str, typer.Argument(help="a run directory")],
+    runs: Annotated[list[str], typer.Argument(help=RUNS_HELP)],
     out: Annotated[
         str | None, typer.Option("--out", "-o", help="JSON file (default: RUN/trace.json)")
     ] = None,
@@ -144,14 +147,43 @@ def trace_cmd(
     max_mb: Annotated[
         float, typer.Option("--max-mb", help="refuse traces larger than this")
     ] = 200.0,
+    merge: Annotated[
+        str | None,
+        typer.Option(
+            "--merge",
+            help="a torch.profiler (Kineto) trace: add gpufeed's tracks to it, aligned in time",
+        ),
+    ] = None,
 ) -> None:
     """Write a Chrome/Perfetto trace: step and data-wait spans per rank, system metric counters."""
     from gpufeed.analyze.run import RunError
     from gpufeed.present.trace import TraceError, write_trace
 
     try:
-        write_trace(run, out, start=start, end=end, max_mb=max_mb, echo=typer.echo)
+        write_trace(runs, out, start=start, end=end, max_mb=max_mb, echo=typer.echo, merge=merge)
     except (RunError, TraceError) as e:
+        raise fail(str(e)) from None
+    except OSError as e:
+        raise fail(f"cannot write {e.filename}: {e.strerror}") from None
+
+
+@app.command("export")
+def export_cmd(
+    runs: Annotated[list[str], typer.Argument(help=RUNS_HELP)],
+    tensorboard: Annotated[
+        str | None,
+        typer.Option("--tensorboard", help="write TensorBoard event files into this folder"),
+    ] = None,
+) -> None:
+    """Export a run for other tools: step time, data wait, throughput and system metrics."""
+    from gpufeed.analyze.run import RunError
+    from gpufeed.present.tensorboard import ExportError, export_tensorboard
+
+    if tensorboard is None:
+        raise fail("say what to export: --tensorboard DIR")
+    try:
+        export_tensorboard(runs, tensorboard, echo=typer.echo)
+    except (RunError, ExportError) as e:
         raise fail(str(e)) from None
     except OSError as e:
         raise fail(f"cannot write {e.filename}: {e.strerror}") from None

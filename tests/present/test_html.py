@@ -14,11 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import plotly.offline
 import pytest
 
 import gpufeed
+from gpufeed.analyze.rules import RULES
 from gpufeed.analyze.run import Run
-from gpufeed.present.html import render_html
+from gpufeed.present.html import render_html, rule_checks
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = (
@@ -201,7 +203,44 @@ def test_a_24_hour_run_gives_a_report_under_10_mb() -> None:
     html = render_html(run, gpufeed.analyze(run))
     size = len(html.encode())
     assert size < 10e6, f"{size / 1e6:.1f} MB"
+    # plotly.js (inlined for offline use, and said so) stays the only large part.
+    own = size - len(plotly.offline.get_plotlyjs().encode())
+    assert own < 2e6, f"{own / 1e6:.1f} MB besides plotly.js"
+    assert re.search(r"works offline: plotly\.js [\d.]+ is inlined \([\d.]+ MB\)", html)
     # Every series was binned: no chart carries more points than the cap.
     figures = json.loads(re.search(r'id="chart-data">(.*?)</script>', html, re.S).group(1))
     longest = max(len(tr.get("x") or []) for f in figures.values() for tr in f["data"])
     assert 100 < longest <= 1200
+
+
+@needs_chromium
+def test_a_gpu_report_says_what_utilization_means_and_lists_every_rule(tmp_path: Path) -> None:
+    run = big_run(hours=0.1)
+    findings = gpufeed.analyze(run)
+    report = tmp_path / "report.html"
+    report.write_text(render_html(run, findings, checks=rule_checks(findings)))
+    dom = chromium(report.as_uri(), "--dump-dom")
+    assert re.search(r'<pre id="js-errors"></pre>', dom), re.search(r"js-errors.{0,500}", dom)
+    # The heatmap's title (plotly's SVG text) says what NVML measures, and nothing claims "SM %".
+    assert "GPUs over time: busy, % of time a kernel was running" in dom
+    assert "SM utilization" not in dom
+    # Every rule is listed with its verdict, also those that passed.
+    verdicts = dict(
+        re.findall(
+            r"<td>(\w+)</td><td[^>]*>[^<]*</td>\s*<td><span class=\"verdict \w+\">(\w+)<", dom
+        )
+    )
+    assert set(verdicts) == set(RULES)
+    fired = {f.rule: f.severity for f in findings}
+    assert verdicts == {rid: fired.get(rid, "passed") for rid in RULES}
+    # The step-time line has a point per step, no holes, drawn connected over utilization.
+    figures = json.loads(re.search(r'id="chart-data">(.*?)</script>', dom, re.S).group(1))
+    _, step = figures["chart-util-steps"]["data"]
+    assert step["yaxis"] == "y2" and step["connectgaps"] is True
+    assert len(step["y"]) == len(run.steps) and None not in step["y"]
+    assert "works offline: plotly.js" in dom
+    shot = tmp_path / "report-gpu.png"
+    chromium(report.as_uri(), f"--screenshot={shot}", "--window-size=1400,3600")
+    assert shot.stat().st_size > 20_000
+    ARTIFACTS.mkdir(exist_ok=True)
+    shutil.copyfile(shot, ARTIFACTS / shot.name)

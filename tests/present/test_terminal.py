@@ -76,3 +76,22 @@ def test_ls_lists_runs_newest_first(make_run, tmp_path):
 
 def test_ls_of_an_empty_folder_says_how_to_make_a_run(tmp_path):
     assert "gpufeed profile" in _text(list_runs, tmp_path)
+
+
+def test_show_prints_the_findings(make_run):
+    # Every step waits 90% of its time for data: DataLoaderBottleneck fires.
+    slow = {0: [(i, 1010.0 + i, 1011.0 + i, 0.9, 16.0, None) for i in range(40)]}
+    out = _text(show, make_run(system=CPU, ranks=slow))
+    assert "Findings" in out and "no bottleneck found" not in out
+    assert "CRITICAL" in out or "WARNING" in out
+    assert "evidence: data_wait_share=" in out
+
+
+def test_ls_sorts_by_start_time_not_by_folder_time(make_run, tmp_path):
+    import os
+
+    late = make_run(meta={"start_time": 2000.0, "end_time": 2100.0})
+    early = make_run(meta={"start_time": 1000.0, "end_time": 1100.0})
+    os.utime(late / "meta.json", (1, 1))  # written long ago, e.g. copied with an old mtime
+    runs = list_runs(tmp_path, console=Console(record=True, width=200))
+    assert runs == [late, early]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -128,3 +129,23 @@ def test_cli_trace_of_a_real_run_parses_with_every_step(run_profiled, tmp_path: 
         and "--start/--end" in too_big.stderr
         and "Traceback" not in too_big.stderr
     )
+
+
+def test_step_spans_never_reach_into_the_next_step() -> None:
+    run = two_rank_run(300)
+    rng = np.random.default_rng(0)
+    ends = T0 + 1 + np.cumsum(rng.uniform(0.01, 0.2, 300))  # back to back, sub-µs fractions
+    for rank in (0, 1):
+        rows = run.steps["rank"] == rank
+        run.steps.loc[rows, "end"] = ends
+        run.steps.loc[rows, "start"] = np.r_[T0 + 1, ends[:-1]]
+    run.steps["duration"] = run.steps["end"] - run.steps["start"]
+    run.meta["end_time"] = float(ends[-1])
+    events = build_trace(run)["traceEvents"]
+    for tid in (1, 2):
+        spans = sorted(
+            (e["ts"], e["dur"]) for e in events if e.get("cat") == "step" and e["tid"] == tid
+        )
+        ns = [(round(ts * 1e3), round(dur * 1e3)) for ts, dur in spans]
+        assert len(ns) == 300
+        assert all(a + d <= b for (a, d), (b, _) in itertools.pairwise(ns))

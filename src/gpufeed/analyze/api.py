@@ -5,14 +5,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from os import PathLike
 
     from gpufeed.analyze.finding import Finding
     from gpufeed.analyze.run import Run
 
 
-def load(path: str | PathLike[str]) -> Run:
-    """Load a run directory (also one still being written) as pandas frames."""
+def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
+    """Load a run directory (also one still being written) as pandas frames; several directories
+    (a list or a glob pattern: one per host of a multi-node job) load as one run."""
     from gpufeed.analyze.run import load as _load
 
     return _load(path)

@@ -10,7 +10,8 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     mem.used / mem.total       ""            host memory bytes
     disk.read / disk.write     ""            bytes/s, all disks
     net.rx / net.tx            ""            bytes/s, all interfaces except loopback
-    gpu.util                   "0".."G-1"    SM utilization %, 0-100 (NVML)
+    gpu.util                   "0".."G-1"    % of time a kernel was running, 0-100 (NVML utilization.gpu;
+                                             not SM occupancy)
     gpu.mem_util               "0".."G-1"    memory-controller utilization %
     gpu.mem_used / gpu.mem_total  "0"..      bytes
     gpu.power                  "0"..         watts
@@ -39,6 +40,8 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     Also: finished (bool: the run wrote its end time), not_finished (str reason, only when not
     finished: still running or killed), env (performance-relevant environment variables, secrets
     redacted), cwd, platform.
+    Several run directories loaded as one (one per host, `analyze.combine`) add parts (list of the
+    directories, earliest first) and gpus[i].host; times, hosts, ranks and counts cover all parts.
     Optional, read by the MixedPrecision rule (silent when absent): precision ("fp32", "fp16",
     "bf16" or "mixed": what the training computed in), gpus[i].compute_capability ("8.0").
     A training process's precision is the autocast dtype if at least half of its steps ran under
@@ -60,6 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from os import PathLike
 
     import pandas as pd
@@ -104,13 +108,18 @@ class Run:
         )
 
 
-def load(path: str | PathLike[str]) -> Run:
-    """Read every store file of a run directory (also one still written, or killed) into a Run."""
+def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
+    """Read every store file of a run directory (also one still written, or killed) into a Run.
+    Several directories (a list, or a glob pattern) are read as one run of several hosts."""
     import pandas as pd
 
+    from gpufeed.analyze.combine import combine, run_paths
     from gpufeed.profile.session import read_meta
 
-    run_dir = Path(path)
+    paths = run_paths(path)
+    if len(paths) > 1:
+        return combine([load(p) for p in paths])
+    run_dir = paths[0]
     if not run_dir.is_dir():
         raise RunError(
             f"{str(run_dir)!r} is not a directory: pass a run directory printed by `gpufeed profile`"

@@ -1,8 +1,9 @@
-"""The HTML report: one self-contained, offline file (plotly.js embedded) with summary, findings and charts.
+"""The HTML report: one self-contained, offline file (plotly.js inlined, and said so) with summary,
+findings, every rule's verdict and charts.
 
 Every string from the run goes through jinja2 autoescaping (HTML) or `html.escape` (chart labels,
-which plotly renders as pseudo-HTML); chart data are binned to at most `max_points` per series so a
-24-hour run stays a few MB.
+which plotly renders as pseudo-HTML); chart data are binned to at most `max_points` per series (step
+time: means of consecutive steps) so that plotly.js stays the only large part, also for a 24-hour run.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
     from gpufeed.analyze.run import Run
 
 MAX_POINTS = 1200
+_PLOTLY_MARK = "\x00gpufeed-plotly-js\x00"
+# What NVML's utilization.gpu measures, said wherever the report shows it.
+GPU_UTIL_MEANS = "% of time a kernel was running (NVML utilization.gpu; not SM occupancy)"
 _ROLE_COLORS = {"main": "#2563eb", "worker": "#f59e0b", "other": "#94a3b8"}
 _LAYOUT = {
     "margin": {"l": 60, "r": 60, "t": 40, "b": 45},
@@ -39,7 +43,7 @@ _LAYOUT = {
 
 
 def write_report(
-    run_path: str | os.PathLike[str],
+    run_path: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
     out: str | os.PathLike[str] | None = None,
     json_out: str | os.PathLike[str] | None = None,
     config: str | os.PathLike[str] | None = None,
@@ -52,16 +56,17 @@ def write_report(
     JSON; thresholds from `config` (or ./gpufeed.toml) and `sets` ("RULE.param=value"); with `watch`,
     rewrite both every `watch` seconds until the run finishes or Ctrl-C. `on_findings` gets the
     findings of the last rewrite (e.g. to print them in the terminal)."""
+    from gpufeed.analyze.combine import run_paths
     from gpufeed.analyze.config import resolve
     from gpufeed.analyze.rules import run_rules
     from gpufeed.analyze.run import load
 
     overrides = resolve(config, sets)
-    target = Path(out) if out is not None else Path(run_path) / "report.html"
+    target = Path(out) if out is not None else run_paths(run_path)[0] / "report.html"
     while True:
         run = load(run_path)
         findings = run_rules(run, **overrides)
-        _write_atomic(target, render_html(run, findings))
+        _write_atomic(target, render_html(run, findings, checks=rule_checks(findings, overrides)))
         if json_out is not None:
             _write_atomic(Path(json_out), findings_json(run, findings))
         done = bool(run.meta.get("finished"))
@@ -96,8 +101,38 @@ def findings_json(run: Run, findings: list[Finding]) -> str:
     )
 
 
-def render_html(run: Run, findings: list[Finding], max_points: int = MAX_POINTS) -> str:
-    """The report as one HTML string."""
+def rule_checks(
+    findings: list[Finding], overrides: dict[str, Any] | None = None
+) -> list[dict[str, str]]:
+    """Every built-in rule with what it checks and its verdict on this run: "passed", the severity
+    of what it found, or "disabled" (by `--set RULE.enabled=false` or a config file)."""
+    from gpufeed.analyze.rules import RULES, validate
+
+    checked = validate(overrides or {})
+    worst: dict[str, str] = {}
+    order = ("info", "warning", "critical")
+    for f in findings:
+        if order.index(f.severity) >= order.index(worst.get(f.rule, "info")):
+            worst[f.rule] = f.severity
+    return [
+        {
+            "rule": rid,
+            "checks": rule.summary(),
+            "verdict": worst.get(rid, "passed")
+            if rule.resolve(checked.get(rid))["enabled"]
+            else "disabled",
+        }
+        for rid, rule in RULES.items()
+    ]
+
+
+def render_html(
+    run: Run,
+    findings: list[Finding],
+    max_points: int = MAX_POINTS,
+    checks: list[dict[str, str]] | None = None,
+) -> str:
+    """The report as one HTML string; `checks` (from `rule_checks`) defaults to the default rules'."""
     import jinja2
     import plotly.offline
 
@@ -124,7 +159,8 @@ def render_html(run: Run, findings: list[Finding], max_points: int = MAX_POINTS)
         if isinstance(command, list)
         else redact_value(str(command))
     )
-    return env.get_template("report.html").render(
+    plotly_js = plotly.offline.get_plotlyjs()
+    page = env.get_template("report.html").render(
         name=str(meta.get("name") or Path(str(run.path)).name),
         command=command,
         hosts=", ".join(str(h) for h in meta.get("hosts") or []) or "unknown host",
@@ -137,6 +173,7 @@ def render_html(run: Run, findings: list[Finding], max_points: int = MAX_POINTS)
         generated=datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
         summary=_summary(run, t0, t1),
         findings=[f.to_dict() for f in findings],
+        checks=checks if checks is not None else rule_checks(findings),
         healthy=_healthy_text(run),
         charts=charts,
         missing=missing,
@@ -144,9 +181,19 @@ def render_html(run: Run, findings: list[Finding], max_points: int = MAX_POINTS)
         percentiles=rows,
         version=__version__,
         downsample_note=f"charts binned to at most {max_points} points per series",
-        plotly_js=plotly.offline.get_plotlyjs(),
+        plotly_js=_PLOTLY_MARK,
         figures=figures,
+        offline_note=_PLOTLY_MARK,
     )
+    # plotly.js is inlined so that the report opens offline (air-gapped clusters, mail attachments);
+    # it is the only large part, and the report says so with both sizes.
+    own = len(page.encode()) - 2 * len(_PLOTLY_MARK)
+    note = (
+        f"works offline: plotly.js {plotly.__version__} is inlined "
+        f"({len(plotly_js.encode()) / 1e6:.1f} MB); this run's data and text take {own / 1e3:,.0f} kB"
+    )
+    head, rest = page.split(_PLOTLY_MARK, 1)
+    return head + html.escape(note) + rest.replace(_PLOTLY_MARK, plotly_js, 1)
 
 
 # --- summary ------------------------------------------------------------------------------------
@@ -189,9 +236,11 @@ def _summary(run: Run, t0: float, t1: float) -> list[dict[str, str]]:
     gpu = _values(run, "gpu.util")
     cards.append(
         {
-            "label": "GPU utilization p50",
+            "label": "GPU busy p50",
             "value": _num(_pct(gpu, 50), "%") if gpu.size else "n/a",
-            "detail": f"p95 {_num(_pct(gpu, 95), '%')}" if gpu.size else "no GPU data",
+            "detail": f"p95 {_num(_pct(gpu, 95), '%')} · % of time a kernel ran"
+            if gpu.size
+            else "no GPU data",
         }
     )
     cpu = _values(run, "cpu.util")
@@ -265,14 +314,16 @@ def _charts(
         figs["chart-cpu-cores"] = _fig(cores, "CPU cores over time (% busy)", "seconds", "")
     gpus = _heatmap(run, "gpu.util", edges, t0, "GPU")
     if gpus:
-        figs["chart-gpus"] = _fig(gpus, "GPUs over time (% SM utilization)", "seconds", "")
+        figs["chart-gpus"] = _fig(gpus, "GPUs over time: busy, " + GPU_UTIL_MEANS, "seconds", "")
     else:
         missing.append(
             f"No GPU heatmap: {run.meta.get('gpu_unavailable') or 'NVML reported no GPUs'}."
         )
 
     steps = run.steps[np.isfinite(run.steps["duration"].to_numpy(dtype=float))]
-    figs["chart-util-steps"] = _util_vs_steps(run, steps, edges, t0, bool(gpus))
+    figs["chart-util-steps"], notes["chart-util-steps"] = _util_vs_steps(
+        run, steps, edges, t0, bool(gpus), max_points
+    )
     if len(steps):
         figs["chart-step-breakdown"], notes["chart-step-breakdown"] = _breakdown(steps, max_points)
         figs["chart-step-hist"] = _histogram(steps)
@@ -325,56 +376,73 @@ def _heatmap(
 
 
 def _util_vs_steps(
-    run: Run, steps: pd.DataFrame, edges: np.ndarray, t0: float, has_gpu: bool
-) -> dict[str, Any]:
+    run: Run, steps: pd.DataFrame, edges: np.ndarray, t0: float, has_gpu: bool, max_points: int
+) -> tuple[dict[str, Any], str]:
+    """Utilization (binned) with the step time of the lowest rank over it, step by step (a mean of
+    consecutive steps past `max_points`), drawn as one connected line on top."""
     metric, name = (
-        ("gpu.util", "GPU utilization (mean of GPUs)")
-        if has_gpu
-        else ("cpu.util", "host CPU utilization")
+        ("gpu.util", "GPU busy (mean of GPUs)") if has_gpu else ("cpu.util", "host CPU utilization")
     )
     rows = run.system[run.system["metric"] == metric]
-    x = _clean(_centers(edges) - t0)
     traces = [
         {
             "type": "scatter",
             "mode": "lines",
             "name": f"{name}, %",
-            "x": x,
+            "x": _clean(_centers(edges) - t0),
             "y": _clean(_binned(rows["time"], rows["value"], edges)),
-            "line": {"color": "#16a34a"},
+            "line": {"color": "#86efac", "width": 1},
+            "fill": "tozeroy",
+            "fillcolor": "rgba(134, 239, 172, 0.35)",
         }
     ]
+    note = GPU_UTIL_MEANS if has_gpu else ""
     if len(steps):
+        rank, label = _lowest_rank(steps)
+        per = max(1, math.ceil(len(rank) / max_points))
+        idx = np.arange(len(rank)) // per
+        count = np.bincount(idx)
+        end = np.bincount(idx, rank["end"].to_numpy(dtype=float)) / count
+        ms = np.bincount(idx, 1e3 * rank["duration"].to_numpy(dtype=float)) / count
         traces.append(
             {
                 "type": "scatter",
-                "mode": "lines",
-                "name": "step time, ms",
-                "x": x,
-                "y": _clean(_binned(steps["end"], 1e3 * steps["duration"], edges)),
+                "mode": "lines+markers" if len(ms) <= 200 else "lines",
+                "name": "step time, ms" + (f" (mean of every {per} steps)" if per > 1 else ""),
+                "x": _clean(end - t0),
+                "y": _clean(ms),
                 "yaxis": "y2",
-                "line": {"color": "#2563eb"},
-                "connectgaps": False,
+                "line": {"color": "#1d4ed8", "width": 2.5},
+                "marker": {"size": 4},
+                "connectgaps": True,
             }
         )
+        note = "; ".join(filter(None, [f"step time of {label}", note]))
     title = ("GPU" if has_gpu else "CPU (no GPU data)") + " utilization and step time"
     fig = _fig(traces, title, "seconds", "%")
     fig["layout"]["yaxis"]["range"] = [0, 105]
     fig["layout"]["yaxis2"] = {
-        "title": {"text": "ms"},
+        "title": {"text": "step time, ms"},
         "overlaying": "y",
         "side": "right",
         "rangemode": "tozero",
+        "showgrid": False,
     }
-    return fig
+    return fig, note
 
 
-def _breakdown(steps: pd.DataFrame, max_points: int) -> tuple[dict[str, Any], str]:
-    # The lowest rank (rank 0) on its own host, which need not be the host that sorts first.
+def _lowest_rank(steps: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The steps of the lowest rank (rank 0) on its own host, in step order, and a label for it."""
     lowest = steps["rank"] == steps["rank"].min()
     hosts = steps["host"].astype(str)
     host = hosts[lowest].min()
     rank = steps[lowest & (hosts == host)].sort_values("step")
+    label = f"rank {int(rank['rank'].iloc[0])}"
+    return rank, label + (f" on {host}" if hosts.nunique() > 1 else "")
+
+
+def _breakdown(steps: pd.DataFrame, max_points: int) -> tuple[dict[str, Any], str]:
+    rank, label = _lowest_rank(steps)
     n = len(rank)
     per = max(1, math.ceil(n / max_points))
     idx = np.arange(n) // per
@@ -400,9 +468,7 @@ def _breakdown(steps: pd.DataFrame, max_points: int) -> tuple[dict[str, Any], st
     ]
     fig = _fig(traces, "Per-step breakdown: data wait vs compute", "step", "ms")
     fig["layout"] |= {"barmode": "stack", "bargap": 0}
-    note = f"rank {int(rank['rank'].iloc[0])}"
-    if hosts.nunique() > 1:
-        note += f" on {host}"
+    note = label
     if per > 1:
         note += f"; mean of every {per} steps"
     return fig, note

@@ -42,10 +42,11 @@ _UNITS: dict[str, tuple[str, float, int]] = {
 }
 
 
-def show(run: Run | str | os.PathLike[str], console: Console | None = None) -> Run:
-    """Print a run's summary: what ran, phases, step throughput, and a percentile table per metric."""
+def show(run: Run | str | os.PathLike[str] | list[str], console: Console | None = None) -> Run:
+    """Print a run's summary: what ran, phases, step throughput, a percentile table per metric, and
+    the findings of the built-in rules."""
     from gpufeed.analyze.run import load
-    from gpufeed.analyze.stats import PERCENTILES, percentile_table, phases, step_summary
+    from gpufeed.analyze.stats import phases, step_summary
 
     if not hasattr(run, "steps"):
         run = load(run)  # type: ignore[arg-type]
@@ -53,7 +54,8 @@ def show(run: Run | str | os.PathLike[str], console: Console | None = None) -> R
     meta = run.meta
     # Everything from the run (paths, argv, host and GPU names, store strings) is shown as text,
     # never as markup: `_m` escapes it for markup and `_text` wraps it for table cells.
-    console.print(f"[bold]gpufeed run[/bold] {_m(run.path)}", emoji=False)
+    parts = meta.get("parts") or [run.path]
+    console.print(f"[bold]gpufeed run[/bold] {_m(' + '.join(map(str, parts)))}", emoji=False)
     console.print(f"  command   {_m(_command_line(meta) or '?')}", emoji=False)
     gpus = ", ".join(_gpu_name(g) for g in meta.get("gpus") or []) or "none"
     hosts = ", ".join(map(str, meta.get("hosts") or [])) or "?"
@@ -110,10 +112,21 @@ def show(run: Run | str | os.PathLike[str], console: Console | None = None) -> R
     if len(run.processes):
         _print_processes(run, console)
 
+    _print_metrics(run, console)
+    from gpufeed.analyze.rules import run_rules
+
+    print_findings(run_rules(run), console)
+    return run
+
+
+def _print_metrics(run: Run, console: Console) -> None:
+    """Percentiles of every system metric, one row per metric and device."""
+    from gpufeed.analyze.stats import PERCENTILES, percentile_table
+
     pt = percentile_table(run)
     if len(pt) == 0:
         console.print("[yellow]No system samples were recorded.[/yellow]")
-        return run
+        return
     table = Table(title="System metrics", title_justify="left")
     table.add_column("metric")
     table.add_column("device")
@@ -125,7 +138,6 @@ def show(run: Run | str | os.PathLike[str], console: Console | None = None) -> R
         values = [_num(row[name] / scale, decimals) for name, _ in PERCENTILES]
         table.add_row(_text(metric), _text(device or ""), unit, *values)
     console.print(table)
-    return run
 
 
 def _print_processes(run: Run, console: Console) -> None:
@@ -174,13 +186,17 @@ def print_findings(
 
 
 def list_runs(out: str | os.PathLike[str], console: Console | None = None) -> list[Path]:
-    """Print the run directories under `out`, newest first; returns them."""
+    """Print the run directories under `out`, latest start time first; returns them."""
     from gpufeed.profile.session import META_FILE
 
     console = console or Console()
     base = Path(out)
+    metas = {p.parent: _read_json(p) for p in base.glob(f"*/{META_FILE}")}
+    # By when each run started; a meta.json without a start time sorts by when it was written.
     runs = sorted(
-        (p.parent for p in base.glob(f"*/{META_FILE}")), key=os.path.getmtime, reverse=True
+        metas,
+        key=lambda d: _number(metas[d].get("start_time")) or os.path.getmtime(d / META_FILE),
+        reverse=True,
     )
     if not runs:
         console.print(
@@ -195,7 +211,7 @@ def list_runs(out: str | os.PathLike[str], console: Console | None = None) -> li
     table.add_column("exit", justify="right")
     table.add_column("command", overflow="ellipsis", no_wrap=True)
     for run_dir in runs:
-        meta = _read_json(run_dir / META_FILE)
+        meta = metas[run_dir]
         start, end = _number(meta.get("start_time")), _number(meta.get("end_time"))
         started = _clock(start)
         duration = _seconds(end - start) if start and end else "[yellow]unfinished[/yellow]"

@@ -2,7 +2,8 @@
 
 Layout: one trace process per host; in it one thread per rank with "step N" spans and "data wait" spans
 nested at their start, and counter tracks for every system metric (one series per device) and for
-CPU by process role. Times are microseconds from the run's start (or the window's).
+CPU by process role. Times are microseconds (ns precision) from the run's start (or the window's):
+otherData.time_origin_unix_s. `present.kineto` adds these tracks to a torch.profiler trace.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,22 +38,37 @@ class TraceError(ValueError):
 
 
 def write_trace(
-    run_path: str | os.PathLike[str],
+    run_path: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
     out: str | os.PathLike[str] | None = None,
     start: float | None = None,
     end: float | None = None,
     max_mb: float = MAX_MB,
     echo: Callable[[str], None] = print,
+    merge: str | os.PathLike[str] | None = None,
 ) -> Path:
-    """Write the run's timeline (default RUN/trace.json); `start`/`end` are seconds from the run's start."""
+    """Write the run's timeline (default RUN/trace.json); `start`/`end` are seconds from the run's
+    start. With `merge` (a torch.profiler trace), gpufeed's tracks are added to that trace, over its
+    time span (default RUN/trace-merged.json)."""
     from gpufeed.analyze.run import load
+    from gpufeed.analyze.stats import run_span
+    from gpufeed.present.kineto import KinetoError, merge_into, merge_window, read_kineto
 
     run = load(run_path)
+    try:
+        kineto = read_kineto(merge) if merge is not None else None
+        if kineto is not None:
+            start, end = merge_window(kineto, *run_span(run), start, end)
+    except KinetoError as e:
+        raise TraceError(str(e)) from None
     trace = build_trace(run, start=start, end=end, max_mb=max_mb)
+    if kineto is not None:
+        trace = merge_into(kineto, trace)
     text = json.dumps(trace, separators=(",", ":"))
     if len(text) > max_mb * 1e6:
-        raise TraceError(_too_big(run, len(text) / 1e6, max_mb, trace["otherData"]))
-    target = Path(out) if out is not None else Path(run_path) / "trace.json"
+        info = trace.get("otherData", trace.get("gpufeed"))
+        raise TraceError(_too_big(run, len(text) / 1e6, max_mb, info))
+    default = "trace-merged.json" if merge is not None else "trace.json"
+    target = Path(out) if out is not None else run.path / default
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -87,6 +103,7 @@ def build_trace(
         "window_start_s": round(lo - t0, 3),
         "window_end_s": round(hi - t0, 3),
         "run_seconds": round(t1 - t0, 3),
+        "time_origin_unix_s": lo,
     }
     estimate = (
         2 * len(steps) + system.groupby(["host", "metric"]).ngroups * system["time"].nunique()
@@ -116,7 +133,7 @@ def build_trace(
         )
 
     def us(t: Any) -> Any:
-        return np.round((np.asarray(t, dtype=float) - lo) * 1e6, 1)
+        return np.round((np.asarray(t, dtype=float) - lo) * 1e6, 3)
 
     for (host, rank), g in steps.groupby(["host", "rank"], sort=True):
         pid, tid = pid_of[str(host)], int(rank) + 1
@@ -132,8 +149,11 @@ def build_trace(
                 "args": {"sort_index": tid},
             }
         )
-        ts, dur = us(g["start"]), np.round(g["duration"].to_numpy(dtype=float) * 1e6, 1)
-        wait = np.round(g["data_wait"].fillna(0.0).to_numpy(dtype=float) * 1e6, 1)
+        # Ends are rounded like starts and durations derived from them, so that a step's span never
+        # reaches into the next one's (rounding ts and dur separately can overlap them by 0.1 µs).
+        ts, ends = us(g["start"]), us(g["end"])
+        dur = np.round(ends - ts, 3)
+        wait = np.round(g["data_wait"].fillna(0.0).to_numpy(dtype=float) * 1e6, 3)
         samples = g["samples"].to_numpy(dtype=float)
         for i, step in enumerate(g["step"].to_numpy()):
             args: dict[str, Any] = {"step": int(step), "data_wait_ms": round(wait[i] / 1e3, 3)}

@@ -48,9 +48,13 @@ def check_interval(interval: float) -> float:
     return value
 
 
+ENV_HOST = "GPUFEED_HOST"
+
+
 def hostname() -> str:
-    """This host's name as used in run files and frames."""
-    return socket.gethostname() or "localhost"
+    """This host's name as used in run files and frames: $GPUFEED_HOST where set (a node name where
+    containers get random hostnames), else the OS's."""
+    return os.environ.get(ENV_HOST) or socket.gethostname() or "localhost"
 
 
 def file_safe(text: str) -> str:

@@ -1,0 +1,7 @@
+"""Callbacks that profile a trainer's fit and write the report at its end.
+
+- ``gpufeed.integrations.lightning.GpufeedCallback``: PyTorch Lightning (``lightning`` or
+  ``pytorch_lightning``), ``Trainer(callbacks=[GpufeedCallback()])``.
+- ``gpufeed.integrations.huggingface.GpufeedCallback``: a Hugging Face ``TrainerCallback``,
+  ``Trainer(..., callbacks=[GpufeedCallback()])``.
+"""

@@ -1,0 +1,115 @@
+"""TensorBoard export: a run's step time, data wait, throughput and system metrics as scalars.
+
+One TensorBoard run (sub-folder) per training process, ``<host>/rank<N>``, with ``step/*`` scalars
+by training step, and one per host, ``<host>/system``, with ``system/<metric>[/<device>]`` and
+``processes/cpu_<role>`` by sample; every event carries the wall time it was measured at, so
+TensorBoard's "relative" and "wall" axes line up with the training's own logs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from gpufeed.analyze.run import Run
+
+# Scale and unit per metric prefix, so that tags read in familiar units.
+_SCALE = {"mem.": (1e-9, "GB"), "gpu.mem_used": (1e-9, "GB"), "gpu.mem_total": (1e-9, "GB")}
+_RATES = ("disk.", "net.", "gpu.pcie")
+
+
+class ExportError(ValueError):
+    """The export cannot be written (a missing extra, nothing to write); the message says what to do."""
+
+
+def export_tensorboard(
+    run_path: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    echo: Callable[[str], None] = print,
+) -> Path:
+    """Write the run (one or several run directories) as TensorBoard event files under `out`."""
+    from gpufeed.analyze.run import load
+
+    writer_class = _summary_writer()
+    run = load(run_path)
+    if len(run.steps) == 0 and len(run.system) == 0:
+        raise ExportError(f"{run.path} holds no steps and no system samples: nothing to export")
+    target = Path(out)
+    scalars = 0
+    for name, series in tensorboard_scalars(run).items():
+        writer = writer_class(log_dir=str(target / name))
+        try:
+            for tag, step, value, wall in series:
+                writer.add_scalar(tag, value, global_step=step, walltime=wall)
+                scalars += 1
+        finally:
+            writer.close()
+    echo(
+        f"gpufeed: TensorBoard events written to {target} ({scalars:,} scalars): "
+        f"tensorboard --logdir {target}"
+    )
+    return target
+
+
+def tensorboard_scalars(run: Run) -> dict[str, list[tuple[str, int, float, float]]]:
+    """(tag, step, value, wall time) per TensorBoard run name; what `export_tensorboard` writes."""
+    out: dict[str, list[tuple[str, int, float, float]]] = {}
+    steps = run.steps[np.isfinite(run.steps["end"].to_numpy(dtype=float))]
+    for (host, rank), g in steps.groupby(["host", "rank"], sort=True):
+        rows = out.setdefault(f"{_safe(host)}/rank{int(rank)}", [])
+        for s in g.itertuples():
+            step, wall = int(s.step), float(s.end)
+            if math.isfinite(s.duration):
+                rows.append(("step/time_ms", step, 1e3 * s.duration, wall))
+                if math.isfinite(s.samples) and s.duration > 0:
+                    rows.append(
+                        ("step/throughput_samples_per_s", step, s.samples / s.duration, wall)
+                    )
+            if math.isfinite(s.data_wait):
+                rows.append(("step/data_wait_ms", step, 1e3 * s.data_wait, wall))
+            if math.isfinite(s.gpu_time):
+                rows.append(("step/gpu_time_ms", step, 1e3 * s.gpu_time, wall))
+    for host, g in run.system.groupby("host", sort=True):
+        rows = out.setdefault(f"{_safe(host)}/system", [])
+        index = {t: i for i, t in enumerate(np.unique(g["time"].to_numpy(dtype=float)))}
+        for s in g.itertuples():
+            if math.isfinite(s.value):
+                scale, unit = _unit(str(s.metric))
+                tag = f"system/{s.metric}" + (f"/{s.device}" if s.device else "") + unit
+                rows.append((tag, index[float(s.time)], s.value * scale, float(s.time)))
+    for host, g in run.processes.groupby("host", sort=True):
+        rows = out.setdefault(f"{_safe(host)}/system", [])
+        per = g.groupby(["time", "role"])["cpu"].sum()
+        index = {t: i for i, t in enumerate(sorted({t for t, _ in per.index}))}
+        for (t, role), cpu in per.items():
+            rows.append((f"processes/cpu_{role}_percent", index[t], float(cpu), float(t)))
+    return out
+
+
+def _unit(metric: str) -> tuple[float, str]:
+    scale, unit = next((v for k, v in _SCALE.items() if metric.startswith(k)), (1.0, ""))
+    if metric.startswith(_RATES):
+        return 1e-6, "_MBps"
+    return scale, f"_{unit}" if unit else ""
+
+
+def _safe(text: Any) -> str:
+    from gpufeed.profile.session import file_safe
+
+    return file_safe(str(text))
+
+
+def _summary_writer() -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ExportError(
+            "TensorBoard export needs the tensorboard package: pip install 'gpufeed[tensorboard]'"
+        ) from None
+    return SummaryWriter

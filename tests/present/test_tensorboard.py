@@ -1,0 +1,88 @@
+"""`gpufeed export RUN --tensorboard DIR`: scalars that TensorBoard's own event reader reads back."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tensorboard")
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+
+def _read(folder: Path) -> dict[str, list[tuple[int, float, float]]]:
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {
+        tag: [(e.step, e.value, e.wall_time) for e in acc.Scalars(tag)]
+        for tag in acc.Tags()["scalars"]
+    }
+
+
+@pytest.fixture
+def run_dir(make_run) -> Path:
+    return make_run(
+        host="node-a",
+        system=[
+            (1001.0, "cpu.util", "", 40.0),
+            (1002.0, "cpu.util", "", 60.0),
+            (1001.0, "gpu.util", "0", 90.0),
+            (1002.0, "gpu.util", "0", 30.0),
+            (1001.0, "mem.used", "", 2e9),
+            (1001.0, "net.rx", "", 5e6),
+        ],
+        ranks={
+            0: [(0, 1010.0, 1010.5, 0.25, 32.0, None), (1, 1010.5, 1010.75, 0.05, 32.0, None)],
+            1: [(0, 1010.0, 1011.0, 0.5, 32.0, None)],
+        },
+        processes=[(1001.0, 100, "main", 95.0, 1e9), (1001.0, 555, "worker", 20.0, 5e8)],
+    )
+
+
+def test_steps_and_system_metrics_read_back_with_tensorboards_reader(
+    run_dir, tmp_path, gpufeed_cli
+):
+    out = tmp_path / "tb"
+    cp = subprocess.run(
+        gpufeed_cli("export", str(run_dir), "--tensorboard", str(out)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert cp.returncode == 0, cp.stderr
+    assert f"tensorboard --logdir {out}" in cp.stdout
+
+    rank0 = _read(out / "node-a" / "rank0")
+    assert rank0["step/time_ms"] == [
+        (0, pytest.approx(500.0), 1010.5),
+        (1, pytest.approx(250.0), 1010.75),
+    ]
+    assert [v for _, v, _ in rank0["step/data_wait_ms"]] == pytest.approx([250.0, 50.0])
+    assert [v for _, v, _ in rank0["step/throughput_samples_per_s"]] == pytest.approx([64.0, 128.0])
+    assert "step/gpu_time_ms" not in rank0  # never invented on CPU
+    assert [v for _, v, _ in _read(out / "node-a" / "rank1")["step/time_ms"]] == pytest.approx(
+        [1000.0]
+    )
+
+    system = _read(out / "node-a" / "system")
+    assert system["system/cpu.util"] == [(0, 40.0, 1001.0), (1, 60.0, 1002.0)]
+    assert [v for _, v, _ in system["system/gpu.util/0"]] == [90.0, 30.0]
+    assert [v for _, v, _ in system["system/mem.used_GB"]] == pytest.approx([2.0])
+    assert [v for _, v, _ in system["system/net.rx_MBps"]] == pytest.approx([5.0])
+    assert [v for _, v, _ in system["processes/cpu_worker_percent"]] == pytest.approx([20.0])
+
+
+def test_export_without_a_target_says_what_to_give(run_dir, gpufeed_cli):
+    cp = subprocess.run(gpufeed_cli("export", str(run_dir)), capture_output=True, text=True)
+    assert cp.returncode == 2
+    assert "--tensorboard DIR" in cp.stderr and "Traceback" not in cp.stderr
+
+
+def test_an_empty_run_is_refused_by_name(make_run, tmp_path):
+    from gpufeed.present.tensorboard import ExportError, export_tensorboard
+
+    empty = make_run()
+    with pytest.raises(ExportError, match="nothing to export"):
+        export_tensorboard(empty, tmp_path / "tb", echo=lambda _: None)
+    assert not (tmp_path / "tb").exists()
