@@ -20,6 +20,7 @@ import torch.distributed
 from gpufeed.data.augment import Augment
 from gpufeed.data.loader import Loader
 from gpufeed.data.pack import pack
+from gpufeed.data.shards import has_index
 from gpufeed.train import (
     MODELS,
     DistInfo,
@@ -71,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def make_loader(args: argparse.Namespace, dist: DistInfo) -> Loader:
     data = args.data
-    if "://" not in data and not (Path(data) / "index.json").is_file():
+    if "://" not in data and not has_index(data):
         if not Path(data).is_dir():
             sys.exit(
                 f"train_resnet.py: --data {data}: no such directory (want shards or an image folder)"

@@ -9,6 +9,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from indexes import read_index_doc
 
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.shards import INDEX_NAME, ShardError, iter_samples
@@ -17,7 +18,7 @@ from gpufeed.data.shards import INDEX_NAME, ShardError, iter_samples
 def test_webdataset_reads_the_shards_we_write(shards: Path):
     import webdataset as wds
 
-    index = json.loads((shards / INDEX_NAME).read_text())
+    index = read_index_doc(shards)
     urls = [str(shards / s["name"]) for s in index["shards"]]
     got = {s["__key__"]: int(s["cls"]) for s in wds.WebDataset(urls, shardshuffle=False)}
     want = {k: lab for s in index["shards"] for k, lab in zip(s["keys"], s["labels"], strict=True)}
@@ -27,7 +28,7 @@ def test_webdataset_reads_the_shards_we_write(shards: Path):
 
 
 def test_index_offsets_point_at_each_image(shards: Path):
-    index = json.loads((shards / INDEX_NAME).read_text())
+    index = read_index_doc(shards)
     s = index["shards"][1]
     raw = (shards / s["name"]).read_bytes()
     assert len(raw) == s["bytes"]
@@ -107,7 +108,7 @@ def test_index_that_does_not_match_its_shard_is_detected(shards: Path, tmp_path:
     (d / "shard-00001.tar").write_bytes(
         (d / "shard-00000.tar").read_bytes()[:20000] + b"\0" * 20000
     )
-    index = json.loads((d / INDEX_NAME).read_text())
+    index = read_index_doc(d)
     index["shards"][1]["bytes"] = 40000
     (d / INDEX_NAME).write_text(json.dumps(index))
     with pytest.raises(ShardError, match="index does not belong to this shard"):
@@ -123,7 +124,7 @@ def test_invalid_index_json_is_a_clear_error(tmp_path: Path):
 def _without_offsets(shards: Path, tmp_path: Path) -> Path:
     """A copy whose index lacks the image offsets, as from a tool that only records sample starts."""
     d = _copy(shards, tmp_path)
-    index = json.loads((d / INDEX_NAME).read_text())
+    index = read_index_doc(d)
     for s in index["shards"]:
         for k in ("image_offsets", "image_sizes", "image_exts"):
             del s[k]

@@ -130,7 +130,8 @@ class ShardDataset:
 
     def max_sample_bytes(self) -> int:
         """The largest image in the data set (bounds buffer memory)."""
-        return max((max(s.image_sizes, default=0) for s in self.index.shards), default=0) + 1024
+        sizes = [int(np.max(s.image_sizes)) for s in self.index.shards if len(s.image_sizes)]
+        return max(sizes, default=0) + 1024
 
     # --- the plan ---------------------------------------------------------------------------------
 
@@ -220,11 +221,11 @@ class ShardDataset:
         entry = self.index.shards[shard_no]
         where = self.source.path(entry.name)
         count = end - pos + 1
-        f = self.source.open(entry, entry.offsets[first])
+        f = self.source.open(entry, int(entry.offsets[first]))
         try:
             if entry.indexed:
                 for got, (key, image) in enumerate(read_indexed(f, entry, first, count, where)):
-                    yield pos + got, RawSample(where, key, entry.labels[first + got], image)
+                    yield pos + got, RawSample(where, key, int(entry.labels[first + got]), image)
                 return
             got = 0
             for key, parts in iter_samples(f, where):
@@ -235,7 +236,7 @@ class ShardDataset:
                         f"{entry.keys[i]!r}; the index does not belong to this shard"
                     )
                 image = next((parts[e] for e in IMAGE_EXTS if e in parts), b"")
-                yield pos + got, RawSample(where, key, entry.labels[i], image)
+                yield pos + got, RawSample(where, key, int(entry.labels[i]), image)
                 got += 1
                 if got == count:
                     return
