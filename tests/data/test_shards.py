@@ -202,3 +202,57 @@ def test_long_member_names_are_read_through_their_extension_headers(tmp_path: Pa
         (s.key, s.label, s.data) for s in ShardDataset(tmp_path, shuffle=False).iter_worker(0, 1)
     ]
     assert got == [(key, 1, b"\xff\xd8long\xff\xd9"), ("short", 2, b"\xff\xd8short\xff\xd9")]
+
+
+def test_shards_packed_before_with_an_index_json_are_still_read(shards: Path, tmp_path: Path):
+    from gpufeed.data.shards import LEGACY_INDEX_NAME
+
+    d = _copy(shards, tmp_path)
+    (d / LEGACY_INDEX_NAME).write_text(json.dumps(read_index_doc(d)))  # the version-1 lists
+    (d / INDEX_NAME).unlink()
+    got = sorted(s.label for s in ShardDataset(d).iter_worker(0, 1))
+    assert got == list(range(48))
+
+
+def test_the_index_is_numpy_columns_not_python_lists(shards: Path):
+    import numpy as np
+
+    entry = ShardDataset(shards).index.shards[0]
+    for column in (entry.labels, entry.offsets, entry.image_offsets, entry.image_sizes):
+        assert isinstance(column, np.ndarray) and column.dtype.itemsize <= 4
+    assert entry.keys[0] == read_index_doc(shards)["shards"][0]["keys"][0]
+
+
+@pytest.mark.parametrize(
+    ("column", "change", "match"),
+    [
+        ("offsets", {"dtype": "|O"}, "column 'offsets' has no supported dtype"),
+        ("image_sizes", {"data": "AAAA"}, "column 'image_sizes' holds 3 bytes, expected 48 values"),
+        ("labels", {"data": "not base64!"}, "Only base64 data is allowed"),
+    ],
+)
+def test_a_bad_index_column_is_a_clear_error(
+    shards: Path, tmp_path: Path, column: str, change: dict, match: str
+):
+    d = _copy(shards, tmp_path)
+    doc = json.loads((d / INDEX_NAME).read_text())
+    doc["columns"][column].update(change)
+    (d / INDEX_NAME).write_text(json.dumps(doc))
+    with pytest.raises(ShardError, match=rf"gpufeed-index\.json: invalid index: .*{match}"):
+        ShardDataset(d)
+
+
+def test_offsets_outside_a_shard_in_the_columns_are_rejected(shards: Path, tmp_path: Path):
+    import base64
+
+    import numpy as np
+
+    d = _copy(shards, tmp_path)
+    doc = json.loads((d / INDEX_NAME).read_text())
+    col = doc["columns"]["image_offsets"]
+    values = np.frombuffer(base64.b64decode(col["data"]), col["dtype"]).astype("<u4")
+    values[-1] = 10**9
+    doc["columns"]["image_offsets"] = {"dtype": "<u4", "data": base64.b64encode(values).decode()}
+    (d / INDEX_NAME).write_text(json.dumps(doc))
+    with pytest.raises(ShardError, match=r"shard shard-\d+\.tar: image_offsets outside"):
+        ShardDataset(d)

@@ -324,10 +324,10 @@ def _decode_column(doc: dict[str, Any], name: str, length: int) -> np.ndarray:
     if not isinstance(col, dict) or col.get("dtype") not in _COLUMN_DTYPES:
         raise ValueError(f"column {name!r} has no supported dtype")
     raw = base64.b64decode(col["data"], validate=True)
-    values = np.frombuffer(raw, dtype=np.dtype(col["dtype"]))
-    if len(values) != length:
-        raise ValueError(f"column {name!r} holds {len(values)} values, expected {length}")
-    return values
+    dtype = np.dtype(col["dtype"])
+    if len(raw) != length * dtype.itemsize:
+        raise ValueError(f"column {name!r} holds {len(raw)} bytes, expected {length} values")
+    return np.frombuffer(raw, dtype=dtype)
 
 
 def _columns_to_shards(doc: dict[str, Any]) -> list[ShardEntry]:
