@@ -194,10 +194,10 @@ def test_an_index_that_is_not_json_text_is_a_clear_error(tmp_path: Path):
 # --- paths that are not what they should be ----------------------------------------------------
 
 
-def test_a_data_set_path_that_is_a_file_is_a_clear_error(shards: Path):
-    shard = shards / "shard-00000.tar"
-    with pytest.raises(ShardError, match=r"shard-00000\.tar is a file, not a data set directory"):
-        ShardDataset(shard)
+def test_a_data_set_path_that_is_a_file_is_a_clear_error(shards: Path, tmp_path: Path):
+    (tmp_path / "notes.txt").write_text("not a data set")
+    with pytest.raises(ShardError, match=r"notes\.txt is a file, not a data set directory"):
+        ShardDataset(tmp_path / "notes.txt")
     with pytest.raises(ShardError, match=rf"pass its directory, {shards}, instead"):
         Loader(shards / INDEX_NAME, batch_size=4, num_workers=0)
 

@@ -27,10 +27,12 @@ import json
 import os
 import re
 import tarfile
+import zlib
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, ClassVar
 
 import numpy as np
 
@@ -63,31 +65,56 @@ def shard_name(number: int) -> str:
 
 
 class Keys(Sequence[str]):
-    """Sample keys held as one UTF-8 blob and their end offsets: two numpy arrays instead of a
-    million str objects (a 1.28 M-sample index would otherwise take hundreds of MB per process)."""
+    """A shard's sample keys held zlib-compressed (their UTF-8 lengths, then the bytes), unpacked
+    on use for a few shards at a time: an ImageNet-size index keeps ~6 MB of keys instead of a
+    million str objects (hundreds of MB in every process)."""
 
-    def __init__(self, blob: np.ndarray, bounds: np.ndarray) -> None:
-        self._blob, self._bounds = blob, bounds  # bounds[i]:bounds[i + 1] is key i
+    _open: ClassVar[deque[Keys]] = deque()  # the instances holding unpacked keys, newest last
+    OPEN_MAX: ClassVar[int] = 4
+
+    def __init__(self, packed: bytes | memoryview, n: int) -> None:
+        self.packed, self.n = packed, n
+        self._unpacked: tuple[bytes, np.ndarray] | None = None
 
     @classmethod
     def of(cls, keys: Sequence[str]) -> Keys:
+        if isinstance(keys, Keys):
+            return keys
         raw = [k.encode("utf-8", "surrogateescape") for k in keys]
-        bounds = np.zeros(len(raw) + 1, np.int64)
-        np.cumsum([len(r) for r in raw], out=bounds[1:])
-        return cls(np.frombuffer(b"".join(raw), np.uint8), bounds)
+        if any(len(r) > 0xFFFF for r in raw):
+            raise ValueError("a sample key is longer than 65535 bytes")
+        lengths = np.array([len(r) for r in raw], dtype="<u2").tobytes()
+        return cls(zlib.compress(lengths + b"".join(raw), 6), len(raw))
+
+    def _keys(self) -> tuple[bytes, np.ndarray]:
+        if self._unpacked is None:
+            try:
+                raw = zlib.decompress(self.packed)
+            except zlib.error as e:
+                raise ShardError(f"the index's keys are corrupt ({e}); re-create it") from None
+            lengths = np.frombuffer(raw[: 2 * self.n], dtype="<u2")
+            bounds = np.zeros(self.n + 1, np.int64)
+            np.cumsum(lengths, out=bounds[1:])
+            if len(lengths) != self.n or int(bounds[-1]) != len(raw) - 2 * self.n:
+                raise ShardError("the index's keys do not match its sample count; re-create it")
+            self._unpacked = (raw[2 * self.n :], bounds)
+            Keys._open.append(self)
+            while len(Keys._open) > Keys.OPEN_MAX:
+                Keys._open.popleft()._unpacked = None
+        return self._unpacked
 
     def __len__(self) -> int:
-        return len(self._bounds) - 1
+        return self.n
 
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
+            i += self.n
+        if not 0 <= i < self.n:
             raise IndexError(i)
-        a, b = int(self._bounds[i]), int(self._bounds[i + 1])
-        return self._blob[a:b].tobytes().decode("utf-8", "surrogateescape")
+        blob, bounds = self._keys()
+        return blob[int(bounds[i]) : int(bounds[i + 1])].decode("utf-8", "surrogateescape")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Sequence) and list(self) == list(other)
@@ -221,7 +248,7 @@ class Index:
             return json.dumps(doc1, separators=(",", ":")).encode()
         exts = sorted({str(e) for s in self.shards for e in s.image_exts}) or ["jpg"]
         code = {e: i for i, e in enumerate(exts)}
-        packed = Keys.of([k for s in self.shards for k in s.keys])
+        packed = [Keys.of(s.keys).packed for s in self.shards]
 
         def image_column(what: str) -> np.ndarray:  # zeros for shards read member by member
             return _concat(getattr(s, what) if s.indexed else [0] * s.samples for s in self.shards)
@@ -239,8 +266,7 @@ class Index:
                 ],
                 dtype=np.uint8,
             ),
-            "key_bounds": packed._bounds,
-            "keys": packed._blob,
+            "keys": np.frombuffer(b"".join(packed), np.uint8),
         }
         doc = {
             "format": "gpufeed-shards",
@@ -255,8 +281,9 @@ class Index:
                     "indexed": s.indexed,
                     "bytes": s.bytes,
                     "sha256": s.sha256,
+                    "keys_size": len(p),
                 }
-                for s in self.shards
+                for s, p in zip(self.shards, packed, strict=True)
             ],
             "columns": {k: _encode_column(v) for k, v in columns.items()},
         }
@@ -276,8 +303,10 @@ class Index:
                 if not isinstance(doc[field_], list):
                     raise ValueError(f"{field_!r} is not a list")
             classes = [str(c) for c in doc["classes"]]
-            if version < 2:
-                return cls(classes, [ShardEntry.from_json(s) for s in doc["shards"]])
+            if version < 2:  # into columns, so a legacy index costs no more once loaded
+                legacy = cls(classes, [ShardEntry.from_json(s) for s in doc["shards"]])
+                del doc
+                doc = json.loads(legacy.to_bytes())
             return cls(classes, _columns_to_shards(doc))
         except KeyError as e:
             raise ShardError(
@@ -351,10 +380,11 @@ def _columns_to_shards(doc: dict[str, Any]) -> list[ShardEntry]:
         name: _decode_column(doc, name, total)
         for name in ("labels", "offsets", "image_offsets", "image_sizes", "image_exts")
     }
-    bounds = _decode_column(doc, "key_bounds", total + 1).astype(np.int64)
-    blob = _decode_column(doc, "keys", int(bounds[-1]) if total else 0)
-    if total and (bounds[0] != 0 or (np.diff(bounds) < 0).any()):
-        raise ValueError("key bounds are not increasing")
+    key_sizes = np.array([int(h["keys_size"]) for h in heads], dtype=np.int64)
+    if (key_sizes < 0).any():
+        raise ValueError("a shard has a negative keys_size")
+    key_starts = np.concatenate([[0], np.cumsum(key_sizes)])
+    blob = memoryview(_decode_column(doc, "keys", int(key_starts[-1])))
     if len(cols["image_exts"]) and int(cols["image_exts"].max()) >= len(exts):
         raise ValueError("an image type code is outside the list of types")
     limit = np.repeat(np.array([e.bytes for e in entries], np.int64), counts)
@@ -366,8 +396,8 @@ def _columns_to_shards(doc: dict[str, Any]) -> list[ShardEntry]:
                 f"shard {entries[s].name}: {what} outside the shard's {entries[s].bytes} bytes"
             )
     starts = np.concatenate([[0], np.cumsum(counts)])
-    for e, h, a, b in zip(entries, heads, starts[:-1], starts[1:], strict=True):
-        e.keys = Keys(blob, bounds[a : b + 1])
+    for i, (e, h, a, b) in enumerate(zip(entries, heads, starts[:-1], starts[1:], strict=True)):
+        e.keys = Keys(blob[key_starts[i] : key_starts[i + 1]], int(b - a))
         e.labels, e.offsets = cols["labels"][a:b], cols["offsets"][a:b]
         if h.get("indexed", True):
             e.image_offsets, e.image_sizes = cols["image_offsets"][a:b], cols["image_sizes"][a:b]
