@@ -182,7 +182,7 @@ def make_loader(
         num_workers=cfg.workers if workers is None else workers,
         preprocess=preprocess,
         device=cfg.device,
-        augment=Augment(size=(cfg.image_size, cfg.image_size), load=load),
+        augment=Augment.load_factor(load, size=(cfg.image_size, cfg.image_size)),
         channels_last=cfg.channels_last,
         seed=0,
     )
