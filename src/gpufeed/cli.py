@@ -233,10 +233,11 @@ def index_cmd(
     """Index existing WebDataset tar shards in one pass, so `Loader` reads them (writes gpufeed-index.json next to them)."""
     from gpufeed.data.indexer import index_shards
     from gpufeed.data.shards import ShardError
+    from gpufeed.extras import MissingExtra
 
     try:
         result = index_shards(shards, classes=classes, label_field=label_field)
-    except ShardError as e:
+    except (ShardError, MissingExtra) as e:
         raise fail(str(e)) from None
     typer.echo(result.summary())
 
@@ -374,8 +375,13 @@ def tune_cmd(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point; a missing optional dependency is a one-line error."""
+    from gpufeed.extras import MissingExtra
+
+    try:
+        app()
+    except MissingExtra as e:
+        raise SystemExit(f"gpufeed: error: {e}") from None
 
 
 if __name__ == "__main__":

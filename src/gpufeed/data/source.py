@@ -43,6 +43,7 @@ from gpufeed.data.shards import (
     check_shard_name,
     sha256_file,
 )
+from gpufeed.extras import require
 
 MB = 1 << 20
 
@@ -71,6 +72,8 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> Any:
     import fsspec
 
     protocol = str(url).split("://", 1)[0]
+    if protocol in ("s3", "s3a"):
+        require("s3")
     opts = s3_options(storage_options) if protocol in ("s3", "s3a") else dict(storage_options or {})
     key = (os.getpid(), protocol, repr(sorted(opts.items())))
     if key not in _FS_CACHE:
