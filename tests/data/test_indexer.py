@@ -4,6 +4,7 @@ one-line errors."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import shutil
@@ -63,16 +64,9 @@ def wds_dir(image_folder: Path, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def make() -> Iterator[Callable[..., Loader]]:
-    made: list[Loader] = []
-
-    def new(*args: Any, **kw: Any) -> Loader:
-        kw.setdefault("augment", SMALL)
-        made.append(Loader(*args, **kw))
-        return made[-1]
-
-    yield new
-    for loader in made:
-        loader.close()
+    """`make(url, batch_size, **options)`: a Loader of 16×16 images, closed after the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda *a, **kw: stack.enter_context(Loader(*a, **{"augment": SMALL, **kw}))
 
 
 def _labels(loader: Loader) -> list[int]:
