@@ -256,3 +256,18 @@ def test_offsets_outside_a_shard_in_the_columns_are_rejected(shards: Path, tmp_p
     (d / INDEX_NAME).write_text(json.dumps(doc))
     with pytest.raises(ShardError, match=r"shard shard-\d+\.tar: image_offsets outside"):
         ShardDataset(d)
+
+
+def test_only_pax_headers_that_set_times_or_owners_are_skipped_without_tarfile():
+    from gpufeed.data.shards import _harmless_pax
+
+    def pax_member(**records: str) -> bytes:
+        info = tarfile.TarInfo("k.jpg")
+        info.size, info.pax_headers = 3, records
+        return info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
+
+    harmless = pax_member(mtime="1700000000.25", uid="7")
+    assert _harmless_pax(harmless, 0) == len(harmless) - 512  # the member's own header follows
+    assert _harmless_pax(pax_member(path="../../etc/passwd"), 0) is None
+    assert _harmless_pax(pax_member(size="99999"), 0) is None
+    assert _harmless_pax(_tar([(tarfile.TarInfo("k.jpg"), b"abc")]).getvalue(), 0) is None

@@ -473,11 +473,11 @@ def _check_not_pickle(name: str, shard: str) -> None:
         )
 
 
-def _regular_header(block: bytes) -> tuple[str, int] | None:
+def _regular_header(block: bytes, types: tuple[int, ...] = (0x30, 0)) -> tuple[str, int] | None:
     """(name, size) of a plain regular-file tar header (no prefix field, octal size, valid
     checksum), read as `tarfile.TarInfo.frombuf` reads it but several times faster; None for any
-    other block, which tarfile then reads and judges."""
-    if len(block) != 512 or block[156] not in (0x30, 0) or block[345] or block[124] & 0x80:
+    other block, which tarfile then reads and judges. (`types`: other header types to accept.)"""
+    if len(block) != 512 or block[156] not in types or block[345] or block[124] & 0x80:
         return None
     try:  # every numeric field, as tarfile's nti (base-256 ones are valid; size is octal here)
         _, _, _, size, _, chksum, _, _ = (
@@ -563,12 +563,60 @@ def read_indexed(
             _check_members(head[_padded(pos) - pos : start - pos], shard, end=False)
         if image - start == 512:
             _check_image_header(head[-512:], name, size, shard)
+        elif _plain_members_then(head[start - pos :], name, size, shard):
+            pass  # members of the sample before its image (WebDataset writes `.cls` first)
         else:  # extension headers (long name): let tarfile read this one sample
             _check_with_tarfile(head[start - pos :], data, name, shard)
         pos = image + size
         if i == entry.samples - 1:
             _check_tail(fileobj, entry, pos, shard)
         yield entry.keys[i], data
+
+
+# pax records that change nothing gpufeed relies on (not the path, size or link of a member)
+_HARMLESS_PAX = frozenset({b"mtime", b"atime", b"ctime", b"uid", b"gid", b"uname", b"gname"})
+
+
+def _harmless_pax(buf: bytes, q: int) -> int | None:
+    """Where the next header starts if `buf[q:]` begins with a pax extended header that only sets
+    times or owners (Python's tarfile writes one for every float mtime, as webdataset does);
+    None for anything else."""
+    pax = _regular_header(buf[q : q + 512], types=(0x78,))
+    if pax is None or q + 512 + pax[1] > len(buf):
+        return None
+    data, pos = buf[q + 512 : q + 512 + pax[1]], 0
+    try:
+        while pos < len(data):
+            length = int(data[pos : data.index(b" ", pos)])
+            record = data[pos : pos + length]
+            if length <= 0 or not record.endswith(b"\n"):
+                return None
+            if record.split(b" ", 1)[1].split(b"=", 1)[0] not in _HARMLESS_PAX:
+                return None
+            pos += length
+    except (ValueError, IndexError):
+        return None
+    return q + 512 + _padded(pax[1])
+
+
+def _plain_members_then(head: bytes, name: str, size: int, shard: str) -> bool:
+    """True once checked that `head` is whole plain members of the sample's key, then the image's
+    plain header; False (nothing concluded) when any header is not a plain regular one."""
+    key = name[: -len(_ext(name)) - 1]
+    q, end = 0, len(head) - 512
+    while q < end:
+        after_pax = _harmless_pax(head, q)
+        if after_pax is not None:
+            q = after_pax
+            continue
+        fast = _check_regular_header(head[q : q + 512], shard)
+        if fast is None or not fast[0].startswith(key + "."):
+            return False
+        q += 512 + _padded(fast[1])
+    if q != end:
+        return False
+    _check_image_header(head[end:], name, size, shard)
+    return True
 
 
 def _check_tail(fileobj: BinaryIO, entry: ShardEntry, pos: int, shard: str) -> None:
