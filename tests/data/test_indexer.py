@@ -290,3 +290,10 @@ def test_images_come_out_as_batches_of_the_right_shape(wds_dir: Path, make: Call
     images, labels = next(iter(make(wds_dir, 8, num_workers=0)))
     assert images.shape == (8, 3, 16, 16) and images.dtype == torch.float32
     assert labels.shape == (8,)
+
+
+def test_a_local_directory_stands_for_its_tar_files(wds_dir: Path, tmp_path: Path):
+    assert index_shards(wds_dir, progress=False).shards == 4
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ShardError, match=r"empty is a directory without \.tar files"):
+        index_shards(tmp_path / "empty", progress=False)

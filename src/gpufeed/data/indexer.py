@@ -57,11 +57,21 @@ class IndexResult:
 
 
 def expand_urls(urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
-    """Shard URLs or paths with brace ranges expanded (`shards-{000000..000099}.tar`), in order."""
+    """Shard URLs or paths with brace ranges expanded (`shards-{000000..000099}.tar`), in order;
+    a local directory stands for the .tar files in it."""
     from braceexpand import braceexpand
 
     items = [urls] if isinstance(urls, (str, os.PathLike)) else list(urls)
-    return [u for item in items for u in braceexpand(str(item))]
+    out = []
+    for u in (u for item in items for u in braceexpand(str(item))):
+        if not is_remote(u) and os.path.isdir(u):  # a local directory: its .tar files
+            found = sorted(str(p) for p in Path(u).glob("*.tar"))
+            if not found:
+                raise ShardError(f"{u} is a directory without .tar files: name the shards")
+            out += found
+        else:
+            out.append(u)
+    return out
 
 
 def is_shard_pattern(url: str | os.PathLike[str]) -> bool:
