@@ -297,3 +297,11 @@ def test_a_local_directory_stands_for_its_tar_files(wds_dir: Path, tmp_path: Pat
     (tmp_path / "empty").mkdir()
     with pytest.raises(ShardError, match=r"empty is a directory without \.tar files"):
         index_shards(tmp_path / "empty", progress=False)
+
+
+def test_labels_mixing_ids_and_names_need_the_class_list(image_folder: Path, tmp_path: Path):
+    data = _images(image_folder)[0][1]
+    samples = [{"__key__": "a", "jpg": data, "cls": 3}, {"__key__": "b", "jpg": data, "cls": "cat"}]
+    _write_wds(tmp_path / "x", samples)
+    with pytest.raises(ShardError, match=r"mix integer ids and class names; pass .*--classes"):
+        index_shards(str(tmp_path / "x" / "wds-000000.tar"), progress=False)

@@ -167,7 +167,8 @@ def _gpufeed_loader(
             num_workers=workers,
             preprocess=preprocess,
             device=device,
-            augment=Augment(size=(image_size, image_size)),
+            # the naive baseline's recipe (bench.naive), so both pipelines do the same work
+            augment=Augment.load_factor(1, size=(image_size, image_size)),
         )
     except (ShardError, ValueError) as e:
         raise MeasureError(f"--data {shards}: {e}") from None

@@ -266,7 +266,7 @@ def _resolve_labels(
                         "given); fix the mapping or the shards"
                     )
         return classes, [[ids[x] if isinstance(x, str) else x for x in r] for r in raws]
-    if names and len(names) != len(flat) and any(isinstance(x, int) for x in flat):
+    if names and any(isinstance(x, int) for x in flat):
         raise ShardError(
             f"{where}: labels mix integer ids and class names; pass the class list (--classes)"
         )
