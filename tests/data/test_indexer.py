@@ -305,3 +305,22 @@ def test_labels_mixing_ids_and_names_need_the_class_list(image_folder: Path, tmp
     _write_wds(tmp_path / "x", samples)
     with pytest.raises(ShardError, match=r"mix integer ids and class names; pass .*--classes"):
         index_shards(str(tmp_path / "x" / "wds-000000.tar"), progress=False)
+
+
+def test_the_fast_scanner_and_tarfile_index_a_shard_alike(wds_dir: Path, tmp_path: Path):
+    from gpufeed.data.indexer import _Hashing, _plain_members, _samples, _tar_members
+    from gpufeed.data.shards import ShardEntry
+
+    def entry(reader: Any, path: Path) -> tuple[dict, list]:
+        e = ShardEntry(name=path.name, keys=[], labels=[], offsets=[])
+        with open(path, "rb") as f:
+            raw = _samples(reader(_Hashing(f, lambda n: None), str(path)), e, None, str(path))
+        return e.to_json(), raw
+
+    shard = wds_dir / "wds-000001.tar"
+    assert entry(_plain_members, shard) == entry(_tar_members, shard)
+    long_key = "d" * 120  # a GNU long-name header: only tarfile reads it
+    _one_tar(tmp_path / "long.tar", {f"{long_key}.jpg": b"\xff\xd8", f"{long_key}.cls": b"2"})
+    result = index_shards(str(tmp_path / "long.tar"), progress=False)
+    assert result.samples == 1
+    assert [s.key for s in ShardDataset(tmp_path).iter_worker(0, 1)] == [long_key]

@@ -18,7 +18,7 @@ import json
 import os
 import posixpath
 import tarfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -31,6 +31,11 @@ from gpufeed.data.shards import (
     ShardEntry,
     ShardError,
     _check_member,
+    _check_regular_header,
+    _ext,
+    _harmless_pax,
+    _padded,
+    _regular_header,
     check_shard_name,
     split_name,
 )
@@ -182,16 +187,71 @@ def _open(url: str, storage_options: dict[str, Any] | None) -> BinaryIO:
         raise ShardError(f"cannot read shard {url}: {e.strerror or e}") from None
 
 
-def index_shard(
-    url: str,
-    name: str,
-    *,
-    label_field: str | None = None,
-    storage_options: dict[str, Any] | None = None,
-    seen: Callable[[int], None] = lambda n: None,
-) -> tuple[ShardEntry, list[int | str]]:
-    """One streaming pass over a WebDataset shard: its index entry and each sample's raw label."""
-    entry = ShardEntry(name=name, keys=[], labels=[], offsets=[])
+# (offset of the member's first header, offset of its data, name, size, data if a label member)
+Member = tuple[int, int, str, int, bytes | None]
+LABEL_EXTS = ("cls", "json")
+
+
+class _NotPlain(Exception):
+    """The fast scanner met a header it does not read itself: tarfile reads the shard instead."""
+
+
+def _plain_members(stream: _Hashing, url: str) -> Iterator[Member]:
+    """The members of a tar of plain regular-file headers (and pax headers that only set times or
+    owners, as webdataset writes), parsed from big reads; `_NotPlain` for anything else."""
+    buf, start, at = b"", 0, 0  # buf holds the shard's bytes from offset `start`; `at`: cursor
+
+    def need(n: int) -> bytes:
+        nonlocal buf, start
+        while at + n > start + len(buf):
+            chunk = stream.read(8 * MB)
+            if not chunk:
+                raise _NotPlain  # truncated: tarfile names the problem
+            buf, start = buf[at - start :] + chunk, at
+        return buf[at - start : at - start + n]
+
+    first = None  # where the current member's headers began (a pax header comes first)
+    while True:
+        header = need(512)
+        if not header.strip(b"\0"):
+            return  # end-of-archive (the rest is read by the caller, for size and checksum)
+        pax = _regular_header(header, types=(0x78,))
+        if pax is not None:
+            block = need(512 + _padded(pax[1]))
+            if _harmless_pax(block, 0) is None:
+                raise _NotPlain
+            first = at if first is None else first
+            at += len(block)
+            continue
+        plain = _check_regular_header(header, url)
+        if plain is None:
+            raise _NotPlain
+        name, size = plain
+        data = need(512 + size)[512:] if _ext(name) in LABEL_EXTS else None
+        if data is None:
+            need(512 + _padded(size))  # read through (hashed), not kept
+        yield (at if first is None else first), at + 512, name, size, data
+        at += 512 + _padded(size)
+        first = None
+
+
+def _tar_members(stream: _Hashing, url: str) -> Iterator[Member]:
+    """The members of any tar, read by tarfile (extension headers of every kind)."""
+    with tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
+        for info in tar:
+            _check_member(info, url)
+            data = None
+            if split_name(info.name)[1] in LABEL_EXTS:
+                member = tar.extractfile(info)
+                data = member.read() if member is not None else b""
+            yield info.offset, info.offset_data, info.name, info.size, data
+
+
+def _samples(
+    members: Iterator[Member], entry: ShardEntry, label_field: str | None, url: str
+) -> list[int | str]:
+    """Group members into samples by key (as WebDataset does), recording each into `entry`;
+    returns each sample's raw label."""
     raw: list[int | str] = []
     key: str | None = None
     parts: dict[str, bytes] = {}
@@ -210,38 +270,54 @@ def index_shard(
         entry.image_exts.append(image[2])  # type: ignore[union-attr]
         raw.append(_raw_label(key, parts, label_field, url))
 
-    with _open(url, storage_options) as f:
-        stream = _Hashing(f, seen)
-        try:
-            with tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
-                for info in tar:
-                    _check_member(info, url)
-                    k, ext = split_name(info.name)
-                    if k != key:
-                        finish()
-                        key, parts, image = k, {}, None
-                        entry.keys.append(k)  # type: ignore[union-attr]
-                        entry.offsets.append(info.offset)  # type: ignore[union-attr]
-                    if ext in IMAGE_EXTS and image is None:
-                        image = (info.offset_data, info.size, ext)
-                    elif ext in ("cls", "json"):
-                        member = tar.extractfile(info)
-                        parts[ext] = member.read() if member is not None else b""
-                finish()
-            while stream.read(8 * MB):  # the rest (end-of-archive padding): size and checksum
-                pass
-        except OSError as e:
-            raise ShardError(f"cannot read shard {url}: {e}") from None
-        except (tarfile.TarError, EOFError) as e:
-            compressed = url.endswith((".gz", ".tgz", ".bz2", ".xz", ".zst"))
-            raise ShardError(
-                f"shard {url} is not an uncompressed tar file ({e}): "
-                + (
-                    "decompress it first; compressed shards cannot be read at offsets"
-                    if compressed
-                    else "a WebDataset shard is a plain .tar of <key>.<ext> members"
-                )
-            ) from None
+    for offset, data_offset, name, size, data in members:
+        k, ext = split_name(name)
+        if k != key:
+            finish()
+            key, parts, image = k, {}, None
+            entry.keys.append(k)  # type: ignore[union-attr]
+            entry.offsets.append(offset)  # type: ignore[union-attr]
+        if ext in IMAGE_EXTS and image is None:
+            image = (data_offset, size, ext)
+        elif data is not None:
+            parts[ext] = data
+    finish()
+    return raw
+
+
+def index_shard(
+    url: str,
+    name: str,
+    *,
+    label_field: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    seen: Callable[[int], None] = lambda n: None,
+) -> tuple[ShardEntry, list[int | str]]:
+    """One streaming pass over a WebDataset shard: its index entry and each sample's raw label.
+    Plain shards are parsed by a fast scanner; any other (long names, ...) again by tarfile."""
+    for reader in (_plain_members, _tar_members):
+        entry = ShardEntry(name=name, keys=[], labels=[], offsets=[])
+        with _open(url, storage_options) as f:
+            stream = _Hashing(f, seen)
+            try:
+                raw = _samples(reader(stream, url), entry, label_field, url)
+                while stream.read(8 * MB):  # the rest (end-of-archive padding): size, checksum
+                    pass
+            except _NotPlain:
+                continue
+            except OSError as e:
+                raise ShardError(f"cannot read shard {url}: {e}") from None
+            except (tarfile.TarError, EOFError) as e:
+                compressed = url.endswith((".gz", ".tgz", ".bz2", ".xz", ".zst"))
+                raise ShardError(
+                    f"shard {url} is not an uncompressed tar file ({e}): "
+                    + (
+                        "decompress it first; compressed shards cannot be read at offsets"
+                        if compressed
+                        else "a WebDataset shard is a plain .tar of <key>.<ext> members"
+                    )
+                ) from None
+        break
     if not entry.keys:
         raise ShardError(f"shard {url} holds no samples: remove it from the list")
     entry.bytes, entry.sha256 = stream.count, stream.sha.hexdigest()
