@@ -50,8 +50,9 @@ def test_the_core_loads_local_shards_without_any_extra(shards: Path):
         import gpufeed, gpufeed.cli
         from gpufeed.data import Loader
         from gpufeed.data.augment import Augment
-        images, labels = next(iter(Loader(sys.argv[2], 4, num_workers=0, device="cpu",
-                                          augment=Augment(size=(16, 16)))))
+        with Loader(sys.argv[2], 4, num_workers=0, device="cpu",
+                    augment=Augment(size=(16, 16))) as loader:
+            images, labels = next(iter(loader))
         print("batch", tuple(images.shape))
         """,
         str(shards),
