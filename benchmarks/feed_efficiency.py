@@ -164,7 +164,7 @@ def run_gpufeed(shards: Path, args: argparse.Namespace, step_s: float) -> Run:
         shards,
         args.batch_size,
         num_workers=args.workers,
-        augment=Augment(size=(SIZE, SIZE), load=args.load),
+        augment=Augment.load_factor(args.load, size=(SIZE, SIZE)),
         drop_last=True,
         device="cpu",
     )

@@ -146,7 +146,7 @@ def _gpufeed(cfg: dict[str, Any]) -> Any:
         num_workers=cfg["workers"],
         preprocess=cfg["preprocess"],
         device="cuda",
-        augment=Augment(size=(224, 224), load=cfg["load"]),
+        augment=Augment.load_factor(cfg["load"], size=(224, 224)),
         channels_last=True,
         drop_last=True,
     )

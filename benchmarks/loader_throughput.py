@@ -84,7 +84,7 @@ def baseline(root: Path, load: int, workers: int) -> tuple[float, float]:
 
 
 def gpufeed(shards: Path, load: int, workers: int, fused: bool = False) -> tuple[float, float]:
-    aug = Augment(size=(SIZE, SIZE), load=load, fused=fused)
+    aug = Augment.load_factor(load, size=(SIZE, SIZE), fused=fused)
     return _time(lambda: Loader(shards, BATCH, num_workers=workers, augment=aug), workers)
 
 

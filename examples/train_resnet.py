@@ -20,6 +20,7 @@ import torch.distributed
 from gpufeed.data.augment import Augment
 from gpufeed.data.loader import Loader
 from gpufeed.data.pack import pack
+from gpufeed.data.shards import has_index
 from gpufeed.train import (
     MODELS,
     DistInfo,
@@ -61,7 +62,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--preprocess", choices=["cpu", "gpu", "auto"], default="cpu")
     p.add_argument(
-        "--load", type=int, default=1, help="augmentation load factor (flip, flip, rotate) × L"
+        "--load",
+        type=int,
+        default=None,
+        help="augmentation load factor: (flip, flip, rotate) × L (default: the ImageNet recipe)",
     )
     p.add_argument(
         "--pack-dir", default=".gpufeed-cache/shards", help="where an image folder is packed"
@@ -70,8 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_loader(args: argparse.Namespace, dist: DistInfo) -> Loader:
+    size = (args.image_size, args.image_size)
     data = args.data
-    if "://" not in data and not (Path(data) / "index.json").is_file():
+    if "://" not in data and not has_index(data):
         if not Path(data).is_dir():
             sys.exit(
                 f"train_resnet.py: --data {data}: no such directory (want shards or an image folder)"
@@ -88,7 +93,9 @@ def make_loader(args: argparse.Namespace, dist: DistInfo) -> Loader:
         num_workers=args.workers,
         preprocess=args.preprocess,
         device=dist.device,
-        augment=Augment(size=(args.image_size, args.image_size), load=args.load),
+        augment=Augment(size=size)
+        if args.load is None
+        else Augment.load_factor(args.load, size=size),
         channels_last=args.channels_last,
     )
 

@@ -221,7 +221,7 @@ def pack_cmd(
     ),
     seed: int = typer.Option(0, "--seed", help="Seed for the sample order across shards."),
 ) -> None:
-    """Pack images into tar shards (WebDataset layout) plus index.json, locally or on S3."""
+    """Pack images into tar shards (WebDataset layout) plus gpufeed-index.json, locally or on S3."""
     import warnings
 
     from gpufeed.data.pack import PackError, pack
@@ -237,6 +237,40 @@ def pack_cmd(
             raise fail(str(e)) from None
     for w in caught:
         typer.secho(f"gpufeed: warning: {w.message}", err=True, fg=typer.colors.YELLOW)
+    typer.echo(result.summary())
+
+
+@app.command("index")
+def index_cmd(
+    shards: Annotated[
+        list[str],
+        typer.Argument(
+            help="WebDataset shards: paths, s3:// URLs, brace patterns (x-{000..099}.tar)"
+        ),
+    ],
+    classes: Annotated[
+        str | None,
+        typer.Option(
+            "--classes",
+            help="class names by id: a text file (one a line), a JSON list or {name: id}",
+        ),
+    ] = None,
+    label_field: Annotated[
+        str | None,
+        typer.Option(
+            "--label-field", help="the .json field holding the label (default: cls, label, class)"
+        ),
+    ] = None,
+) -> None:
+    """Index existing WebDataset tar shards in one pass, so `Loader` reads them (writes gpufeed-index.json next to them)."""
+    from gpufeed.data.indexer import index_shards
+    from gpufeed.data.shards import ShardError
+    from gpufeed.extras import MissingExtra
+
+    try:
+        result = index_shards(shards, classes=classes, label_field=label_field)
+    except (ShardError, MissingExtra) as e:
+        raise fail(str(e)) from None
     typer.echo(result.summary())
 
 
@@ -373,8 +407,13 @@ def tune_cmd(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point; a missing optional dependency is a one-line error."""
+    from gpufeed.extras import MissingExtra
+
+    try:
+        app()
+    except MissingExtra as e:
+        raise SystemExit(f"gpufeed: error: {e}") from None
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpufeed.bench.demo import demo_config
+from gpufeed.data.shards import INDEX_NAME
 
 
 @pytest.mark.slow
@@ -81,8 +82,8 @@ def test_the_data_set_is_generated_once_and_reused(tmp_path: Path):
     assert seen[-1] == 8 and len(list(first.glob("*/*.jpg"))) == 8
     stamps = {p: p.stat().st_mtime_ns for p in first.glob("*/*.jpg")}
     shards = demo_shards(first, cfg)
-    index = (shards / "index.json").stat().st_mtime_ns
+    index = (shards / INDEX_NAME).stat().st_mtime_ns
     again = demo_images(tmp_path, cfg)
     assert again == first
     assert {p: p.stat().st_mtime_ns for p in again.glob("*/*.jpg")} == stamps
-    assert (demo_shards(again, cfg) / "index.json").stat().st_mtime_ns == index
+    assert (demo_shards(again, cfg) / INDEX_NAME).stat().st_mtime_ns == index

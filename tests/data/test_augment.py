@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -65,9 +66,34 @@ def test_rotations_compose_the_same_fused_or_unfused_away_from_the_border():
 
 
 def test_load_factor_draws_l_independent_flip_flip_rotation_blocks():
-    h, v, a = Augment(load=12).flips_and_angles(256, torch.Generator().manual_seed(0))
+    h, v, a = Augment.load_factor(12).flips_and_angles(256, torch.Generator().manual_seed(0))
     assert h.shape == v.shape == a.shape == (12, 256)
-    assert 0.4 < h.float().mean() < 0.6 and a.abs().max() <= torch.deg2rad(torch.tensor(15.0))
+    assert 0.4 < h.float().mean() < 0.6 and 0.4 < v.float().mean() < 0.6
+    assert 0.1 < a.abs().max() <= torch.deg2rad(torch.tensor(15.0))
+
+
+def test_the_default_is_the_imagenet_training_recipe():
+    aug = Augment()
+    assert (aug.scale, aug.ratio, aug.hflip, aug.vflip, aug.degrees) == (
+        (0.08, 1.0),
+        (3 / 4, 4 / 3),
+        0.5,
+        0.0,
+        0.0,
+    )
+    h, v, a = aug.flips_and_angles(256, torch.Generator().manual_seed(0))
+    assert 0.4 < h.float().mean() < 0.6 and not v.any() and not a.any()
+
+
+def test_a_flip_only_warp_gives_the_resized_crop_mirrored_exactly():
+    image = torch.randint(0, 256, (90, 120, 3), dtype=torch.uint8)
+    aug, box = Augment(size=(40, 40)), (5, 10, 70, 80)
+    resized = aug.crop_resize(image, (90, 120), box).unsqueeze(0)
+    for flip in (False, True):
+        theta = aug.warps((torch.tensor([[flip]]), torch.tensor([[False]]), torch.zeros(1, 1)))
+        got = aug.first_pass(image, (90, 120), box, theta, 0)
+        assert got.dtype == torch.uint8
+        assert torch.equal(got, resized.flip(-1) if flip else resized)
 
 
 def test_uint8_output_skips_normalization_and_float_output_is_normalized():
@@ -131,3 +157,16 @@ def test_apply_batch_leaves_its_input_untouched():
         aug.apply_batch(x, aug.flips_and_angles(4, torch.Generator()), torch.float32)
         aug.apply_batch(x, aug.flips_and_angles(4, torch.Generator()), torch.uint8)
     assert torch.equal(x, before)
+
+
+def test_transform_on_must_name_a_place():
+    with pytest.raises(ValueError, match=r"transform_on='gpu': choose one of worker, device"):
+        Augment(transform=lambda x: x, transform_on="gpu")
+    with pytest.raises(ValueError, match="transform must be a callable on a batch tensor"):
+        Augment(transform="invert")  # type: ignore[arg-type]
+
+
+def test_a_worker_transform_that_changes_the_batch_shape_is_a_clear_error():
+    aug = Augment(transform=lambda x: x[:, :1])
+    with pytest.raises(ValueError, match=r"returned \(2, 1, 8, 8\).*transform_on='device'"):
+        aug.worker_transform(torch.zeros(2, 3, 8, 8, dtype=torch.uint8))

@@ -20,7 +20,7 @@ def test_per_image_and_batched_schedules_give_the_same_batch(
     shards: Path, load: int, dtype: torch.dtype
 ):
     samples = list(ShardDataset(shards, shuffle=False).iter_worker(0, 1))[:8]
-    aug = Augment(size=(32, 32), load=load)
+    aug = Augment.load_factor(load, size=(32, 32))
     out = {}
     for per_image in (True, False):
         images, _, corrupt = build_batch(

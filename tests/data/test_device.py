@@ -29,7 +29,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 def _spec(handoff: str = "decoded", dtype: torch.dtype = torch.float32, **kw) -> BatchSpec:
     fields = dict(
         batch_size=4,
-        augment=Augment(size=(16, 16), load=2),
+        augment=Augment.load_factor(2, size=(16, 16)),
         handoff=handoff,
         dtype=dtype,
         channels_last=False,

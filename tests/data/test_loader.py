@@ -35,7 +35,7 @@ from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.workers import LoaderWorkerError
 
 SMALL = Augment(size=(16, 16))
-AUG = Augment(size=(32, 32), load=2)
+AUG = Augment.load_factor(2, size=(32, 32))
 # uint8 hand-off rounds each pixel (±0.5 of 255) before normalization
 UINT8_TOL = 0.5 / 255 / min(AUG.std) + 1e-4
 STATE_KEYS = {
@@ -802,3 +802,52 @@ def test_torchrun_ranks_split_the_data_exactly_once(shards: Path, tmp_path: Path
     for e in range(2):
         assert sorted(epochs[0][e] + epochs[1][e]) == list(range(48))
     assert epochs[0][0] != epochs[0][1]
+
+
+# --- the user's own batched transform -------------------------------------------------------------
+
+
+class Invert(torch.nn.Module):
+    """A batched transform as torchvision.transforms.v2 or kornia write them: uint8 in, uint8 out."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert x.dtype == torch.uint8 and x.dim() == 4 and x.shape[1] == 3
+        return 255 - x
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_worker_transform_runs_on_the_uint8_batch_before_normalization(
+    shards: Path, make: MakeLoader, num_workers: int
+):
+    def epoch(**kw: Any) -> list[torch.Tensor]:
+        return [x for x, _ in make(shards, 8, num_workers=num_workers, shuffle=False, **kw)]
+
+    inverted = Augment(size=(16, 16), transform=Invert())
+    plain = epoch(dtype=torch.uint8)
+    got = epoch(dtype=torch.uint8, augment=inverted)
+    assert all(torch.equal(g, 255 - p) for g, p in zip(got, plain, strict=True))
+    mean = torch.tensor(SMALL.mean).view(1, 3, 1, 1)
+    std = torch.tensor(SMALL.std).view(1, 3, 1, 1)
+    normalized = epoch(augment=inverted)  # float batches: normalized after the transform
+    for f, p in zip(normalized, plain, strict=True):
+        assert torch.allclose(f, ((255 - p).float() / 255 - mean) / std, atol=1e-5)
+
+
+def test_a_device_transform_runs_on_the_finished_batch_and_may_change_its_shape(
+    shards: Path, make: MakeLoader
+):
+    def shrink(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.avg_pool2d(x, 2)
+
+    plain = [x for x, _ in make(shards, 8, num_workers=2, shuffle=False)]
+    aug = Augment(size=(16, 16), transform=shrink, transform_on="device")
+    got = [x for x, _ in make(shards, 8, num_workers=2, shuffle=False, augment=aug)]
+    assert [g.shape for g in got] == [(len(p), 3, 8, 8) for p in plain]
+    assert all(torch.allclose(g, shrink(p)) for g, p in zip(got, plain, strict=True))
+
+
+def test_a_worker_transform_with_gpu_preprocessing_is_a_clear_error(shards: Path, make: MakeLoader):
+    aug = Augment(size=(16, 16), transform=Invert())
+    loader = make(shards, 8, num_workers=0, preprocess="gpu", augment=aug)
+    with pytest.raises(ValueError, match=r"transform_on='worker'\) needs preprocess='cpu'"):
+        next(iter(loader))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from indexes import read_index_doc
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -23,7 +24,7 @@ from gpufeed.data.shards import INDEX_NAME
 
 
 def _index(d: Path) -> dict:
-    return json.loads((d / INDEX_NAME).read_text())
+    return read_index_doc(d)
 
 
 def test_image_folder_round_trip_keeps_every_image_and_label(image_folder: Path, tmp_path: Path):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import simplejpeg
 from bombs import jpeg_claiming
+from indexes import index_doc, read_index_doc
 
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.loader import Loader
@@ -36,7 +37,7 @@ def _read_all(ds: ShardDataset) -> list[tuple[str, int, bytes]]:
 
 
 def _index(d: Path) -> dict:
-    return json.loads((d / INDEX_NAME).read_text())
+    return read_index_doc(d)
 
 
 def _write_index(d: Path, doc: object) -> None:
@@ -155,7 +156,7 @@ def test_a_bad_shard_entry_is_a_clear_error_naming_index_json(
     doc = _index(d)
     doc["shards"][0].update(change)
     (d / INDEX_NAME).write_text(json.dumps(doc).replace("Infinity", "1e400"))
-    with pytest.raises(ShardError, match=rf"copy/index\.json: invalid index: .*{match}"):
+    with pytest.raises(ShardError, match=rf"copy/gpufeed-index\.json: invalid index: .*{match}"):
         ShardDataset(d)
 
 
@@ -193,10 +194,10 @@ def test_an_index_that_is_not_json_text_is_a_clear_error(tmp_path: Path):
 # --- paths that are not what they should be ----------------------------------------------------
 
 
-def test_a_data_set_path_that_is_a_file_is_a_clear_error(shards: Path):
-    shard = shards / "shard-00000.tar"
-    with pytest.raises(ShardError, match=r"shard-00000\.tar is a file, not a data set directory"):
-        ShardDataset(shard)
+def test_a_data_set_path_that_is_a_file_is_a_clear_error(shards: Path, tmp_path: Path):
+    (tmp_path / "notes.txt").write_text("not a data set")
+    with pytest.raises(ShardError, match=r"notes\.txt is a file, not a data set directory"):
+        ShardDataset(tmp_path / "notes.txt")
     with pytest.raises(ShardError, match=rf"pass its directory, {shards}, instead"):
         Loader(shards / INDEX_NAME, batch_size=4, num_workers=0)
 
@@ -241,7 +242,7 @@ def s3_shards(s3_env: str, id_list: Path) -> str:
 
 
 def _s3_index(url: str) -> dict:
-    return json.loads(filesystem(url).cat_file(f"{url}/{INDEX_NAME}"))
+    return index_doc(filesystem(url).cat_file(f"{url}/{INDEX_NAME}"))
 
 
 def test_a_traversing_checksum_in_an_s3_index_is_rejected_before_anything_is_written(
@@ -251,7 +252,9 @@ def test_a_traversing_checksum_in_an_s3_index_is_rejected_before_anything_is_wri
     doc["shards"][0]["sha256"] = "../../../../x"
     filesystem(s3_shards).pipe_file(f"{s3_shards}/{INDEX_NAME}", json.dumps(doc).encode())
     cache = tmp_path / "deep" / "er" / "cache"
-    with pytest.raises(ShardError, match=r"train/index\.json: invalid index: shard shard-00000"):
+    with pytest.raises(
+        ShardError, match=r"train/gpufeed-index\.json: invalid index: shard shard-00000"
+    ):
         ShardDataset(s3_shards, cache_dir=cache)
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 

@@ -9,6 +9,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from indexes import read_index_doc
 
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.shards import INDEX_NAME, ShardError, iter_samples
@@ -17,7 +18,7 @@ from gpufeed.data.shards import INDEX_NAME, ShardError, iter_samples
 def test_webdataset_reads_the_shards_we_write(shards: Path):
     import webdataset as wds
 
-    index = json.loads((shards / INDEX_NAME).read_text())
+    index = read_index_doc(shards)
     urls = [str(shards / s["name"]) for s in index["shards"]]
     got = {s["__key__"]: int(s["cls"]) for s in wds.WebDataset(urls, shardshuffle=False)}
     want = {k: lab for s in index["shards"] for k, lab in zip(s["keys"], s["labels"], strict=True)}
@@ -27,7 +28,7 @@ def test_webdataset_reads_the_shards_we_write(shards: Path):
 
 
 def test_index_offsets_point_at_each_image(shards: Path):
-    index = json.loads((shards / INDEX_NAME).read_text())
+    index = read_index_doc(shards)
     s = index["shards"][1]
     raw = (shards / s["name"]).read_bytes()
     assert len(raw) == s["bytes"]
@@ -107,7 +108,7 @@ def test_index_that_does_not_match_its_shard_is_detected(shards: Path, tmp_path:
     (d / "shard-00001.tar").write_bytes(
         (d / "shard-00000.tar").read_bytes()[:20000] + b"\0" * 20000
     )
-    index = json.loads((d / INDEX_NAME).read_text())
+    index = read_index_doc(d)
     index["shards"][1]["bytes"] = 40000
     (d / INDEX_NAME).write_text(json.dumps(index))
     with pytest.raises(ShardError, match="index does not belong to this shard"):
@@ -123,7 +124,7 @@ def test_invalid_index_json_is_a_clear_error(tmp_path: Path):
 def _without_offsets(shards: Path, tmp_path: Path) -> Path:
     """A copy whose index lacks the image offsets, as from a tool that only records sample starts."""
     d = _copy(shards, tmp_path)
-    index = json.loads((d / INDEX_NAME).read_text())
+    index = read_index_doc(d)
     for s in index["shards"]:
         for k in ("image_offsets", "image_sizes", "image_exts"):
             del s[k]
@@ -201,3 +202,72 @@ def test_long_member_names_are_read_through_their_extension_headers(tmp_path: Pa
         (s.key, s.label, s.data) for s in ShardDataset(tmp_path, shuffle=False).iter_worker(0, 1)
     ]
     assert got == [(key, 1, b"\xff\xd8long\xff\xd9"), ("short", 2, b"\xff\xd8short\xff\xd9")]
+
+
+def test_shards_packed_before_with_an_index_json_are_still_read(shards: Path, tmp_path: Path):
+    from gpufeed.data.shards import LEGACY_INDEX_NAME
+
+    d = _copy(shards, tmp_path)
+    (d / LEGACY_INDEX_NAME).write_text(json.dumps(read_index_doc(d)))  # the version-1 lists
+    (d / INDEX_NAME).unlink()
+    got = sorted(s.label for s in ShardDataset(d).iter_worker(0, 1))
+    assert got == list(range(48))
+
+
+def test_the_index_is_numpy_columns_not_python_lists(shards: Path):
+    import numpy as np
+
+    entry = ShardDataset(shards).index.shards[0]
+    for column in (entry.labels, entry.offsets, entry.image_offsets, entry.image_sizes):
+        assert isinstance(column, np.ndarray) and column.dtype.itemsize <= 4
+    assert entry.keys[0] == read_index_doc(shards)["shards"][0]["keys"][0]
+
+
+@pytest.mark.parametrize(
+    ("column", "change", "match"),
+    [
+        ("offsets", {"dtype": "|O"}, "column 'offsets' has no supported dtype"),
+        ("image_sizes", {"data": "AAAA"}, "column 'image_sizes' holds 3 bytes, expected 48 values"),
+        ("labels", {"data": "not base64!"}, "Only base64 data is allowed"),
+    ],
+)
+def test_a_bad_index_column_is_a_clear_error(
+    shards: Path, tmp_path: Path, column: str, change: dict, match: str
+):
+    d = _copy(shards, tmp_path)
+    doc = json.loads((d / INDEX_NAME).read_text())
+    doc["columns"][column].update(change)
+    (d / INDEX_NAME).write_text(json.dumps(doc))
+    with pytest.raises(ShardError, match=rf"gpufeed-index\.json: invalid index: .*{match}"):
+        ShardDataset(d)
+
+
+def test_offsets_outside_a_shard_in_the_columns_are_rejected(shards: Path, tmp_path: Path):
+    import base64
+
+    import numpy as np
+
+    d = _copy(shards, tmp_path)
+    doc = json.loads((d / INDEX_NAME).read_text())
+    col = doc["columns"]["image_offsets"]
+    values = np.frombuffer(base64.b64decode(col["data"]), col["dtype"]).astype("<u4")
+    values[-1] = 10**9
+    doc["columns"]["image_offsets"] = {"dtype": "<u4", "data": base64.b64encode(values).decode()}
+    (d / INDEX_NAME).write_text(json.dumps(doc))
+    with pytest.raises(ShardError, match=r"shard shard-\d+\.tar: image_offsets outside"):
+        ShardDataset(d)
+
+
+def test_only_pax_headers_that_set_times_or_owners_are_skipped_without_tarfile():
+    from gpufeed.data.shards import _harmless_pax
+
+    def pax_member(**records: str) -> bytes:
+        info = tarfile.TarInfo("k.jpg")
+        info.size, info.pax_headers = 3, records
+        return info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
+
+    harmless = pax_member(mtime="1700000000.25", uid="7")
+    assert _harmless_pax(harmless, 0) == len(harmless) - 512  # the member's own header follows
+    assert _harmless_pax(pax_member(path="../../etc/passwd"), 0) is None
+    assert _harmless_pax(pax_member(size="99999"), 0) is None
+    assert _harmless_pax(_tar([(tarfile.TarInfo("k.jpg"), b"abc")]).getvalue(), 0) is None

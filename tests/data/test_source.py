@@ -142,5 +142,5 @@ def test_truncated_s3_shard_is_a_clear_error(s3_shards: str):
 
 
 def test_missing_s3_prefix_names_the_index(bucket: str):
-    with pytest.raises(ShardError, match=r"nothing/index\.json not found"):
+    with pytest.raises(ShardError, match=r"nothing/gpufeed-index\.json not found"):
         ShardDataset(f"{bucket}/nothing")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import gpufeed
 from gpufeed.bench.synth import make_image_folder
+from gpufeed.data.shards import has_index
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_resnet.py"
 
@@ -19,7 +20,7 @@ def test_trains_from_an_image_folder_under_gpufeed_profile(tmp_path: Path, run_p
     proc, run_dir = run_profiled(EXAMPLE, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resnet18:" in proc.stdout and "images/s over 3 steps" in proc.stdout
-    assert (tmp_path / "packs" / "images" / "index.json").is_file()
+    assert has_index(tmp_path / "packs" / "images")
     steps = gpufeed.load(run_dir).steps
     assert len(steps) == 3
     assert set(steps["samples"]) == {8}

@@ -26,6 +26,7 @@ from gpufeed.bench.measure import (
     measure_loader,
     measure_model,
 )
+from gpufeed.data.shards import has_index
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -103,7 +104,7 @@ def resolve_data(data: str) -> DataSpec:
     """Classify `--data`; MeasureError naming the path or function when it is unusable."""
     path = Path(data)
     if path.is_dir():
-        return DataSpec("shards" if (path / "index.json").is_file() else "folder", str(path))
+        return DataSpec("shards" if has_index(path) else "folder", str(path))
     if path.exists():
         raise MeasureError(
             f"--data {data}: is a file; give an image folder (ROOT/<class>/<image>), a directory "
@@ -166,7 +167,8 @@ def _gpufeed_loader(
             num_workers=workers,
             preprocess=preprocess,
             device=device,
-            augment=Augment(size=(image_size, image_size)),
+            # the naive baseline's recipe (bench.naive), so both pipelines do the same work
+            augment=Augment.load_factor(1, size=(image_size, image_size)),
         )
     except (ShardError, ValueError) as e:
         raise MeasureError(f"--data {shards}: {e}") from None

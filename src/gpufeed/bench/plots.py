@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gpufeed.extras import MissingExtra, require
+
 
 def _pyplot():
-    import matplotlib
-
+    """pyplot (headless), or None with a warning naming the extra: the results are still saved."""
+    try:
+        matplotlib = require("bench")
+    except MissingExtra as e:
+        warnings.warn(f"no chart: {e}", RuntimeWarning, stacklevel=3)
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -22,10 +29,12 @@ def line_panels(
     xlabel: str,
     ylabel: str,
     hlines: Mapping[str, float] | None = None,
-) -> Path:
+) -> Path | None:
     """One panel per key of ``panels``, each with named (x, y) lines; ``hlines`` adds a dashed
     reference line per panel (e.g. the synthetic-data ceiling)."""
     plt = _pyplot()
+    if plt is None:
+        return None
     n = max(1, len(panels))
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False)
     for ax, (name, lines) in zip(axes[0], panels.items(), strict=False):
@@ -51,9 +60,11 @@ def bars(
     title: str,
     labels: Sequence[str],
     series: Mapping[str, Sequence[float]],
-) -> Path:
+) -> Path | None:
     """One panel per series (its name is the y label), one bar per configuration label."""
     plt = _pyplot()
+    if plt is None:
+        return None
     n = max(1, len(series))
     fig, axes = plt.subplots(1, n, figsize=(max(4.5, 1.3 * len(labels)) * n, 3.8), squeeze=False)
     for ax, (name, values) in zip(axes[0], series.items(), strict=False):

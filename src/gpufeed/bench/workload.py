@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpufeed.bench.hardware import usable_cores
+from gpufeed.data.shards import has_index
 
 T = TypeVar("T")
 DEFAULT_CACHE = Path(".gpufeed-cache/bench")
@@ -108,7 +109,7 @@ def default_config(full: bool | None = None, **overrides: Any) -> BenchConfig:
 
 
 def _is_shards(path: Path) -> bool:
-    return (path / "index.json").is_file()
+    return has_index(path)
 
 
 def image_folder(cfg: BenchConfig) -> Path:
@@ -181,7 +182,7 @@ def make_loader(
         num_workers=cfg.workers if workers is None else workers,
         preprocess=preprocess,
         device=cfg.device,
-        augment=Augment(size=(cfg.image_size, cfg.image_size), load=load),
+        augment=Augment.load_factor(load, size=(cfg.image_size, cfg.image_size)),
         channels_last=cfg.channels_last,
         seed=0,
     )

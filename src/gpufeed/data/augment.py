@@ -1,19 +1,31 @@
 """Augmentations as batched torch ops: the same code runs on CPU tensors and, unchanged, on a GPU.
 
-The load block (horizontal flip, vertical flip, rotation, repeated `load` times — the classic way
-to emulate a heavy augmentation pipeline) is a list of affine warps, one N×2×3 sampling matrix
-per repetition with its flips folded in; `fused=True` composes all repetitions into one warp,
-which is equivalent up to interpolation. The first warp is applied straight to the random-resized
-crop box of the decoded image, so crop + resize + the first repetition are ONE resampling; each
-further repetition (unfused) is one more real resampling. Normalization is one multiply and one
-subtract, the subtract writing into the output batch. All random parameters come from a CPU
-`torch.Generator`, so the CPU and GPU paths draw the same crops, flips and angles for the same seed.
+The default is the standard ImageNet training recipe: random-resized crop (scale 0.08-1, ratio
+3/4-4/3), horizontal flip, normalize. `Augment.load_factor(L)` is the seed experiments' heavy
+recipe: the load block (horizontal flip, vertical flip, ±15° rotation) repeated L times.
+
+The load block is a list of affine warps, one N×2×3 sampling matrix per repetition with its
+flips folded in; `fused=True` composes all repetitions into one warp, which is equivalent up to
+interpolation. The first warp is applied straight to the random-resized crop box of the decoded
+image, so crop + resize + the first repetition are ONE resampling (a warp that only flips is a
+flip of the resized crop); each further repetition (unfused) is one more real resampling.
+Normalization is one multiply and one subtract, the subtract writing into the output batch. All
+random parameters come from a CPU `torch.Generator`, so the CPU and GPU paths draw the same
+crops, flips and angles for the same seed.
+
+`transform` is the user's own batched transform (torchvision.transforms.v2 or kornia style, a
+callable on a batch tensor): with `transform_on="worker"` it runs in the loader's worker
+processes on each uint8 N×3×H×W batch after crop, resize and flips, before normalization, and
+must return a uint8 batch of that shape; with `"device"` it runs on the loader's device stage on
+the finished batch (normalized float, or uint8 with `dtype=torch.uint8`) and may return any
+tensor. A worker transform must be picklable where workers are spawned, not forked.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,9 +41,13 @@ MAX_WARP_DOWNSCALE = 1.5
 Box = tuple[int, int, int, int]  # top, left, height, width in source pixels
 
 
+TRANSFORM_PLACES = ("worker", "device")
+
+
 @dataclass(frozen=True)
 class Augment:
-    """What to do to each image; `train=False` gives a deterministic center crop and no flips."""
+    """What to do to each image. The defaults are the ImageNet training recipe; `train=False`
+    gives a deterministic center crop and no flips; `Augment.load_factor(L)` the heavy recipe."""
 
     size: tuple[int, int] = (224, 224)
     train: bool = True
@@ -39,18 +55,58 @@ class Augment:
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     load: int = 1
     hflip: float = 0.5
-    vflip: float = 0.5
-    degrees: float = 15.0
+    vflip: float = 0.0
+    degrees: float = 0.0
     fused: bool = False
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     eval_crop: float = 0.875
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+    transform_on: str = "worker"
 
     def __post_init__(self) -> None:
         if isinstance(self.size, int):
             object.__setattr__(self, "size", (self.size, self.size))
         if self.load < 0:
             raise ValueError(f"augmentation load must be >= 0, got {self.load}")
+        if self.transform_on not in TRANSFORM_PLACES:
+            raise ValueError(
+                f"transform_on={self.transform_on!r}: choose one of {', '.join(TRANSFORM_PLACES)}"
+            )
+        if self.transform is not None and not callable(self.transform):
+            raise ValueError(
+                f"transform must be a callable on a batch tensor, got {type(self.transform).__name__}"
+            )
+
+    @classmethod
+    def load_factor(cls, load: int, **options: Any) -> Augment:
+        """The seed experiments' recipe: random-resized crop, then horizontal flip, vertical flip
+        and a rotation of up to ±15°, repeated `load` times (the classic augmentation-load knob)."""
+        options = {"hflip": 0.5, "vflip": 0.5, "degrees": 15.0, **options}
+        return cls(load=load, **options)
+
+    def worker_transform(self, batch: torch.Tensor) -> torch.Tensor:
+        """The user's worker transform on a uint8 N×3×H×W batch, checked to give one back."""
+        import torch
+
+        assert self.transform is not None
+        out = self.transform(batch)
+        if (
+            not isinstance(out, torch.Tensor)
+            or out.shape != batch.shape
+            or out.dtype != batch.dtype
+        ):
+            got = (
+                f"{tuple(out.shape)} {out.dtype}"
+                if isinstance(out, torch.Tensor)
+                else type(out).__name__
+            )
+            raise ValueError(
+                f"Augment.transform (transform_on='worker') returned {got}; it must return a "
+                f"uint8 batch of the shape it was given, {tuple(batch.shape)} (use "
+                "transform_on='device' to change shape or dtype)"
+            )
+        return out
 
     # --- parameters (all drawn on CPU from `gen`) -------------------------------------------------
 
@@ -170,7 +226,12 @@ class Augment:
         """Image i of a batch through crop, resize and the first warp: 1×3×H×W (uint8 if none)."""
         if not warps:
             return self.crop_resize(image, full, box, contiguous=False).unsqueeze(0)
-        return self.crop_warp(image, full, box, warps[0][i : i + 1])
+        theta = warps[0][i : i + 1]
+        flips = _flip_dims(theta) if theta.device.type == "cpu" else None
+        if flips is not None:  # no resampling needed beyond the resize: flip the uint8 result
+            x = self.crop_resize(image, full, box, contiguous=False).unsqueeze(0)
+            return x.flip(flips) if flips else x
+        return self.crop_warp(image, full, box, theta)
 
     def finish(
         self, x: torch.Tensor, warps: list[torch.Tensor], out: torch.Tensor, owned: bool = False
@@ -219,6 +280,14 @@ def _crop(image: torch.Tensor, full: tuple[int, int], box: Box) -> torch.Tensor:
     y1 = max(y0 + 1, min(image.shape[0], round((y + bh) * sy)))
     x1 = max(x0 + 1, min(image.shape[1], round((x + bw) * sx)))
     return image[y0:y1, x0:x1].permute(2, 0, 1).unsqueeze(0)  # a channels_last view
+
+
+def _flip_dims(theta: torch.Tensor) -> list[int] | None:
+    """The dims a 1×2×3 sampling matrix flips if it only flips (no rotation, no shift), else None."""
+    (a, b, c), (d, e, f) = theta[0].tolist()
+    if b or d or c or f or abs(a) != 1 or abs(e) != 1:
+        return None
+    return [-1] * (a < 0) + [-2] * (e < 0)
 
 
 def _rotation(angle: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from gpufeed.data.indexer import expand_urls, is_shard_pattern, split_shards
 from gpufeed.data.shards import IMAGE_EXTS, Index, ShardError
 from gpufeed.data.source import MB, Source
 
@@ -67,7 +68,10 @@ def shuffle_buffer_order(n: int, size: int, rng: np.random.Generator) -> list[in
 
 
 class ShardDataset:
-    """Samples from gpufeed shards (local dir or s3://), split across ranks and workers, resumable.
+    """Samples from gpufeed shards, split across ranks and workers, resumable. `url` is a data
+    set directory (local or s3://) or its shards named by a brace pattern
+    (`.../train-{000000..000099}.tar`); shards written by other tools are read once indexed
+    with `gpufeed index`.
 
     Iterating yields `RawSample`s for (worker, num_workers) given to `iter_worker`; the `Loader`
     runs one such stream per worker process and decodes/augments them in batches.
@@ -89,6 +93,9 @@ class ShardDataset:
         chunk_size: int = 8 * MB,
         read_ahead: int = 2,
     ) -> None:
+        names = None
+        if is_shard_pattern(url):  # shards named one by one: their directory holds the index
+            url, names = split_shards(expand_urls(url))
         self.source = Source(
             url,
             storage_options=storage_options,
@@ -98,8 +105,10 @@ class ShardDataset:
             read_ahead=read_ahead,
         )
         self.index: Index = self.source.read_index()
+        if names is not None:
+            self.index = self.index.select(names, f"the index of {self.source.url}")
         if self.index.total == 0:
-            raise ShardError(f"{self.source.url}: index.json lists no samples")
+            raise ShardError(f"{self.source.url}: its index lists no samples")
         auto_rank, auto_world = detect_rank()
         self.rank = auto_rank if rank is None else rank
         self.world_size = auto_world if world_size is None else world_size
@@ -130,7 +139,8 @@ class ShardDataset:
 
     def max_sample_bytes(self) -> int:
         """The largest image in the data set (bounds buffer memory)."""
-        return max((max(s.image_sizes, default=0) for s in self.index.shards), default=0) + 1024
+        sizes = [int(np.max(s.image_sizes)) for s in self.index.shards if len(s.image_sizes)]
+        return max(sizes, default=0) + 1024
 
     # --- the plan ---------------------------------------------------------------------------------
 
@@ -220,11 +230,11 @@ class ShardDataset:
         entry = self.index.shards[shard_no]
         where = self.source.path(entry.name)
         count = end - pos + 1
-        f = self.source.open(entry, entry.offsets[first])
+        f = self.source.open(entry, int(entry.offsets[first]))
         try:
             if entry.indexed:
                 for got, (key, image) in enumerate(read_indexed(f, entry, first, count, where)):
-                    yield pos + got, RawSample(where, key, entry.labels[first + got], image)
+                    yield pos + got, RawSample(where, key, int(entry.labels[first + got]), image)
                 return
             got = 0
             for key, parts in iter_samples(f, where):
@@ -235,7 +245,7 @@ class ShardDataset:
                         f"{entry.keys[i]!r}; the index does not belong to this shard"
                     )
                 image = next((parts[e] for e in IMAGE_EXTS if e in parts), b"")
-                yield pos + got, RawSample(where, key, entry.labels[i], image)
+                yield pos + got, RawSample(where, key, int(entry.labels[i]), image)
                 got += 1
                 if got == count:
                     return

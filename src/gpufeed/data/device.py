@@ -36,6 +36,7 @@ from gpufeed.data.dataset import RawSample
 from gpufeed.data.plan import Position
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
+from gpufeed.extras import MissingExtra, require
 
 MAX_TAPS = 3  # supersampling taps per axis: antialiasing for downscales up to 3×
 CANVAS_ELEMENTS = 1 << 28  # images per resampling pass are limited to this many canvas elements
@@ -46,10 +47,16 @@ def nvjpeg_available() -> bool:
     if not torch.cuda.is_available():
         return False
     try:
-        import torchvision.io  # noqa: F401
-    except ImportError:
+        require("gpu")
+    except MissingExtra as e:
+        if not _warned_gpu:
+            _warned_gpu.append(True)
+            warnings.warn(f"{e}; decoding JPEGs on the CPU instead", RuntimeWarning, stacklevel=2)
         return False
     return True
+
+
+_warned_gpu: list[bool] = []  # warn once per process
 
 
 def decoder_name(spec: BatchSpec, device: torch.device) -> str:
@@ -86,6 +93,12 @@ class DeviceStage:
         seed: int,
         rank: int,
     ) -> None:
+        aug = spec.augment
+        if aug.transform is not None and aug.transform_on == "worker" and spec.handoff == "encoded":
+            raise ValueError(
+                "Augment(transform_on='worker') needs preprocess='cpu': with GPU preprocessing "
+                "the workers do not decode; use transform_on='device'"
+            )
         self.spec, self.device, self.slots, self.pinned = spec, device, slots, pinned
         self.seed, self.rank = seed, rank
         self.cuda = device.type == "cuda"
@@ -140,6 +153,9 @@ class DeviceStage:
         meta: dict[str, Any],
         stream: Any,
     ) -> DeviceBatch:
+        aug = self.spec.augment
+        if aug.transform is not None and aug.transform_on == "device":
+            images = aug.transform(images)
         ready = None
         if stream is not None:
             ready = torch.cuda.Event()

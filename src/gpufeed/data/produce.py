@@ -5,7 +5,8 @@ in the slot (N×H×W×3, i.e. channels_last); normalization is left to the devic
 device is the CPU (`BatchSpec.host_final`) the worker writes the final, normalized batch instead.
 "encoded": copy the image bytes into the slot back to back, for decoding on the device, with each
 image's size (from its header) and its random crop box, flips and angles, so the device stage
-does no per-image work on the CPU.
+does no per-image work on the CPU. A user transform (`Augment.transform`, on "worker") runs on
+the uint8 batch before it is normalized.
 """
 
 from __future__ import annotations
@@ -61,16 +62,25 @@ def fill_slot(
         # NCHW indexing over the slot, whichever its layout
         return out[: shape[0]].permute(0, 3, 1, 2) if nhwc else out[: shape[0]]
 
+    aug = spec.augment
+    user = aug.transform is not None and aug.transform_on == "worker"
     gen = batch_generator(seed, at.epoch, rank, at.batch)
-    _, labels, corrupt = build_batch(
+    images, labels, corrupt = build_batch(
         samples,
-        spec.augment,
+        aug,
         gen,
-        dtype=spec.host_dtype,
+        dtype=torch.uint8 if user else spec.host_dtype,
         channels_last=nhwc,
         strict=spec.strict,
-        alloc=alloc,
+        alloc=None if user and spec.host_dtype != torch.uint8 else alloc,
     )
+    if user:  # the user's transform on the uint8 batch, then (if the slot is final) normalize
+        done = aug.worker_transform(images)
+        dst = alloc(tuple(images.shape))
+        if dst.dtype == torch.uint8:
+            dst.copy_(done)
+        else:
+            aug.finish(done, [], dst)
     slots.labels[index, : len(labels)] = labels
     return {"n": len(labels), "corrupt": corrupt}
 

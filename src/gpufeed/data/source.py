@@ -35,6 +35,7 @@ from typing import Any, BinaryIO
 
 from gpufeed.data.shards import (
     INDEX_NAME,
+    LEGACY_INDEX_NAME,
     SHA256_HEX,
     Index,
     ShardEntry,
@@ -42,6 +43,7 @@ from gpufeed.data.shards import (
     check_shard_name,
     sha256_file,
 )
+from gpufeed.extras import require
 
 MB = 1 << 20
 
@@ -70,6 +72,8 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> Any:
     import fsspec
 
     protocol = str(url).split("://", 1)[0]
+    if protocol in ("s3", "s3a"):
+        require("s3")
     opts = s3_options(storage_options) if protocol in ("s3", "s3a") else dict(storage_options or {})
     key = (os.getpid(), protocol, repr(sorted(opts.items())))
     if key not in _FS_CACHE:
@@ -109,39 +113,48 @@ class Source:
         return f"{self.url}/{name}"
 
     def read_index(self) -> Index:
-        """The data set's index.json, with a clear ShardError when it is missing or unreadable."""
-        where = self.path(INDEX_NAME)
-        hint = "pass the directory `gpufeed pack` wrote (the one holding index.json)"
-        if self.url.rsplit("/", 1)[-1] == INDEX_NAME:
+        """The data set's index (gpufeed-index.json, else a legacy index.json), with a clear
+        ShardError when it is missing or unreadable."""
+        last = self.url.rsplit("/", 1)[-1]
+        hint = f"pass the directory `gpufeed pack` or `gpufeed index` wrote (holding {INDEX_NAME})"
+        if last in (INDEX_NAME, LEGACY_INDEX_NAME):
             hint = f"pass its directory, {self.url.rsplit('/', 1)[0] or '/'}, instead"
-        missing = f"{where} not found: is {self.url} a directory written by `gpufeed pack`?"
-        if self.url.rsplit("/", 1)[-1] == INDEX_NAME:
+        missing = (
+            f"{self.path(INDEX_NAME)} not found: is {self.url} a directory written by "
+            "`gpufeed pack` (or indexed with `gpufeed index`)?"
+        )
+        if last in (INDEX_NAME, LEGACY_INDEX_NAME):
             missing += f" ({hint})"
-        try:
-            if self.remote:
-                data = self._retry(
-                    lambda: filesystem(self.url, self.storage_options).cat_file(where)
-                )
-            else:
-                if os.path.exists(self.url) and not os.path.isdir(self.url):
-                    raise ShardError(f"{self.url} is a file, not a data set directory: {hint}")
-                if os.path.exists(where) and not os.path.isfile(where):
-                    raise ShardError(
-                        f"cannot read {where}: it is not a regular file; re-create it with "
-                        "`gpufeed pack`"
+        for name in (INDEX_NAME, LEGACY_INDEX_NAME):
+            where = self.path(name)
+            try:
+                if self.remote:
+                    data = self._retry(
+                        lambda where=where: filesystem(self.url, self.storage_options).cat_file(
+                            where
+                        )
                     )
-                data = Path(where).read_bytes()
-        except FileNotFoundError:
-            raise ShardError(missing) from None
-        except PermissionError as e:
-            raise ShardError(
-                f"cannot read {where}: permission denied ({e}); check its permissions"
-                + (" and the storage credentials (AWS_* variables or storage_options)")
-                * self.remote
-            ) from e
-        except OSError as e:
-            raise ShardError(f"cannot read {where}: {e}") from e
-        return Index.from_bytes(data, where)
+                else:
+                    if os.path.exists(self.url) and not os.path.isdir(self.url):
+                        raise ShardError(f"{self.url} is a file, not a data set directory: {hint}")
+                    if os.path.exists(where) and not os.path.isfile(where):
+                        raise ShardError(
+                            f"cannot read {where}: it is not a regular file; re-create it with "
+                            "`gpufeed pack`"
+                        )
+                    data = Path(where).read_bytes()
+            except FileNotFoundError:
+                continue
+            except PermissionError as e:
+                raise ShardError(
+                    f"cannot read {where}: permission denied ({e}); check its permissions"
+                    + (" and the storage credentials (AWS_* variables or storage_options)")
+                    * self.remote
+                ) from e
+            except OSError as e:
+                raise ShardError(f"cannot read {where}: {e}") from e
+            return Index.from_bytes(data, where)
+        raise ShardError(missing)
 
     def open(self, entry: ShardEntry, start: int = 0) -> BinaryIO:
         """A file-like over shard `entry` from byte `start`; a missing, unreadable or wrong-sized

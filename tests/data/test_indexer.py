@@ -1,0 +1,326 @@
+"""index: shards written by webdataset's own ShardWriter become gpufeed data sets (local, S3, brace
+URLs) that the Loader reads with every guarantee it gives its own shards; bad shards are clear
+one-line errors."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import shutil
+import tarfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from gpufeed.cli import app
+from gpufeed.data.augment import Augment
+from gpufeed.data.dataset import ShardDataset
+from gpufeed.data.indexer import index_shards
+from gpufeed.data.loader import Loader
+from gpufeed.data.shards import INDEX_NAME, ShardError
+from gpufeed.data.source import filesystem
+
+SMALL = Augment(size=(16, 16))
+PATTERN = "wds-{000000..000003}.tar"
+
+
+def _images(image_folder: Path) -> list[tuple[str, bytes]]:
+    """(class name, JPEG bytes) of the test images, in a fixed order."""
+    return [(p.parent.name, p.read_bytes()) for p in sorted(image_folder.glob("*/*.jpg"))]
+
+
+def _write_wds(
+    out: Path,
+    samples: list[dict[str, Any]],
+    pattern: str = "wds-%06d.tar",
+    maxcount: int = 13,
+) -> list[Path]:
+    """Shards written by webdataset.ShardWriter itself."""
+    import webdataset as wds
+
+    out.mkdir(parents=True, exist_ok=True)
+    with wds.ShardWriter(str(out / pattern), maxcount=maxcount, verbose=0) as sink:
+        for s in samples:
+            sink.write(s)
+    return sorted(out.glob("*.tar"))
+
+
+@pytest.fixture
+def wds_dir(image_folder: Path, tmp_path: Path) -> Path:
+    """48 samples in 4 WebDataset shards; `.cls` is the sample's number, so labels name samples."""
+    samples = [
+        {"__key__": f"s{i:04d}", "jpg": data, "cls": i}
+        for i, (_, data) in enumerate(_images(image_folder))
+    ]
+    _write_wds(tmp_path / "wds", samples)
+    return tmp_path / "wds"
+
+
+@pytest.fixture
+def make() -> Iterator[Callable[..., Loader]]:
+    """`make(url, batch_size, **options)`: a Loader of 16×16 images, closed after the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda *a, **kw: stack.enter_context(Loader(*a, **{"augment": SMALL, **kw}))
+
+
+def _labels(loader: Loader) -> list[int]:
+    return [int(x) for _, y in loader for x in y]
+
+
+# --- reading indexed WebDataset shards --------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_indexed_webdataset_shards_deliver_every_sample_once(
+    wds_dir: Path, make: Callable[..., Loader], workers: int
+):
+    result = index_shards(str(wds_dir / PATTERN), progress=False)
+    assert (result.shards, result.samples, result.classes) == (4, 48, 48)
+    assert result.index == f"{wds_dir}/{INDEX_NAME}"
+    for url in (wds_dir, str(wds_dir / PATTERN)):
+        assert sorted(_labels(make(url, 5, num_workers=workers))) == list(range(48))
+
+
+def test_the_loader_reads_the_images_webdataset_wrote(wds_dir: Path, image_folder: Path):
+    index_shards(str(wds_dir / PATTERN), progress=False)
+    ds = ShardDataset(str(wds_dir / PATTERN), shuffle=False)
+    got = {s.key: (s.label, s.data) for s in ds.iter_worker(0, 1)}
+    want = {f"s{i:04d}": (i, data) for i, (_, data) in enumerate(_images(image_folder))}
+    assert got == want
+
+
+def test_a_brace_url_reads_only_the_shards_it_names(wds_dir: Path, make: Callable[..., Loader]):
+    index_shards(str(wds_dir / PATTERN), progress=False)
+    assert sorted(_labels(make(str(wds_dir / "wds-{000001..000002}.tar"), 4))) == list(
+        range(13, 39)
+    )
+
+
+def test_resuming_mid_epoch_delivers_exactly_the_rest(wds_dir: Path, make: Callable[..., Loader]):
+    index_shards(str(wds_dir / PATTERN), progress=False)
+    url = str(wds_dir / PATTERN)
+    whole = _labels(make(url, 4, num_workers=2, seed=5))
+    loader = make(url, 4, num_workers=2, seed=5)
+    first = []
+    for i, (_, y) in enumerate(loader):
+        first += y.tolist()
+        if i == 4:
+            state = loader.state_dict()
+            break
+    resumed = make(url, 4, num_workers=2, seed=5)
+    resumed.load_state_dict(state)
+    assert first + _labels(resumed) == whole
+
+
+def test_a_shard_changed_after_indexing_fails_its_checksum(
+    wds_dir: Path, make: Callable[..., Loader]
+):
+    index_shards(str(wds_dir / PATTERN), progress=False)
+    shard = wds_dir / "wds-000002.tar"
+    entry = ShardDataset(wds_dir).index.shards[2]
+    raw = bytearray(shard.read_bytes())
+    raw[int(entry.image_offsets[0]) + 100] ^= 0x55  # inside an image: only the SHA-256 can tell
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(ShardError, match=r"wds-000002\.tar: its SHA-256 is"):
+        _labels(make(wds_dir, 4, num_workers=0, shuffle=False))
+
+
+def test_a_corrupt_image_is_reported_by_shard_and_key(
+    image_folder: Path, tmp_path: Path, make: Callable[..., Loader]
+):
+    samples = [
+        {"__key__": f"k{i}", "jpg": d, "cls": 0}
+        for i, (_, d) in enumerate(_images(image_folder)[:7])
+    ]
+    samples[3]["jpg"] = b"\xff\xd8 not really a jpeg"
+    _write_wds(tmp_path / "c", samples, maxcount=100)
+    index_shards(str(tmp_path / "c" / "wds-000000.tar"), progress=False)
+    loader = make(tmp_path / "c", 4, num_workers=0)
+    assert sum(len(y) for _, y in loader) == 6
+    (report,) = loader.stats()["corrupt_samples"]
+    assert report["shard"].endswith("wds-000000.tar") and report["key"] == "k3"
+
+
+# --- labels -------------------------------------------------------------------------------------
+
+
+def test_class_names_in_json_are_numbered_in_sorted_order(image_folder: Path, tmp_path: Path):
+    samples = [
+        {"__key__": f"k{i:03d}", "jpg": d, "json": {"label": name}}
+        for i, (name, d) in enumerate(_images(image_folder))
+    ]
+    _write_wds(tmp_path / "j", samples)
+    result = index_shards(str(tmp_path / "j" / PATTERN), progress=False)
+    ds = ShardDataset(tmp_path / "j", shuffle=False)
+    names = sorted({n for n, _ in _images(image_folder)})
+    assert ds.classes == names and result.classes == len(names)
+    got = {s.key: ds.classes[s.label] for s in ds.iter_worker(0, 1)}
+    assert got == {f"k{i:03d}": name for i, (name, _) in enumerate(_images(image_folder))}
+
+
+def test_a_given_mapping_numbers_the_classes(image_folder: Path, tmp_path: Path):
+    names = sorted({n for n, _ in _images(image_folder)}, reverse=True)
+    mapping = tmp_path / "classes.json"
+    mapping.write_text(json.dumps({n: i for i, n in enumerate(names)}))
+    samples = [
+        {"__key__": f"k{i:03d}", "jpg": d, "cls": name}
+        for i, (name, d) in enumerate(_images(image_folder))
+    ]
+    _write_wds(tmp_path / "m", samples)
+    index_shards(str(tmp_path / "m" / PATTERN), classes=mapping, progress=False)
+    ds = ShardDataset(tmp_path / "m", shuffle=False)
+    assert ds.classes == names
+    assert {ds.classes[s.label] for s in ds.iter_worker(0, 1)} == set(names)
+
+
+def test_an_unknown_class_is_a_clear_error(image_folder: Path, tmp_path: Path):
+    (tmp_path / "classes.txt").write_text("cat\ndog\n")
+    samples = [{"__key__": "a", "jpg": _images(image_folder)[0][1], "cls": "zebra"}]
+    _write_wds(tmp_path / "u", samples)
+    with pytest.raises(ShardError, match=r"unknown class 'zebra' \(not one of the 2 classes"):
+        index_shards(str(tmp_path / "u" / "wds-000000.tar"), classes=tmp_path / "classes.txt")
+    assert not (tmp_path / "u" / INDEX_NAME).exists()
+
+
+def test_train_and_val_indexed_in_one_directory_keep_both(
+    wds_dir: Path, make: Callable[..., Loader]
+):
+    index_shards(str(wds_dir / "wds-{000000..000002}.tar"), progress=False)
+    index_shards(str(wds_dir / "wds-000003.tar"), progress=False)
+    assert sorted(_labels(make(str(wds_dir / "wds-000003.tar"), 4))) == list(range(39, 48))
+    assert sorted(_labels(make(str(wds_dir / PATTERN), 4))) == list(range(48))
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+
+def _one_tar(path: Path, members: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, __import__("io").BytesIO(data))
+    return path
+
+
+def test_a_file_that_is_not_a_tar_is_a_clear_error(tmp_path: Path):
+    (tmp_path / "x.tar").write_bytes(b"this is not a tar file at all" * 40)
+    with pytest.raises(ShardError, match=r"x\.tar is not an uncompressed tar file"):
+        index_shards(str(tmp_path / "x.tar"), progress=False)
+
+
+def test_a_compressed_shard_is_a_clear_error(tmp_path: Path):
+    raw = _one_tar(tmp_path / "a.tar", {"k.jpg": b"\xff\xd8", "k.cls": b"1"}).read_bytes()
+    (tmp_path / "a.tar.gz").write_bytes(gzip.compress(raw))
+    with pytest.raises(ShardError, match=r"a\.tar\.gz is not an uncompressed.*decompress it"):
+        index_shards([str(tmp_path / "a.tar.gz")], progress=False)
+
+
+def test_a_sample_without_an_image_is_a_clear_error(tmp_path: Path):
+    _one_tar(tmp_path / "t.tar", {"k.txt": b"hello", "k.cls": b"1"})
+    with pytest.raises(ShardError, match=r"t\.tar: sample 'k' has no image member"):
+        index_shards(str(tmp_path / "t.tar"), progress=False)
+
+
+def test_a_sample_without_a_label_is_a_clear_error(tmp_path: Path):
+    _one_tar(tmp_path / "t.tar", {"k.jpg": b"\xff\xd8", "k.json": b'{"caption": "a cat"}'})
+    with pytest.raises(ShardError, match=r"sample 'k' has no label in its \.json.*--label-field"):
+        index_shards(str(tmp_path / "t.tar"), progress=False)
+
+
+def test_a_pickle_member_is_rejected(tmp_path: Path):
+    _one_tar(tmp_path / "t.tar", {"k.jpg": b"\xff\xd8", "k.pyd": b"\x80\x04."})
+    with pytest.raises(ShardError, match="never unpickles"):
+        index_shards(str(tmp_path / "t.tar"), progress=False)
+
+
+def test_a_missing_shard_is_a_clear_error(wds_dir: Path):
+    with pytest.raises(ShardError, match=r"shard \S*wds-000004\.tar not found"):
+        index_shards(str(wds_dir / "wds-{000003..000009}.tar"), progress=False)
+
+
+def test_loading_shards_that_were_never_indexed_says_to_index_them(wds_dir: Path, tmp_path: Path):
+    index_shards(str(wds_dir / "wds-000000.tar"), progress=False)
+    with pytest.raises(ShardError, match=r"wds-000001\.tar is not in .*`gpufeed index"):
+        ShardDataset(str(wds_dir / "wds-{000000..000001}.tar"))
+
+
+# --- command line and S3 ------------------------------------------------------------------------
+
+
+def test_the_index_command_prints_what_it_wrote(wds_dir: Path):
+    res = CliRunner().invoke(app, ["index", str(wds_dir / PATTERN)])
+    assert res.exit_code == 0, res.output
+    assert "indexed 48 samples of 48 classes in 4 shards" in res.output
+    assert str(wds_dir / INDEX_NAME) in res.output
+
+
+def test_the_index_command_reports_bad_input_in_one_line(tmp_path: Path):
+    res = CliRunner().invoke(app, ["index", str(tmp_path / "nothing-{0..1}.tar")])
+    assert res.exit_code == 2
+    assert "Traceback" not in res.output and "nothing-0.tar not found" in res.output
+
+
+def test_shards_on_s3_are_indexed_and_streamed(
+    s3_env: str, wds_dir: Path, make: Callable[..., Loader]
+):
+    fs = filesystem("s3://x")
+    bucket = f"bucket-{uuid.uuid4().hex[:12]}"
+    fs.mkdir(bucket)
+    for p in sorted(wds_dir.glob("*.tar")):
+        fs.put_file(str(p), f"{bucket}/wds/{p.name}")
+    url = f"s3://{bucket}/wds/{PATTERN}"
+    result = index_shards(url, progress=False)
+    assert result.index == f"s3://{bucket}/wds/{INDEX_NAME}" and result.samples == 48
+    assert sorted(_labels(make(url, 5, num_workers=2, chunk_size=4096))) == list(range(48))
+    local = Path(str(wds_dir) + "-copy")
+    shutil.copytree(wds_dir, local)
+    index_shards(str(local / PATTERN), progress=False)  # the same bytes give the same index
+    assert (local / INDEX_NAME).read_bytes() == fs.cat_file(f"{bucket}/wds/{INDEX_NAME}")
+
+
+def test_images_come_out_as_batches_of_the_right_shape(wds_dir: Path, make: Callable[..., Loader]):
+    index_shards(str(wds_dir / PATTERN), progress=False)
+    images, labels = next(iter(make(wds_dir, 8, num_workers=0)))
+    assert images.shape == (8, 3, 16, 16) and images.dtype == torch.float32
+    assert labels.shape == (8,)
+
+
+def test_a_local_directory_stands_for_its_tar_files(wds_dir: Path, tmp_path: Path):
+    assert index_shards(wds_dir, progress=False).shards == 4
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ShardError, match=r"empty is a directory without \.tar files"):
+        index_shards(tmp_path / "empty", progress=False)
+
+
+def test_labels_mixing_ids_and_names_need_the_class_list(image_folder: Path, tmp_path: Path):
+    data = _images(image_folder)[0][1]
+    samples = [{"__key__": "a", "jpg": data, "cls": 3}, {"__key__": "b", "jpg": data, "cls": "cat"}]
+    _write_wds(tmp_path / "x", samples)
+    with pytest.raises(ShardError, match=r"mix integer ids and class names; pass .*--classes"):
+        index_shards(str(tmp_path / "x" / "wds-000000.tar"), progress=False)
+
+
+def test_the_fast_scanner_and_tarfile_index_a_shard_alike(wds_dir: Path, tmp_path: Path):
+    from gpufeed.data.indexer import _Hashing, _plain_members, _samples, _tar_members
+    from gpufeed.data.shards import ShardEntry
+
+    def entry(reader: Any, path: Path) -> tuple[dict, list]:
+        e = ShardEntry(name=path.name, keys=[], labels=[], offsets=[])
+        with open(path, "rb") as f:
+            raw = _samples(reader(_Hashing(f, lambda n: None), str(path)), e, None, str(path))
+        return e.to_json(), raw
+
+    shard = wds_dir / "wds-000001.tar"
+    assert entry(_plain_members, shard) == entry(_tar_members, shard)
+    long_key = "d" * 120  # a GNU long-name header: only tarfile reads it
+    _one_tar(tmp_path / "long.tar", {f"{long_key}.jpg": b"\xff\xd8", f"{long_key}.cls": b"2"})
+    result = index_shards(str(tmp_path / "long.tar"), progress=False)
+    assert result.samples == 1
+    assert [s.key for s in ShardDataset(tmp_path).iter_worker(0, 1)] == [long_key]
