@@ -25,6 +25,21 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def written(error: OSError, *targets: str | None) -> str:
+    """The file the user named that `error` was about (writers go through a hidden temporary
+    name next to it), else the file the error names."""
+    import os
+
+    where = str(error.filename or "")
+    folder, name = os.path.split(os.path.abspath(where))
+    named = [
+        t
+        for t in targets
+        if t and os.path.split(os.path.abspath(t))[0] == folder and os.path.basename(t) in name
+    ]
+    return named[0] if named else where
+
+
 def check_seconds(option: str, value: float | None) -> None:
     """Refuse a duration that is not a finite number of seconds above 0."""
     if value is not None and not 0 < value < math.inf:
@@ -139,7 +154,7 @@ def report_cmd(
     except (RunError, ConfigError) as e:
         raise fail(str(e)) from None
     except OSError as e:
-        raise fail(f"cannot write {e.filename}: {e.strerror}") from None
+        raise fail(f"cannot write {written(e, out, json_out)}: {e.strerror}") from None
 
 
 @app.command("trace")
@@ -167,7 +182,7 @@ def trace_cmd(
     except (RunError, TraceError) as e:
         raise fail(str(e)) from None
     except OSError as e:
-        raise fail(f"cannot write {e.filename}: {e.strerror}") from None
+        raise fail(f"cannot write {written(e, out)}: {e.strerror}") from None
 
 
 @app.command("rules")
