@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import pickle
 import socket
 import tempfile
 import threading
@@ -284,3 +285,10 @@ def test_pack_to_s3_errors_are_one_clear_line_and_leak_nothing(
             storage_options={"timeout": 2},
         )
     assert list(tmp.iterdir()) == []
+
+
+def test_an_s3_filesystem_pickles_with_its_timeouts_and_retry_policy(s3_env: str):
+    fs = filesystem("s3://bucket", {"timeout": 5})
+    copy = pickle.loads(pickle.dumps(fs))
+    assert type(copy) is type(fs) and copy.retries == 1
+    assert copy.config_kwargs["read_timeout"] == 5 and copy.config_kwargs["connect_timeout"] == 5

@@ -1,11 +1,20 @@
 """`gpufeed pack`: turn an image folder or list file into tar shards plus index.json.
 
-Policy for bad input (nothing stops the pack; every case is listed by path in the summary):
-- unreadable, zero-byte or non-image files, and JPEGs that fail `verify`: skipped;
-- PNG/other formats and grayscale/CMYK JPEGs: converted to RGB JPEG at `quality`;
+Policy for bad input (nothing is dropped silently: every case is listed by path and reason in
+the summary):
+- unreadable, zero-byte or non-image files, JPEGs that fail `verify`, broken symlinks, FIFOs and
+  other non-regular files, hidden files, files outside a class folder: skipped;
+- unreadable folders: skipped, with a warning (their images are missing from the pack);
+- PNG/other formats and grayscale/CMYK JPEGs: converted to RGB JPEG at `quality` (16-bit images
+  are scaled to 8 bits, not clipped);
 - duplicate keys (two inputs mapping to the same key) and repeated list entries: the first
   wins, later ones are skipped;
-- malformed list-file lines: skipped.
+- malformed list-file lines: skipped; numeric labels must be class numbers 0..1,000,000
+  (a negative or larger one is a PackError naming the line).
+A pack in which every input was skipped is a PackError and writes nothing. Bad options, an
+unreadable or binary list file, a DST that cannot be a folder and S3 failures (missing bucket,
+no credentials, unreachable endpoint: see `source`) are one-line PackErrors; a failed pack leaves
+no temporary shard behind.
 Samples are shuffled (with `seed`) before sharding so every shard mixes classes. Shards are
 written under a temporary name and renamed when complete; a journal (`.pack-state.json`) after
 each shard makes an interrupted pack resumable; index.json is written last.

@@ -113,7 +113,6 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> Any:
     if key not in _FS_CACHE:
         if protocol in ("s3", "s3a"):
             _FS_CACHE[key] = _counting_s3_class()(skip_instance_cache=True, **opts)
-            _FS_CACHE[key].retries = 1  # s3fs's own loop would retry even missing credentials
         else:
             _FS_CACHE[key] = fsspec.filesystem(protocol, skip_instance_cache=True, **opts)
     return _FS_CACHE[key]
@@ -130,6 +129,7 @@ def _counting_s3_class() -> Any:
 
         class CountingS3FileSystem(S3FileSystem):  # type: ignore[misc]
             retried = 0
+            retries = 1  # no retry loop in s3fs: it would retry even missing credentials
 
             async def set_session(self, refresh: bool = False, kwargs: Any = None) -> Any:
                 s3 = await super().set_session(refresh)
@@ -142,8 +142,16 @@ def _counting_s3_class() -> Any:
                 if (request.context.get("retries") or {}).get("attempt", 1) > 1:
                     self.retried += 1
 
+        CountingS3FileSystem.__qualname__ = "CountingS3FileSystem"  # picklable: see __getattr__
         _COUNTING_S3 = CountingS3FileSystem
     return _COUNTING_S3
+
+
+def __getattr__(name: str) -> Any:
+    """`CountingS3FileSystem`, made on first use (s3fs is imported only when S3 is used)."""
+    if name == "CountingS3FileSystem":
+        return _counting_s3_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def endpoint_of(fs: Any) -> str:
