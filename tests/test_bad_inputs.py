@@ -51,6 +51,12 @@ def _cases() -> list[Case]:
         c("src missing", ("pack", "{in}/nope", "{in}/out"), "{in}/nope does not exist"),
         c("src a device", ("pack", "/dev/null", "{in}/out"), "/dev/null is neither a folder"),
         c("src a file of no images", ("pack", "{in}/plain.txt", "{in}/out"), "no images found"),
+        c(
+            "list file unreadable",
+            ("pack", "{in}/unreadable.txt", "{work}/out"),
+            "cannot read list file {in}/unreadable.txt: Permission denied",
+            unprivileged=True,
+        ),
         c("binary list file", ("pack", "{in}/list.bin", "{in}/out"), "list.bin is binary"),
         c("negative label", ("pack", "{in}/neg.txt", "{in}/out"), "neg.txt:2: label -1"),
         c("huge label", ("pack", "{in}/huge.txt", "{in}/out"), "huge.txt:1: label 100000000000"),
@@ -107,6 +113,7 @@ def _cases() -> list[Case]:
         c("trace missing run", ("trace", "{in}/nope"), "{in}/nope"),
         c("trace meta hosts 5", ("trace", "{in}/run-hosts-5"), "'hosts' is 5"),
         c("trace out in /proc", ("trace", "{in}/run", "-o", "/proc/x.json"), "/proc/x.json"),
+        c("ls a file", ("ls", "{in}/plain.txt"), "plain.txt is a file"),
         # diagnose / tune / bench / profile options
         c("diagnose seconds -1", ("diagnose", "--data", "{in}/images", "--seconds", "-1"), "-1"),
         c("diagnose seconds nan", ("diagnose", "--data", "{in}/images", "--seconds", "nan"), "nan"),
@@ -126,6 +133,7 @@ def _cases() -> list[Case]:
 
 
 CASES = _cases()
+UNREADABLE = ("run-unreadable", "images-unreadable", "unreadable.txt")
 
 
 def _make_run(run_dir: Path, meta: object = None, steps: list[tuple] | None = None) -> Path:
@@ -176,7 +184,8 @@ def _prepare(root: Path) -> None:
         os.chmod(top, 0o755)
         for name in files:
             os.chmod(os.path.join(top, name), 0o644)
-    for name in ("run-unreadable", "images-unreadable"):
+    (root / "unreadable.txt").write_text(f"{first[0]} 0\n")
+    for name in UNREADABLE:
         (root / name).chmod(0)
 
 
@@ -250,7 +259,7 @@ def inputs() -> Iterator[Path]:
     _prepare(root)
     root.chmod(0o755)
     yield root
-    for name in ("run-unreadable", "images-unreadable"):
+    for name in UNREADABLE:
         (root / name).chmod(0o755)
     _remove(root)
 

@@ -103,8 +103,12 @@ def ls_cmd(
     out: Annotated[str, typer.Argument(help="folder holding run directories")] = DEFAULT_RUNS_DIR,
 ) -> None:
     """List the runs under a folder (default ./gpufeed-runs), newest first."""
+    import os
+
     from gpufeed.present.terminal import list_runs
 
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise fail(f"{out} is a file, not a folder of runs: pass the folder given to --out")
     list_runs(out)
 
 
