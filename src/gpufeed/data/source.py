@@ -184,7 +184,7 @@ def _transient(exc: BaseException, reached: bool) -> bool:
     if isinstance(exc, (FileNotFoundError, PermissionError, ShardError, ValueError)):
         return False
     names = _names(exc)
-    if names & _CREDENTIALS or "ClientError" in names:
+    if names & _CREDENTIALS:
         return False
     return reached or not names & _UNREACHABLE
 
