@@ -5,6 +5,7 @@ Implementation modules are imported inside each command so that `gpufeed --help`
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import typer
@@ -22,6 +23,33 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a one-line error in red to stderr and return the Exit to raise."""
     typer.secho(f"gpufeed: error: {message}", err=True, fg=typer.colors.RED)
     return typer.Exit(code)
+
+
+def written(error: OSError, *targets: str | None) -> str:
+    """The file the user named that `error` was about (writers go through a hidden temporary
+    name next to it), else the file the error names."""
+    import os
+
+    where = str(error.filename or "")
+    folder, name = os.path.split(os.path.abspath(where))
+    named = [
+        t
+        for t in targets
+        if t and os.path.split(os.path.abspath(t))[0] == folder and os.path.basename(t) in name
+    ]
+    return named[0] if named else where
+
+
+def check_seconds(option: str, value: float | None) -> None:
+    """Refuse a duration that is not a finite number of seconds above 0."""
+    if value is not None and not 0 < value < math.inf:
+        raise fail(f"{option} {value:g}: give a number of seconds above 0, e.g. {option} 4")
+
+
+def check_count(option: str, value: int | None, least: int) -> None:
+    """Refuse a count below `least`."""
+    if value is not None and value < least:
+        raise fail(f"{option} {value}: must be {least} or more")
 
 
 # --- COLLECT: profile, show, ls ---------------------------------------------------------------
@@ -78,8 +106,12 @@ def ls_cmd(
     out: Annotated[str, typer.Argument(help="folder holding run directories")] = DEFAULT_RUNS_DIR,
 ) -> None:
     """List the runs under a folder (default ./gpufeed-runs), latest start first."""
+    import os
+
     from gpufeed.present.terminal import list_runs
 
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise fail(f"{out} is a file, not a folder of runs: pass the folder given to --out")
     list_runs(out)
 
 
@@ -113,7 +145,7 @@ def report_cmd(
     from gpufeed.present.html import write_report
     from gpufeed.present.terminal import print_findings
 
-    if watch is not None and watch <= 0:
+    if watch is not None and not 0 < watch < math.inf:
         raise fail(f"--watch {watch:g}: give the seconds between rewrites, e.g. --watch 10")
     try:
         write_report(
@@ -129,7 +161,7 @@ def report_cmd(
     except (RunError, ConfigError) as e:
         raise fail(str(e)) from None
     except OSError as e:
-        raise fail(f"cannot write {e.filename}: {e.strerror}") from None
+        raise fail(f"cannot write {written(e, out, json_out)}: {e.strerror}") from None
 
 
 @app.command("trace")
@@ -164,7 +196,7 @@ def trace_cmd(
     except (RunError, TraceError) as e:
         raise fail(str(e)) from None
     except OSError as e:
-        raise fail(f"cannot write {e.filename}: {e.strerror}") from None
+        raise fail(f"cannot write {written(e, out)}: {e.strerror}") from None
 
 
 @app.command("export")
@@ -318,6 +350,12 @@ def bench_cmd(
     from gpufeed.bench.experiments import run_bench
     from gpufeed.bench.workload import BenchError
 
+    check_seconds("--budget", budget)
+    check_count("--workers", workers, 0)
+    for option, value in (("--steps", steps), ("--repeats", repeats), ("--images", images)):
+        check_count(option, value, 1)
+    check_count("--batch-size", batch_size, 1)
+
     try:
         path = run_bench(
             name, out, full=full, data=data, budget_s=budget, steps=steps, repeats=repeats,
@@ -375,6 +413,11 @@ def diagnose_cmd(
     from gpufeed.bench.diagnose import diagnose
     from gpufeed.bench.measure import MeasureError
 
+    check_seconds("--seconds", seconds)
+    check_count("--workers", workers, 0)
+    check_count("--batch-size", batch_size, 1)
+    check_count("--image-size", image_size, 1)
+
     try:
         diagnose(data, model, batch_size, device, workers, image_size, seconds)
     except MeasureError as e:
@@ -399,6 +442,10 @@ def tune_cmd(
     """Search loader workers, prefetch, CPU/GPU preprocessing (and batch size) by measured trials."""
     from gpufeed.bench.measure import MeasureError
     from gpufeed.bench.tune import tune
+
+    check_seconds("--seconds", seconds)
+    check_count("--batch-size", batch_size, 1)
+    check_count("--image-size", image_size, 1)
 
     try:
         tune(data, model, batch_size, device, image_size, allow_batch_change, out, seconds)

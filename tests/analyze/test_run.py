@@ -80,3 +80,25 @@ def test_damaged_meta_is_a_clear_error(make_run):
     (run_dir / "meta.json").write_text("{not json")
     with pytest.raises(RunError, match=r"meta\.json is not valid JSON"):
         gpufeed.load(run_dir)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[1, 2]", r"meta\.json holds a JSON list, not an object"),
+        ('{"hosts": 5}', r"meta\.json: 'hosts' is 5, expected list"),
+        ('{"hosts": [5]}', r"'hosts' must be a list of host names"),
+        ('{"end_time": "soon"}', r"'end_time' is 'soon', expected int or float or null"),
+    ],
+)
+def test_meta_of_the_wrong_shape_is_a_clear_error(make_run, content, message):
+    run_dir = make_run()
+    (run_dir / "meta.json").write_text(content)
+    with pytest.raises(RunError, match=message):
+        gpufeed.load(run_dir)
+
+
+def test_text_in_a_number_column_is_a_clear_error(make_run):
+    run_dir = make_run(ranks={0: [(0, "yesterday", 1011.0, 0.25, 32.0, None)]})
+    with pytest.raises(RunError, match=r"holds a value that is not a number .*profile it again"):
+        gpufeed.load(run_dir)

@@ -70,6 +70,12 @@ def test_resuming_after_k_samples_delivers_exactly_the_rest(shards: Path, skip: 
     assert rest == full[skip:]
 
 
+@pytest.mark.parametrize("size", [-1, 0, 2.5, "8"])
+def test_a_shuffle_buffer_that_is_not_a_count_is_refused(shards: Path, size):
+    with pytest.raises(ValueError, match=rf"shuffle_buffer={size!r}: give a number of samples"):
+        ShardDataset(shards, shuffle_buffer=size)
+
+
 def test_shuffle_buffer_order_is_a_permutation_with_bounded_lookahead():
     rng = np.random.default_rng(0)
     out = shuffle_buffer_order(1000, 50, rng)

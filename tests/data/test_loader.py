@@ -372,6 +372,26 @@ def test_a_state_outside_the_epoch_is_refused(shards: Path, make: MakeLoader):
         loader.load_state_dict({**loader.state_dict(), "batch": 13})
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"batch": "3"}, r"batch='3' is not a count"),
+        ({"epoch": -1}, r"epoch=-1 is not a count"),
+        ({"batch": True}, r"batch=True is not a count"),
+        ({"epoch": 1.5}, r"epoch=1\.5 is not a count"),
+        ({"samples": "48"}, r"saved with samples='48' but this loader has 48"),
+    ],
+)
+def test_a_state_with_wrong_values_is_a_clear_error(
+    shards: Path, make: MakeLoader, change, message
+):
+    loader = make(shards, 4, num_workers=0)
+    with pytest.raises(ValueError, match=message):
+        loader.load_state_dict({**loader.state_dict(), **change})
+    with pytest.raises(ValueError, match=r"loader state is a list, not a dict"):
+        loader.load_state_dict([1, 2])  # type: ignore[arg-type]
+
+
 def test_state_dict_right_after_load_state_dict_is_the_loaded_state(shards: Path, make: MakeLoader):
     state = {**make(shards, 4, num_workers=0).state_dict(), "epoch": 3, "batch": 5}
     loader = make(shards, 4, num_workers=0)

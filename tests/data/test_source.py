@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import pickle
+import socket
+import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,10 +17,10 @@ import pytest
 from gpufeed.data.augment import Augment
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.loader import Loader
-from gpufeed.data.pack import pack
+from gpufeed.data.pack import PackError, pack
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.shards import ShardError
-from gpufeed.data.source import filesystem
+from gpufeed.data.source import Destination, Source, filesystem
 
 SMALL = Augment(size=(16, 16))
 
@@ -144,3 +149,146 @@ def test_truncated_s3_shard_is_a_clear_error(s3_shards: str):
 def test_missing_s3_prefix_names_the_index(bucket: str):
     with pytest.raises(ShardError, match=r"nothing/gpufeed-index\.json not found"):
         ShardDataset(f"{bucket}/nothing")
+
+
+# --- deadlines and clear errors (issue 12, item 3) ----------------------------------------------
+
+
+@pytest.fixture
+def silent_endpoint() -> Iterator[str]:
+    """A TCP server on 127.0.0.1 that accepts connections and never answers."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join(timeout=5)
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+@pytest.fixture
+def refused_endpoint() -> str:
+    """A loopback port nothing listens on: connections are refused."""
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def no_credentials(s3_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The moto endpoint with no credentials anywhere (and no instance metadata lookups)."""
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    for k in ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return s3_env
+
+
+def test_a_silent_endpoint_is_a_clear_error_after_the_deadline(
+    s3_env: str, silent_endpoint: str, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", silent_endpoint)
+    with pytest.raises(ShardError) as err:
+        ShardDataset("s3://bucket/train", storage_options={"timeout": 1.5})
+    msg = str(err.value)
+    assert "s3://bucket/train/index.json" in msg and silent_endpoint in msg
+    assert "no answer within 1.5 s" in msg and "timeout" in msg
+
+
+def test_a_refused_endpoint_is_a_clear_error_naming_it(
+    s3_env: str, refused_endpoint: str, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", refused_endpoint)
+    with pytest.raises(ShardError, match=r"cannot connect .*refused") as err:
+        ShardDataset("s3://bucket/train", storage_options={"timeout": 3})
+    assert refused_endpoint in str(err.value) and "s3://bucket/train" in str(err.value)
+
+
+def test_missing_bucket_is_named_not_retried(s3_env: str):
+    src = Source("s3://no-such-bucket/train", storage_options={"timeout": 30})
+    with pytest.raises(ShardError, match="the bucket does not exist") as err:
+        src.read_index()
+    assert s3_env in str(err.value) and "s3://no-such-bucket/train/index.json" in str(err.value)
+    assert src.retried == 0
+
+
+def test_missing_credentials_fail_at_once_with_what_to_set(no_credentials: str):
+    src = Source("s3://some-bucket/train", storage_options={"timeout": 30})
+    with pytest.raises(ShardError, match=r"no usable credentials.*AWS_ACCESS_KEY_ID") as err:
+        src.read_index()
+    assert no_credentials in str(err.value)
+    assert src.retried == 0  # not transient: never retried
+
+
+def test_timeout_option_must_be_a_positive_number():
+    with pytest.raises(ShardError, match=r"storage_options timeout='soon'"):
+        Source("s3://bucket/train", storage_options={"timeout": "soon"})
+    with pytest.raises(ShardError, match=r"timeout=-1"):
+        Source("s3://bucket/train", storage_options={"timeout": -1})
+
+
+def test_retries_made_inside_botocore_are_counted(
+    s3_shards: str, faulty_proxy, monkeypatch: pytest.MonkeyPatch, make: Callable[..., Loader]
+):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", faulty_proxy.url)
+    loader = make(s3_shards, 5, num_workers=0, chunk_size=4096)
+    assert sorted(_labels(loader)) == list(range(48))
+    # every HTTP 500 is retried by botocore; a reset on a reused keep-alive connection is
+    # re-sent by aiohttp itself, below botocore, and may not be seen as a retry
+    assert faulty_proxy.injected["500"] > 0
+    assert loader.stats()["retried"] >= faulty_proxy.injected["500"]
+    assert filesystem(s3_shards).retried > 0  # counted inside botocore
+
+
+def test_a_failed_upload_leaves_no_temporary_file(s3_env: str, tmp_path: Path):
+    out = Destination("s3://no-such-bucket/train", storage_options={"timeout": 30})
+    local = out.local_tmp("shard-00000.tar")
+    Path(local).write_bytes(b"x" * 1000)
+    with pytest.raises(ShardError, match="bucket does not exist"):
+        out.put_file(local, "shard-00000.tar")
+    assert not Path(local).exists()
+
+
+def test_pack_to_s3_errors_are_one_clear_line_and_leak_nothing(
+    s3_env: str,
+    refused_endpoint: str,
+    image_folder: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    with pytest.raises(PackError, match=r"s3://no-such-bucket/x at .*bucket does not exist"):
+        pack(image_folder, "s3://no-such-bucket/x", workers=1, progress=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", refused_endpoint)
+    with pytest.raises(PackError, match=r"cannot connect"):
+        pack(
+            image_folder,
+            "s3://b/x",
+            workers=1,
+            progress=False,
+            storage_options={"timeout": 2},
+        )
+    assert list(tmp.iterdir()) == []
+
+
+def test_an_s3_filesystem_pickles_with_its_timeouts_and_retry_policy(s3_env: str):
+    fs = filesystem("s3://bucket", {"timeout": 5})
+    copy = pickle.loads(pickle.dumps(fs))
+    assert type(copy) is type(fs) and copy.retries == 1
+    assert copy.config_kwargs["read_timeout"] == 5 and copy.config_kwargs["connect_timeout"] == 5

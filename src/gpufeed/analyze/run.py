@@ -124,13 +124,20 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
         raise RunError(
             f"{str(run_dir)!r} is not a directory: pass a run directory printed by `gpufeed profile`"
         )
-    stores = sorted(run_dir.glob("*.db"))
     try:
+        stores = sorted(run_dir.glob("*.db"))
+        if not os.access(run_dir, os.R_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied", str(run_dir))
         meta = read_meta(run_dir)
+    except OSError as e:
+        raise RunError(
+            f"cannot read run directory {str(run_dir)!r}: {e.strerror or e}; check its permissions"
+        ) from None
     except ValueError as e:
         raise RunError(
             f"{run_dir / 'meta.json'} is not valid JSON ({e}): the run's metadata is damaged"
         ) from None
+    _check_meta(meta, run_dir / "meta.json")
     if not meta and not stores:
         raise RunError(
             f"{str(run_dir)!r} is not a gpufeed run directory (no meta.json, no store files): "
@@ -171,13 +178,23 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
                 steps.append((host, rank, local, pid, step, start, end, None, wait, samples, gpu))
             workers.setdefault(host, set()).update(pid for pid, _ in data["workers"])
 
-    system_df = pd.DataFrame(system, columns=SYSTEM_COLUMNS).astype({"time": float, "value": float})
-    steps_df = pd.DataFrame(steps, columns=STEP_COLUMNS).astype(
-        {c: float for c in ("start", "end", "duration", "data_wait", "samples", "gpu_time")}
-    )
+    try:
+        system_df = pd.DataFrame(system, columns=SYSTEM_COLUMNS).astype(
+            {"time": float, "value": float}
+        )
+        steps_df = pd.DataFrame(steps, columns=STEP_COLUMNS).astype(
+            {c: float for c in ("start", "end", "duration", "data_wait", "samples", "gpu_time")}
+        )
+        proc_df = pd.DataFrame(processes, columns=PROCESS_COLUMNS).astype(
+            {"cpu": float, "rss": float}
+        )
+    except (TypeError, ValueError) as e:
+        raise RunError(
+            f"a store file in {str(run_dir)!r} holds a value that is not a number ({e}): the run "
+            "is damaged; profile it again"
+        ) from None
     steps_df["duration"] = steps_df["end"] - steps_df["start"]
     steps_df = steps_df.sort_values(["host", "rank", "step"], kind="stable").reset_index(drop=True)
-    proc_df = pd.DataFrame(processes, columns=PROCESS_COLUMNS).astype({"cpu": float, "rss": float})
     proc_df["role"] = _corrected_roles(proc_df, ranks, workers)
     system_df = system_df.sort_values("time", kind="stable").reset_index(drop=True)
     proc_df = proc_df.sort_values("time", kind="stable").reset_index(drop=True)
@@ -196,6 +213,33 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
             "data up to the last flush is shown"
         )
     return Run(run_dir, meta, system_df, steps_df, proc_df, workers)
+
+
+_META_TYPES: dict[str, tuple[type, ...]] = {
+    "command": (list,),
+    "hosts": (list,),
+    "gpus": (list,),
+    "ranks": (list,),
+    "start_time": (int, float, type(None)),
+    "end_time": (int, float, type(None)),
+    "interval": (int, float, type(None)),
+    "dropped_events": (int, type(None)),
+    "cpu_count": (int, type(None)),
+}
+
+
+def _check_meta(meta: Any, path: Path) -> None:
+    """A RunError naming the key when meta.json is not an object of the documented types."""
+    fix = "the run's metadata is damaged; restore meta.json or profile the run again"
+    if not isinstance(meta, dict):
+        raise RunError(f"{path} holds a JSON {type(meta).__name__}, not an object: {fix}")
+    for key, types in _META_TYPES.items():
+        value = meta.get(key)
+        if key in meta and (isinstance(value, bool) or not isinstance(value, types)):
+            want = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise RunError(f"{path}: {key!r} is {value!r}, expected {want}: {fix}")
+    if any(not isinstance(h, str) for h in meta.get("hosts") or []):
+        raise RunError(f"{path}: 'hosts' must be a list of host names: {fix}")
 
 
 def _read_store(path: Path) -> dict[str, Any]:

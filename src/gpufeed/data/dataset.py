@@ -93,6 +93,15 @@ class ShardDataset:
         chunk_size: int = 8 * MB,
         read_ahead: int = 2,
     ) -> None:
+        if (
+            isinstance(shuffle_buffer, bool)
+            or not isinstance(shuffle_buffer, int)
+            or shuffle_buffer < 1
+        ):
+            raise ValueError(
+                f"shuffle_buffer={shuffle_buffer!r}: give a number of samples, 1 or more "
+                "(1 keeps the shard order; pass shuffle=False to not shuffle at all)"
+            )
         names = None
         if is_shard_pattern(url):  # shards named one by one: their directory holds the index
             url, names = split_shards(expand_urls(url))

@@ -15,6 +15,7 @@ over twice that value and warns over it); its refusal is a `CorruptImage` too.
 from __future__ import annotations
 
 import io
+import re
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -42,6 +43,27 @@ def check_pixels(height: int, width: int) -> None:
             f"image claims {width}×{height} pixels, over the limit of {limit:,} "
             "(a possible decompression bomb); raise gpufeed.data.decode.MAX_IMAGE_PIXELS to allow it"
         )
+
+
+_OBJECT_REPR = re.compile(r"\s*<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
+def error_reason(exc: BaseException) -> str:
+    """A one-line reason for a failed decode, without the in-memory file objects Pillow names
+    (`cannot identify image file <_io.BytesIO object at 0x...>`)."""
+    text = _OBJECT_REPR.sub("", str(exc)).strip() or type(exc).__name__
+    return " ".join(text.split())
+
+
+def to_rgb(im: PILImage) -> np.ndarray:
+    """RGB uint8 HxWx3 from any Pillow image; 16- and 32-bit integer images are scaled to
+    8 bits (Pillow's own convert clips them: 40000/65535 would become 255)."""
+    if im.mode.startswith("I"):
+        a = np.asarray(im)
+        top = 65535 if im.mode.startswith("I;16") or a.max(initial=0) <= 65535 else a.max()
+        a8 = (np.clip(a, 0, None).astype(np.float64) * (255 / top) + 0.5).astype(np.uint8)
+        return np.ascontiguousarray(np.repeat(a8[..., None], 3, axis=2))
+    return np.asarray(im.convert("RGB"))
 
 
 def _pillow_open(data: bytes) -> PILImage:
@@ -78,7 +100,7 @@ def image_size(data: bytes) -> tuple[int, int]:
     except CorruptImage:
         raise
     except Exception as e:
-        raise CorruptImage(f"unreadable image header: {e}") from e
+        raise CorruptImage(f"unreadable image header: {error_reason(e)}") from e
 
 
 def decode(data: bytes, min_height: int = 0, min_width: int = 0) -> np.ndarray:
@@ -102,8 +124,8 @@ def decode(data: bytes, min_height: int = 0, min_width: int = 0) -> np.ndarray:
                 min_width=max(0, int(min_width)),
             )
         with _pillow_open(data) as im:
-            return np.asarray(im.convert("RGB"))
+            return to_rgb(im)
     except CorruptImage:
         raise
     except Exception as e:
-        raise CorruptImage(f"cannot decode image: {e}") from e
+        raise CorruptImage(f"cannot decode image: {error_reason(e)}") from e

@@ -355,6 +355,11 @@ class Loader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration delivers exactly the batches not yet delivered."""
+        if not isinstance(state, dict):
+            raise ValueError(
+                f"loader state is a {type(state).__name__}, not a dict: pass what "
+                "Loader.state_dict() returned"
+            )
         mine = self.state_dict()
         for key in (*_STATE_KEYS, "epoch", "batch"):
             if key not in state:
@@ -367,6 +372,13 @@ class Loader:
                 raise ValueError(
                     f"loader state was saved with {key}={state[key]!r} but this loader has "
                     f"{mine[key]!r}; resume with the same {key}"
+                )
+        for key in ("epoch", "batch"):
+            value = state[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(
+                    f"loader state {key}={value!r} is not a count (a whole number >= 0): pass "
+                    "what Loader.state_dict() returned"
                 )
         if not 0 <= int(state["batch"]) <= self.plan.batches:
             raise ValueError(f"loader state batch={state['batch']} is outside 0..{len(self)}")

@@ -1,11 +1,20 @@
 """`gpufeed pack`: turn an image folder or list file into tar shards plus index.json.
 
-Policy for bad input (nothing stops the pack; every case is listed by path in the summary):
-- unreadable, zero-byte or non-image files, and JPEGs that fail `verify`: skipped;
-- PNG/other formats and grayscale/CMYK JPEGs: converted to RGB JPEG at `quality`;
+Policy for bad input (nothing is dropped silently: every case is listed by path and reason in
+the summary):
+- unreadable, zero-byte or non-image files, JPEGs that fail `verify`, broken symlinks, FIFOs and
+  other non-regular files, hidden files, files outside a class folder: skipped;
+- unreadable folders: skipped, with a warning (their images are missing from the pack);
+- PNG/other formats and grayscale/CMYK JPEGs: converted to RGB JPEG at `quality` (16-bit images
+  are scaled to 8 bits, not clipped);
 - duplicate keys (two inputs mapping to the same key) and repeated list entries: the first
   wins, later ones are skipped;
-- malformed list-file lines: skipped.
+- malformed list-file lines: skipped; numeric labels must be class numbers 0..1,000,000
+  (a negative or larger one is a PackError naming the line).
+A pack in which every input was skipped is a PackError and writes nothing. Bad options, an
+unreadable or binary list file, a DST that cannot be a folder and S3 failures (missing bucket,
+no credentials, unreachable endpoint: see `source`) are one-line PackErrors; a failed pack leaves
+no temporary shard behind.
 Samples are shuffled (with `seed`) before sharding so every shard mixes classes. Shards are
 written under a temporary name and renamed when complete; a journal (`.pack-state.json`) after
 each shard makes an interrupted pack resumable; index.json is written last.
@@ -13,12 +22,14 @@ each shard makes an interrupted pack resumable; index.json is written last.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import math
 import os
 import re
+import stat
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,9 +38,16 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.data.decode import CorruptImage, decode, is_jpeg
-from gpufeed.data.shards import INDEX_NAME, Index, ShardEntry, ShardWriter, shard_name
-from gpufeed.data.source import Destination
+from gpufeed.data.decode import CorruptImage, decode, error_reason, is_jpeg, to_rgb
+from gpufeed.data.shards import (
+    INDEX_NAME,
+    Index,
+    ShardEntry,
+    ShardError,
+    ShardWriter,
+    shard_name,
+)
+from gpufeed.data.source import Destination, is_remote
 
 STATE_NAME = ".pack-state.json"
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
@@ -102,6 +120,95 @@ def _key_for(rel: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", stem).strip("_") or "x"
 
 
+MAX_LABEL = 1_000_000  # a numeric label above this is a mistake, not a class number
+
+
+def _special(st: os.stat_result) -> str:
+    """What a non-regular file is, for the skipped list."""
+    for test, what in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(st.st_mode):
+            return what
+    return "not a regular file"
+
+
+def _walk_class(root: Path, d: Path, skipped: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """(path, relative name, class) of every regular file under class folder `d`; every other
+    entry (unreadable folder, broken or folder symlink, FIFO, hidden file...) goes to `skipped`."""
+    rows: list[tuple[str, str, str]] = []
+
+    def unreadable(e: OSError) -> None:
+        skipped.append((str(e.filename or d), f"unreadable folder: {e.strerror or e}"))
+        warnings.warn(
+            f"{e.filename or d}: unreadable folder ({e.strerror or e}), its images are not "
+            "packed; fix its permissions and pack again",
+            stacklevel=3,
+        )
+
+    for top, dirs, files in os.walk(d, onerror=unreadable):
+        for name in sorted(dirs):
+            if os.path.islink(os.path.join(top, name)):
+                skipped.append((os.path.join(top, name), "symbolic link to a folder: not followed"))
+        dirs[:] = sorted(n for n in dirs if not os.path.islink(os.path.join(top, n)))
+        for name in sorted(files):
+            path = os.path.join(top, name)
+            if name.startswith("."):
+                skipped.append((path, "hidden file"))
+                continue
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                skipped.append((path, "broken symbolic link"))
+                continue
+            except OSError as e:
+                skipped.append((path, f"unreadable: {e.strerror or e}"))
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                skipped.append((path, f"{_special(st)}, not an image file"))
+                continue
+            rows.append((path, os.path.relpath(path, root), d.name))
+    return rows
+
+
+def _read_list(src: Path) -> str:
+    """The text of list file `src`, or a PackError when it is unreadable or binary."""
+    try:
+        data = src.read_bytes()
+    except OSError as e:
+        raise PackError(
+            f"cannot read list file {src}: {e.strerror or e}; check that it is a readable file"
+        ) from None
+    if b"\0" in data[:65536]:
+        raise PackError(
+            f"list file {src} is binary, not text: give an image folder or a text file of "
+            "'PATH LABEL' lines"
+        )
+    return data.decode("utf-8", errors="replace")
+
+
+def _list_labels(src: Path, labels: list[tuple[int, str]]) -> list[str]:
+    """Class names for the labels of a list file: numbers 0..max when every label is a number
+    (a negative or absurdly large one is a PackError naming its line), else the sorted names."""
+    if not labels or not all(re.fullmatch(r"[+-]?\d+", x) for _, x in labels):
+        return sorted({x for _, x in labels})
+    for n, x in labels:
+        if int(x) < 0:
+            raise PackError(
+                f"{src}:{n}: label {x} is negative: numeric labels are class numbers 0, 1, 2, ...; "
+                "fix the line or use class names"
+            )
+        if int(x) > MAX_LABEL:
+            raise PackError(
+                f"{src}:{n}: label {x} is over {MAX_LABEL:,}: numeric labels are class numbers "
+                "0..N-1 (is the column order PATH LABEL?); fix the line or use class names"
+            )
+    return [str(i) for i in range(max(int(x) for _, x in labels) + 1)]
+
+
 def list_inputs(
     src: str | os.PathLike[str],
 ) -> tuple[list[_Item], list[str], list[tuple[str, str]]]:
@@ -110,16 +217,24 @@ def list_inputs(
     skipped: list[tuple[str, str]] = []
     rows: list[tuple[str, str, str]] = []  # (path, relative name, class)
     if src.is_dir():
-        class_dirs = sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
+        try:
+            entries = sorted(src.iterdir())
+        except OSError as e:
+            raise PackError(
+                f"cannot read SRC folder {src}: {e.strerror or e}; check its permissions"
+            ) from None
+        class_dirs = [p for p in entries if p.is_dir() and not p.name.startswith(".")]
         if not class_dirs:
             raise PackError(f"{src} has no class sub-folders: expected SRC/<class>/<image> files")
+        for p in entries:
+            if p not in class_dirs:
+                skipped.append((str(p), "not in a class sub-folder"))
         for d in class_dirs:
-            for p in sorted(d.rglob("*")):
-                if p.is_file() and not p.name.startswith("."):
-                    rows.append((str(p), str(p.relative_to(src)), d.name))
+            rows += _walk_class(src, d, skipped)
         classes = [d.name for d in class_dirs]
     elif src.is_file():
-        for n, line in enumerate(src.read_text(errors="replace").splitlines(), 1):
+        labels: list[tuple[int, str]] = []
+        for n, line in enumerate(_read_list(src).splitlines(), 1):
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
@@ -129,14 +244,14 @@ def list_inputs(
                 continue
             path = Path(parts[0]) if Path(parts[0]).is_absolute() else src.parent / parts[0]
             rows.append((str(path), "", parts[1]))
+            labels.append((n, parts[1]))
         if rows:  # keys: paths relative to the deepest folder holding all listed files
             common = os.path.commonpath([os.path.dirname(os.path.abspath(r[0])) for r in rows])
             rows = [(p, os.path.relpath(os.path.abspath(p), common), c) for p, _, c in rows]
-        names = sorted({r[2] for r in rows})
-        classes = (
-            [str(i) for i in range(max(int(x) for x in names) + 1)]
-            if names and all(x.isdigit() for x in names)
-            else names
+        classes = _list_labels(src, labels)
+    elif src.exists():
+        raise PackError(
+            f"SRC {src} is neither a folder nor a regular file: give an image folder or a list file"
         )
     else:
         raise PackError(f"SRC {src} does not exist: give an image folder or a list file")
@@ -179,6 +294,9 @@ def _resize_short(arr: np.ndarray, short: int) -> np.ndarray:
 def convert(path: str, resize: int | None, quality: int, verify: bool) -> tuple[str, bytes, str]:
     """(status, jpeg bytes, reason) for one input; status is 'ok', 'converted' or 'skipped'."""
     try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # reading a FIFO would block forever
+            return "skipped", b"", f"{_special(st)}, not an image file"
         data = Path(path).read_bytes()
     except OSError as e:
         return "skipped", b"", f"unreadable: {e.strerror or e}"
@@ -193,11 +311,11 @@ def convert(path: str, resize: int | None, quality: int, verify: bool) -> tuple[
             jpeg_ok = colorspace in ("YCbCr", "RGB")
         except ValueError:
             jpeg_ok = False
-    status, reason = "ok", ""
+    status, why = "ok", ""
     if jpeg_ok:
         needs_resize = resize is not None and min(h, w) > resize
         if not needs_resize and not verify:
-            return status, data, reason
+            return status, data, why
         try:
             if needs_resize:
                 assert resize is not None
@@ -208,21 +326,21 @@ def convert(path: str, resize: int | None, quality: int, verify: bool) -> tuple[
         except CorruptImage as e:
             return "skipped", b"", f"corrupt JPEG: {e}"
         if not needs_resize:
-            return status, data, reason
+            return status, data, why
     else:
         from PIL import Image
 
         try:
             with Image.open(io.BytesIO(data)) as im:
                 im.load()
-                reason = f"converted {im.format} {im.mode} to RGB JPEG"
-                arr = np.asarray(im.convert("RGB"))
+                why = f"converted {im.format} {im.mode} to RGB JPEG"
+                arr = to_rgb(im)
         except Exception as e:
-            return "skipped", b"", f"not a readable image: {type(e).__name__}: {e}"
+            return "skipped", b"", f"not a readable image: {type(e).__name__}: {error_reason(e)}"
         status = "converted"
     if resize is not None and min(arr.shape[:2]) > resize:
         arr = _resize_short(arr, resize)
-    return status, _encode(arr, quality), reason
+    return status, _encode(arr, quality), why
 
 
 def _convert_item(args: tuple[_Item, int | None, int, bool]) -> tuple[_Item, str, bytes, str]:
@@ -266,9 +384,15 @@ def pack(
         raise PackError(f"--resize must be a short side of at least 8 pixels, got {resize}")
     if not 1 <= quality <= 100:
         raise PackError(f"--quality must be 1-100, got {quality}")
+    if workers is not None and (
+        isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
+    ):
+        raise PackError(
+            f"--workers must be 1 or more (leave it out to use every core), got {workers!r}"
+        )
     items, classes, listing_skipped = list_inputs(src)
     if not items:
-        raise PackError(f"no images found in {src}")
+        raise PackError(f"no images found in {src}{_examples(listing_skipped)}")
     order = np.random.default_rng(seed).permutation(len(items))
     items = [items[i] for i in order]
     options = {
@@ -279,8 +403,49 @@ def pack(
         "seed": seed,
     }
     sig = _signature(items, classes, options)
+    existed = is_remote(str(dst)) or os.path.exists(dst)
+    try:
+        return _pack_into(dst, src, items, classes, listing_skipped, options, sig, storage_options,
+                          workers, progress)  # fmt: skip
+    except ShardError as e:
+        raise PackError(str(e)) from None
+    except OSError as e:
+        raise PackError(
+            f"cannot write {e.filename or dst}: {e.strerror or e}; DST must be a writable folder "
+            "(created if missing) or s3://bucket/prefix"
+        ) from None
+    finally:
+        if not existed:  # a pack that wrote nothing leaves no empty DST behind
+            with contextlib.suppress(OSError):
+                os.rmdir(dst)
 
+
+def _examples(skipped: list[tuple[str, str]]) -> str:
+    """' (N inputs skipped, e.g. PATH: REASON)' for an error message, or ''."""
+    if not skipped:
+        return ""
+    path, why = skipped[0]
+    return f" ({len(skipped)} inputs skipped, e.g. {path}: {why})"
+
+
+def _pack_into(
+    dst: str | os.PathLike[str],
+    src: str | os.PathLike[str],
+    items: list[_Item],
+    classes: list[str],
+    listing_skipped: list[tuple[str, str]],
+    options: dict[str, Any],
+    sig: str,
+    storage_options: dict[str, Any] | None,
+    workers: int | None,
+    progress: bool,
+) -> PackResult:
+    """The pack itself, after its inputs and options were checked."""
+    target, resize, quality, verify = (
+        options["shard_size"], options["resize"], options["quality"], options["verify"]
+    )  # fmt: skip
     out = Destination(dst, storage_options)
+    out.check()
     result = PackResult(dst=str(dst), classes=len(classes))
     state = _load_state(out, sig)
     if state is None and out.exists(INDEX_NAME):
@@ -301,29 +466,39 @@ def pack(
     writer: _OpenShard | None = None
     skipped: list[tuple[str, str]] = []  # since the last finished shard
     converted: list[tuple[str, str]] = []
-    with _progress(progress, len(items), consumed) as advance:
-        work = _run(items[consumed:], resize, quality, verify, workers)
-        for n, (item, status, data, reason) in enumerate(work, start=consumed + 1):
-            advance()
-            if status == "skipped":
-                skipped.append((item.path, reason))
-                continue
-            if status == "converted":
-                converted.append((item.path, reason))
-            if writer is None:
-                writer = _OpenShard(out, len(entries))
-            writer.writer.add(item.key, data, "jpg", item.label)
-            if writer.writer.size >= target:
+    try:
+        with _progress(progress, len(items), consumed) as advance:
+            work = _run(items[consumed:], resize, quality, verify, workers)
+            for n, (item, status, data, reason) in enumerate(work, start=consumed + 1):
+                advance()
+                if status == "skipped":
+                    skipped.append((item.path, reason))
+                    continue
+                if status == "converted":
+                    converted.append((item.path, reason))
+                if writer is None:
+                    writer = _OpenShard(out, len(entries))
+                writer.writer.add(item.key, data, "jpg", item.label)
+                if writer.writer.size >= target:
+                    entries.append(writer.finish())
+                    writer = None
+                    result.skipped += skipped
+                    result.converted += converted
+                    skipped, converted = [], []
+                    _save_state(out, sig, entries, n, result, len(listing_skipped))
+            if writer is not None:
                 entries.append(writer.finish())
                 writer = None
-                result.skipped += skipped
-                result.converted += converted
-                skipped, converted = [], []
-                _save_state(out, sig, entries, n, result, len(listing_skipped))
-        if writer is not None:
-            entries.append(writer.finish())
+    finally:
+        if writer is not None:  # failed or interrupted: no partial shard is left anywhere
+            writer.discard()
     result.skipped += skipped
     result.converted += converted
+    if not entries:
+        raise PackError(
+            f"nothing packed from {src}: all {len(items)} images were skipped"
+            f"{_examples(result.skipped)}; fix or remove them and pack again"
+        )
     index = Index(classes=classes, shards=entries)
     out.write_bytes(INDEX_NAME, index.to_bytes())
     out.write_bytes(STATE_NAME + ".done", json.dumps({"signature": sig}).encode())
@@ -342,6 +517,13 @@ class _OpenShard:
         self.file = open(self.tmp, "wb")  # noqa: SIM115 - closed in finish()
         self.writer = ShardWriter(self.file, self.name)
 
+    def discard(self) -> None:
+        """Close and delete the unfinished shard."""
+        with contextlib.suppress(OSError):
+            self.file.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.tmp)
+
     def finish(self) -> ShardEntry:
         from gpufeed.data.shards import sha256_file
 
@@ -351,7 +533,7 @@ class _OpenShard:
         self.file.close()
         entry.bytes = os.path.getsize(self.tmp)
         entry.sha256 = sha256_file(self.tmp)
-        self.out.put_file(self.tmp, self.name)
+        self.out.put_file(self.tmp, self.name)  # the temporary file is gone after, also on error
         return entry
 
 
@@ -436,12 +618,7 @@ def _save_state(
 
 
 def _drop_state(out: Destination) -> None:
-    if out.remote:
-        fs = out._fs()
-        if fs.exists(out.path(STATE_NAME)):
-            fs.rm_file(out.path(STATE_NAME))
-    else:
-        Path(out.path(STATE_NAME)).unlink(missing_ok=True)
+    out.remove(STATE_NAME)
 
 
 def _existing_index(out: Destination, sig: str) -> PackResult | None:

@@ -15,6 +15,14 @@ process while its size, inode and mtime stay the same. Cache files are only ever
 `cache_dir` under names made of the index's checksum (64 hex digits, checked when index.json is
 read), and a cache file is used only after its SHA-256 matched: a planted or damaged one is
 deleted and the shard fetched again.
+
+Every remote operation has a deadline, `storage_options={"timeout": SECONDS}` (default 120 s,
+retries included; the key is gpufeed's, not passed to s3fs), and connect/read timeouts per HTTP
+attempt (10 s / 30 s, capped by the deadline; s3fs's `config_kwargs` override them). Retries
+happen in botocore (3 attempts, counted in `retried`) and here (whole requests, with backoff),
+never in s3fs's own loop. Missing buckets or keys, refused access and missing credentials are not
+retried, nor is an endpoint that cannot be reached before it ever answered. Every failure is one
+ShardError naming the URL and the endpoint.
 """
 
 from __future__ import annotations
@@ -53,36 +61,184 @@ def is_remote(url: str) -> bool:
     return "://" in str(url) and not str(url).startswith("file://")
 
 
+DEFAULT_TIMEOUT = 120.0  # seconds: the overall deadline of one remote operation, retries included
+CONNECT_TIMEOUT, READ_TIMEOUT = 10.0, 30.0  # per HTTP attempt, each capped by the deadline
+
+
 def s3_options(storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """s3fs options: the endpoint from AWS_ENDPOINT_URL(_S3) unless given; credentials are s3fs's."""
+    """s3fs options: the endpoint from AWS_ENDPOINT_URL(_S3) unless given; credentials are s3fs's;
+    connect/read timeouts (10 s / 30 s, capped by the deadline) and at most 3 HTTP attempts per
+    request unless `config_kwargs` says otherwise. The deadline key `timeout` is not s3fs's."""
     opts = dict(storage_options or {})
+    deadline = remote_timeout(opts)
+    opts.pop("timeout", None)
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint and "endpoint_url" not in opts:
         client = dict(opts.get("client_kwargs") or {})
         client.setdefault("endpoint_url", endpoint)
         opts["client_kwargs"] = client
+    config = dict(opts.get("config_kwargs") or {})
+    config.setdefault("connect_timeout", min(CONNECT_TIMEOUT, deadline))
+    config.setdefault("read_timeout", min(READ_TIMEOUT, deadline))
+    config.setdefault("retries", {"max_attempts": 3, "mode": "standard"})
+    opts["config_kwargs"] = config
     return opts
+
+
+def remote_timeout(storage_options: dict[str, Any] | None) -> float:
+    """The overall deadline in seconds of one remote operation: `storage_options["timeout"]`."""
+    value = (storage_options or {}).get("timeout", DEFAULT_TIMEOUT)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
+        raise ShardError(
+            f"storage_options timeout={value!r}: give the seconds one remote read or write may "
+            f"take, retries included, e.g. {{'timeout': 60}} (default {DEFAULT_TIMEOUT:g})"
+        )
+    return float(value)
 
 
 _FS_CACHE: dict[tuple[int, str, str], Any] = {}
 
 
 def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> Any:
-    """One fsspec filesystem per process and options (fsspec objects must not cross a fork)."""
+    """One fsspec filesystem per process, options and AWS_* environment (fsspec objects must not
+    cross a fork; a changed environment may mean other credentials or endpoint).
+    An S3 one retries inside botocore only (counted in its `retried`), never again in s3fs."""
     import fsspec
 
     protocol = str(url).split("://", 1)[0]
     if protocol in ("s3", "s3a"):
         require("s3")
-    opts = s3_options(storage_options) if protocol in ("s3", "s3a") else dict(storage_options or {})
-    key = (os.getpid(), protocol, repr(sorted(opts.items())))
+        opts = s3_options(storage_options)
+    else:
+        opts = {k: v for k, v in (storage_options or {}).items() if k != "timeout"}
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))  # credentials
+    key = (os.getpid(), protocol, repr((sorted(opts.items()), env)))
     if key not in _FS_CACHE:
-        _FS_CACHE[key] = fsspec.filesystem(protocol, skip_instance_cache=True, **opts)
+        if protocol in ("s3", "s3a"):
+            _FS_CACHE[key] = _counting_s3_class()(skip_instance_cache=True, **opts)
+        else:
+            _FS_CACHE[key] = fsspec.filesystem(protocol, skip_instance_cache=True, **opts)
     return _FS_CACHE[key]
 
 
-def _transient(exc: BaseException) -> bool:
-    return not isinstance(exc, (FileNotFoundError, PermissionError, ShardError, ValueError))
+_COUNTING_S3: Any = None
+
+
+def _counting_s3_class() -> Any:
+    """S3FileSystem that counts the HTTP retries botocore makes (its `retried` attribute)."""
+    global _COUNTING_S3
+    if _COUNTING_S3 is None:
+        from s3fs import S3FileSystem
+
+        class CountingS3FileSystem(S3FileSystem):  # type: ignore[misc]
+            retried = 0
+            retries = 1  # no retry loop in s3fs: it would retry even missing credentials
+
+            async def set_session(self, refresh: bool = False, kwargs: Any = None) -> Any:
+                s3 = await super().set_session(refresh)
+                if not getattr(s3, "_gpufeed_counted", False):
+                    s3.meta.events.register("request-created.s3", self._count_retry)
+                    s3._gpufeed_counted = True
+                return s3
+
+            def _count_retry(self, request: Any, **_: Any) -> None:
+                if (request.context.get("retries") or {}).get("attempt", 1) > 1:
+                    self.retried += 1
+
+        CountingS3FileSystem.__qualname__ = "CountingS3FileSystem"  # picklable: see __getattr__
+        _COUNTING_S3 = CountingS3FileSystem
+    return _COUNTING_S3
+
+
+def __getattr__(name: str) -> Any:
+    """`CountingS3FileSystem`, made on first use (s3fs is imported only when S3 is used)."""
+    if name == "CountingS3FileSystem":
+        return _counting_s3_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def endpoint_of(fs: Any) -> str:
+    """The endpoint an S3 filesystem talks to, for error messages."""
+    client = getattr(fs, "client_kwargs", None) or {}
+    return str(getattr(fs, "endpoint_url", None) or client.get("endpoint_url") or "AWS S3")
+
+
+def call_remote(fs: Any, method: str, *args: Any, timeout: float, **kwargs: Any) -> Any:
+    """`fs.method(*args, **kwargs)` that gives up after `timeout` seconds (an FSTimeoutError)."""
+    coro = getattr(fs, f"_{method}", None)
+    if getattr(fs, "async_impl", False) and coro is not None:
+        from fsspec.asyn import sync
+
+        return sync(fs.loop, coro, *args, timeout=max(timeout, 0.01), **kwargs)
+    return getattr(fs, method)(*args, **kwargs)
+
+
+_CREDENTIALS = frozenset({"NoCredentialsError", "PartialCredentialsError", "NoRegionError"})
+_UNREACHABLE = frozenset({"EndpointConnectionError", "ConnectTimeoutError", "ProxyConnectionError"})
+
+
+def _names(exc: BaseException) -> set[str]:
+    return {c.__name__ for c in type(exc).__mro__}
+
+
+def _transient(exc: BaseException, reached: bool) -> bool:
+    """Worth retrying: not a missing file, a refusal, bad credentials or our own verdict; an
+    endpoint that cannot be reached only after it once answered (a restart, not a typo)."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, ShardError, ValueError)):
+        return False
+    names = _names(exc)
+    if names & _CREDENTIALS:
+        return False
+    return reached or not names & _UNREACHABLE
+
+
+def _refused(endpoint: str) -> str:
+    """Why a TCP connection to `endpoint` fails right now ('' when it connects): tells a dead
+    endpoint from a silent one after a deadline passed."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(endpoint)
+    if not parts.hostname:
+        return ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=2).close()
+    except OSError as e:
+        return e.strerror or str(e)
+    return ""
+
+
+def remote_error(what: str, url: str, fs: Any, exc: BaseException, deadline: float) -> ShardError:
+    """One clear ShardError for a failed remote operation, naming the URL and the endpoint."""
+    endpoint = endpoint_of(fs)
+    names = _names(exc)
+    if isinstance(exc, FileNotFoundError) and "bucket" in str(exc).lower():
+        why = "the bucket does not exist; create it or fix the URL"
+    elif isinstance(exc, FileNotFoundError):
+        why = "not found; check the URL"
+    elif isinstance(exc, PermissionError):
+        why = "access denied; check the credentials' permissions on this bucket"
+    elif names & _CREDENTIALS:
+        why = (
+            f"no usable credentials ({type(exc).__name__}); set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass key/secret in storage_options"
+        )
+    elif names & _UNREACHABLE:
+        detail = _refused(endpoint) or type(exc).__name__
+        why = f"cannot connect ({detail}); check the endpoint (AWS_ENDPOINT_URL) and that it is up"
+    elif ("FSTimeoutError" in names or "TimeoutError" in names or "ReadTimeoutError" in names) and (
+        refused := _refused(endpoint)
+    ):
+        why = f"cannot connect ({refused}); check the endpoint (AWS_ENDPOINT_URL) and that it is up"
+    elif "FSTimeoutError" in names or "TimeoutError" in names or "ReadTimeoutError" in names:
+        why = (
+            f"no answer within {deadline:g} s; check that the endpoint is up, or allow more time "
+            "with storage_options={'timeout': SECONDS}"
+        )
+    else:
+        why = f"{type(exc).__name__}: {exc}"
+    return ShardError(f"cannot {what} {url} at {endpoint}: {why}")
 
 
 class Source:
@@ -105,9 +261,37 @@ class Source:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.retries, self.backoff = retries, backoff
         self.chunk_size, self.read_ahead = max(64 * 1024, chunk_size), max(0, read_ahead)
-        self.retried = 0  # transient errors retried in this process
+        self.timeout = remote_timeout(storage_options) if self.remote else DEFAULT_TIMEOUT
+        self._retried = 0  # transient errors retried here, besides botocore's own retries
+        self._reached = False  # the endpoint answered once: connection errors may be transient
+        self._reported = 0  # retries already handed to `new_retries`
         # local shards and cache files whose SHA-256 matched: (path, dev, inode, size, mtime_ns)
         self._verified: set[tuple[str, int, int, int, int]] = set()
+
+    def _fs(self) -> Any:
+        return filesystem(self.url, self.storage_options)
+
+    def _check_bucket(self, where: str) -> None:
+        """Raise a clear ShardError when the bucket of this remote source does not exist."""
+        bucket = self.url.split("://", 1)[1].split("/", 1)[0]
+        try:
+            call_remote(self._fs(), "ls", bucket, timeout=self.timeout)
+        except FileNotFoundError as e:
+            raise remote_error("read", where, self._fs(), e, self.timeout) from None
+        except Exception:  # only a diagnosis: the caller's error stands
+            return
+
+    @property
+    def retried(self) -> int:
+        """Retries made in this process: of whole requests here, of HTTP attempts in botocore."""
+        fs = filesystem(self.url, self.storage_options) if self.remote else None
+        return self._retried + int(getattr(fs, "retried", 0))
+
+    def new_retries(self) -> int:
+        """Retries since the last call: also those made by read-ahead threads in between."""
+        now = self.retried
+        new, self._reported = now - self._reported, now
+        return new
 
     def path(self, name: str) -> str:
         return f"{self.url}/{name}"
@@ -129,11 +313,7 @@ class Source:
             where = self.path(name)
             try:
                 if self.remote:
-                    data = self._retry(
-                        lambda where=where: filesystem(self.url, self.storage_options).cat_file(
-                            where
-                        )
-                    )
+                    data = self._retry("read", where, "cat_file", where)
                 else:
                     if os.path.exists(self.url) and not os.path.isdir(self.url):
                         raise ShardError(f"{self.url} is a file, not a data set directory: {hint}")
@@ -144,6 +324,8 @@ class Source:
                         )
                     data = Path(where).read_bytes()
             except FileNotFoundError:
+                if self.remote:
+                    self._check_bucket(where)
                 continue
             except PermissionError as e:
                 raise ShardError(
@@ -258,17 +440,18 @@ class Source:
         fs = filesystem(self.url, self.storage_options)
         where = self.path(entry.name)
 
-        def get() -> bytes:
-            data = fs.cat_file(where, start=start, end=end + 1 if check_end else end)
+        def get(timeout: float) -> bytes:
+            stop = end + 1 if check_end else end
+            data = call_remote(fs, "cat_file", where, start=start, end=stop, timeout=timeout)
             if check_end and len(data) > end - start:
-                size = int(fs.info(where).get("size", 0))
+                size = int(call_remote(fs, "info", where, timeout=timeout).get("size", 0))
                 raise ShardError(
                     f"shard {where} is {size} bytes, longer than the {entry.bytes} bytes "
                     "index.json says: it was changed after packing; re-create it with "
                     "`gpufeed pack`"
                 )
             if len(data) != end - start:
-                info = fs.info(where)
+                info = call_remote(fs, "info", where, timeout=timeout)
                 if int(info.get("size", 0)) < entry.bytes:
                     raise ShardError(
                         f"shard {where} is truncated: {info.get('size')} bytes, "
@@ -278,20 +461,48 @@ class Source:
             return data
 
         try:
-            return self._retry(get)
+            return self._retry("read", where, get)
         except FileNotFoundError:
             raise ShardError(f"shard {where} is missing (listed in index.json)") from None
 
-    def _retry(self, fn: Any) -> Any:
-        for attempt in range(self.retries + 1):
-            try:
-                return fn()
-            except Exception as e:
-                if not _transient(e) or attempt == self.retries:
-                    raise
-                self.retried += 1
-                time.sleep(self.backoff * (2**attempt) * (0.5 + random.random()))
-        raise AssertionError("unreachable")
+    def _retry(self, what: str, url: str, fn: Any, *args: Any) -> Any:
+        """`fn(timeout)` (or `fs.fn(*args)` for a method name) retried with backoff while the
+        error is transient, all within the deadline; FileNotFoundError and PermissionError pass
+        through, any other failure is a ShardError naming `url` and the endpoint."""
+        fs = filesystem(self.url, self.storage_options)
+        if isinstance(fn, str):
+            method, fn = fn, lambda timeout: call_remote(fs, method, *args, timeout=timeout)
+        out, self._reached = _retrying(
+            fn, self.retries, self.backoff, self.timeout, self._reached, self._count
+        )
+        if isinstance(out, BaseException):
+            if isinstance(out, (FileNotFoundError, PermissionError, ShardError)):
+                raise out
+            raise remote_error(what, url, fs, out, self.timeout) from out
+        return out
+
+    def _count(self) -> None:
+        self._retried += 1
+
+
+def _retrying(
+    fn: Any, retries: int, backoff: float, deadline: float, reached: bool, on_retry: Any
+) -> tuple[Any, bool]:
+    """(result or the last exception, whether the endpoint answered): `fn(seconds left)` tried
+    up to `retries + 1` times while its error is transient and the deadline has not passed."""
+    stop = time.monotonic() + deadline
+    for attempt in range(retries + 1):
+        try:
+            return fn(stop - time.monotonic()), True
+        except Exception as e:
+            if not _transient(e, reached) or attempt == retries:
+                return e, reached
+            pause = backoff * (2**attempt) * (0.5 + random.random())
+            if time.monotonic() + pause >= stop:
+                return e, reached
+            on_retry()
+            time.sleep(pause)
+    raise AssertionError("unreachable")
 
 
 def _mismatch(where: str, got: str, want: str) -> ShardError:
@@ -427,14 +638,24 @@ class RangeReader(io.RawIOBase):
 
 
 class Destination:
-    """Where `pack` writes: atomic whole-file writes to a local directory or a remote prefix."""
+    """Where `pack` writes: atomic whole-file writes to a local directory or a remote prefix.
+    Remote operations have the same deadline, retries and clear errors (ShardError) as `Source`."""
 
     def __init__(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None):
         self.url = str(url).rstrip("/")
         self.remote = is_remote(self.url)
         self.storage_options = storage_options
+        self.timeout = remote_timeout(storage_options) if self.remote else DEFAULT_TIMEOUT
+        self._reached = False
         if not self.remote:
-            Path(self.url).mkdir(parents=True, exist_ok=True)
+            try:
+                Path(self.url).mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                what = "it is a file" if isinstance(e, FileExistsError) else e.strerror or str(e)
+                raise ShardError(
+                    f"cannot write to {self.url}: {what}; give a writable folder (created if "
+                    "missing) or s3://bucket/prefix"
+                ) from None
 
     def path(self, name: str) -> str:
         return f"{self.url}/{name}"
@@ -442,25 +663,47 @@ class Destination:
     def _fs(self) -> Any:
         return filesystem(self.url, self.storage_options)
 
+    def _remote(self, what: str, method: str, *args: Any) -> Any:
+        """`fs.method(*args)` with retries within the deadline; failures are one ShardError."""
+        fs = self._fs()
+        out, self._reached = _retrying(
+            lambda timeout: call_remote(fs, method, *args, timeout=timeout),
+            retries=4,
+            backoff=0.1,
+            deadline=self.timeout,
+            reached=self._reached,
+            on_retry=lambda: None,
+        )
+        if isinstance(out, BaseException):
+            raise remote_error(what, self.url, fs, out, self.timeout) from out
+        return out
+
+    def check(self) -> None:
+        """Fail early, with a clear ShardError, when a remote destination cannot be written
+        (missing bucket, no credentials, unreachable endpoint); nothing is written."""
+        if self.remote:
+            bucket = self.url.split("://", 1)[1].split("/", 1)[0]
+            self._remote("write to", "ls", bucket)
+
     def exists(self, name: str) -> bool:
-        return self._fs().exists(self.path(name)) if self.remote else Path(self.path(name)).exists()
+        if self.remote:
+            return bool(self._remote("write to", "exists", self.path(name)))
+        return Path(self.path(name)).exists()
 
     def read_bytes(self, name: str) -> bytes:
-        return (
-            self._fs().cat_file(self.path(name))
-            if self.remote
-            else Path(self.path(name)).read_bytes()
-        )
+        if self.remote:
+            return self._remote("read", "cat_file", self.path(name))  # type: ignore[no-any-return]
+        return Path(self.path(name)).read_bytes()
 
     def size(self, name: str) -> int:
         if self.remote:
-            return int(self._fs().info(self.path(name))["size"])
+            return int(self._remote("read", "info", self.path(name))["size"])
         return os.path.getsize(self.path(name))
 
     def write_bytes(self, name: str, data: bytes) -> None:
         """Write atomically: a temporary name then a rename (an S3 PUT is atomic by itself)."""
         if self.remote:
-            self._fs().pipe_file(self.path(name), data)
+            self._remote("write to", "pipe_file", self.path(name), data)
             return
         tmp = f"{self.path(name)}.tmp-{os.getpid()}"
         with open(tmp, "wb") as f:
@@ -470,19 +713,27 @@ class Destination:
         os.replace(tmp, self.path(name))
 
     def put_file(self, local: str, name: str) -> None:
-        """Move a finished local file into place atomically."""
+        """Move a finished local file into place atomically (the local file is gone after,
+        also when the upload failed)."""
         if self.remote:
-            self._fs().put_file(local, self.path(name))
-            os.unlink(local)
+            try:
+                self._remote("write to", "put_file", local, self.path(name))
+            finally:
+                os.unlink(local)
         else:
             os.replace(local, self.path(name))
+
+    def remove(self, name: str) -> None:
+        """Delete `name` if it is there."""
+        if not self.remote:
+            Path(self.path(name)).unlink(missing_ok=True)
+        elif self.exists(name):
+            self._remote("write to", "rm_file", self.path(name))
 
     def local_tmp(self, name: str) -> str:
         """A temporary local path for building `name` (inside DST when it is local, so the rename is atomic)."""
         if self.remote:
-            import tempfile
-
-            fd, p = tempfile.mkstemp(suffix=f"-{name}")
+            fd, p = tempfile.mkstemp(prefix="gpufeed-pack-", suffix=f"-{name}")
             os.close(fd)
             return p
         return f"{self.path(name)}.tmp-{os.getpid()}"

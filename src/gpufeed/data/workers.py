@@ -84,10 +84,9 @@ def _worker_main(
         assert stream is not None
         k = free.pop(0)
         try:
-            retried = ds.source.retried
             at, samples = next(stream)
             meta = fill_slot(samples, at, slots, slots.index(worker, k), ds.seed, ds.rank)
-            meta["retried"] = ds.source.retried - retried
+            meta["retried"] = ds.source.new_retries()
         except Exception as e:
             free.append(k)
             stream = None  # wait for the next "go"
@@ -219,13 +218,12 @@ class InlinePool:
             assert self._start is not None
             self._stream = self.plan.worker_batches(0, self._start)
         ds = self.plan.dataset
-        retried = ds.source.retried
         got, samples = next(self._stream)
         if got != at:
             raise LoaderWorkerError(f"inline loader made batch {got}, expected {at}")
         k, self._next_slot = self._next_slot, (self._next_slot + 1) % self.slots.per_worker
         meta = fill_slot(samples, at, self.slots, k, ds.seed, ds.rank)
-        meta["retried"] = ds.source.retried - retried
+        meta["retried"] = ds.source.new_retries()
         return 0, k, meta
 
     def free(self, worker: int, slot: int) -> None:
