@@ -24,6 +24,7 @@ import pytest
 
 from gpufeed.bench.synth import make_image_folder
 from gpufeed.data.pack import pack
+from gpufeed.data.shards import INDEX_NAME, LEGACY_INDEX_NAME, Index
 from gpufeed.profile.session import steps_store_path, system_store_path, write_meta
 from gpufeed.profile.store import Store
 
@@ -177,9 +178,11 @@ def _prepare(root: Path) -> None:
     shutil.copytree(images, root / "images-unreadable")
     nul = root / "nul-shards"
     pack(images, nul, workers=1, progress=False)
-    index = json.loads((nul / "index.json").read_text())
+    written = nul / INDEX_NAME
+    index = json.loads(Index.from_bytes(written.read_bytes(), "test").to_bytes(version=1))
     index["shards"][0]["name"] = "shard\x00.tar"
-    (nul / "index.json").write_text(json.dumps(index))
+    (nul / LEGACY_INDEX_NAME).write_text(json.dumps(index))  # the legacy name is still read
+    written.unlink()
     for top, _, files in os.walk(root):  # everyone may read (see `unprivileged`)
         os.chmod(top, 0o755)
         for name in files:

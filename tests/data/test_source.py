@@ -205,7 +205,7 @@ def test_a_silent_endpoint_is_a_clear_error_after_the_deadline(
     with pytest.raises(ShardError) as err:
         ShardDataset("s3://bucket/train", storage_options={"timeout": 1.5})
     msg = str(err.value)
-    assert "s3://bucket/train/index.json" in msg and silent_endpoint in msg
+    assert "s3://bucket/train/gpufeed-index.json" in msg and silent_endpoint in msg
     assert "no answer within 1.5 s" in msg and "timeout" in msg
 
 
@@ -222,7 +222,9 @@ def test_missing_bucket_is_named_not_retried(s3_env: str):
     src = Source("s3://no-such-bucket/train", storage_options={"timeout": 30})
     with pytest.raises(ShardError, match="the bucket does not exist") as err:
         src.read_index()
-    assert s3_env in str(err.value) and "s3://no-such-bucket/train/index.json" in str(err.value)
+    assert s3_env in str(err.value) and "s3://no-such-bucket/train/gpufeed-index.json" in str(
+        err.value
+    )
     assert src.retried == 0
 
 
