@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from processes import wait_until
 
 from gpufeed.bench.raycluster import LocalCluster, free_port, use_loopback
 from gpufeed.data.augment import Augment
@@ -31,12 +32,12 @@ SMALL = Augment(size=(16, 16))
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    """A head with no CPUs (nothing runs on the "training host") and one 2-CPU worker node."""
+    """A head with no CPUs (nothing runs on the "training host") and two 1-CPU worker nodes."""
     with LocalCluster(head_cpus=0) as c:
-        c.add_node(cpus=2)
-        ray.init(address=c.address, log_to_driver=False)
+        c.connect()
         try:
-            c.wait_for_cpus(2)
+            c.add_node(cpus=1)
+            c.add_node(cpus=1)
             yield c
         finally:
             ray.shutdown()
@@ -175,26 +176,27 @@ def test_torchrun_ranks_share_the_cluster_exactly_once(
 
 
 @pytest.mark.slow
-def test_a_node_killed_mid_epoch_loses_and_duplicates_nothing(shards: Path):
-    """Two 1-CPU worker nodes, an actor on each; one node is killed mid-epoch: the other redoes
-    its batches. Then the last node is killed: a clear error, not a hang."""
-    with LocalCluster(head_cpus=0) as c:
-        keep, doomed = c.add_node(cpus=1), c.add_node(cpus=1)
-        ray.init(address=c.address, log_to_driver=False)
-        try:
-            c.wait_for_cpus(2)
-            loader = _loader(shards, c.address, num_workers=2, prefetch=1)
-            it = iter(loader)
-            seen = [int(x) for _ in range(3) for x in next(it)[1]]
-            c.kill(doomed)
-            seen += [int(x) for _, y in it for x in y]
-            assert sorted(seen) == list(range(48))
-            assert loader.stats()["remote_actors_lost"] >= 1
-            assert sorted(int(x) for _, y in loader for x in y) == list(range(48))  # next epoch
-            loader._pool.start_timeout = 5.0
-            c.kill(keep)
-            with pytest.raises(LoaderWorkerError, match="no Ray node is left"):
-                list(loader)
-            loader.close()
-        finally:
-            ray.shutdown()
+def test_a_node_killed_mid_epoch_loses_and_duplicates_nothing(shards: Path, cluster: LocalCluster):
+    """An actor on each 1-CPU node; one node is killed mid-epoch: the other redoes its batches.
+    Then the last node is killed: a clear error, not a hang. (Two fresh nodes replace them.)"""
+    doomed, last = cluster.nodes[-2:]
+    loader = _loader(shards, cluster.address, num_workers=2, prefetch=1)
+    try:
+        it = iter(loader)
+        seen = [int(x) for _ in range(3) for x in next(it)[1]]
+        cluster.kill(doomed)
+        seen += [int(x) for _, y in it for x in y]
+        assert sorted(seen) == list(range(48))
+        assert loader.stats()["remote_actors_lost"] >= 1
+        assert sorted(int(x) for _, y in loader for x in y) == list(range(48))  # next epoch
+        loader._pool.start_timeout = 5.0
+        cluster.kill(last)
+        with pytest.raises(LoaderWorkerError, match="no Ray node is left"):
+            list(loader)
+    finally:
+        loader.close()
+        for node in (doomed, last):
+            cluster.nodes.remove(node)
+        assert wait_until(lambda: ray.cluster_resources().get("CPU", 0) == 0, timeout=60)
+        cluster.add_node(cpus=1)
+        cluster.add_node(cpus=1)

@@ -74,7 +74,14 @@ class LocalCluster:
     ) -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-c", _RAY_START, "start", *args, "--num-cpus", str(cpus)]
         cmd += ["--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
-        for flag in ("--dashboard-agent-listen-port", "--metrics-export-port"):
+        for flag in (  # each node its own ports: several nodes share this machine
+            "--dashboard-agent-listen-port",
+            "--dashboard-agent-grpc-port",
+            "--metrics-export-port",
+            "--runtime-env-agent-port",
+            "--node-manager-port",
+            "--object-manager-port",
+        ):
             cmd += [flag, str(free_port())]
         if cores:
             cmd = ["taskset", "-c", ",".join(map(str, cores)), *cmd]
@@ -87,10 +94,31 @@ class LocalCluster:
         return proc
 
     def add_node(self, cpus: int = 1, cores: list[int] | None = None) -> subprocess.Popen[bytes]:
-        """Start a worker node with `cpus` CPUs; returns its `ray start` process."""
-        return self._start(["--address", self.address], cpus, cores, "node")
+        """Start a worker node with `cpus` CPUs and wait until the connected driver sees them (a
+        node that fails to start on a busy machine is started again, once); returns its
+        `ray start` process."""
+        import ray
 
-    def wait_for_cpus(self, cpus: int, timeout: float = 120.0) -> None:
+        want = ray.cluster_resources().get("CPU", 0) + cpus
+        for attempt in range(2):
+            proc = self._start(["--address", self.address], cpus, cores, "node")
+            try:
+                self.wait_for_cpus(want)
+                return proc
+            except RuntimeError:
+                if attempt:
+                    raise
+                self.kill(proc)
+                self.nodes.remove(proc)
+        raise AssertionError("unreachable")
+
+    def connect(self) -> None:
+        """Connect this process to the cluster as a Ray driver."""
+        import ray
+
+        ray.init(address=self.address, log_to_driver=False)
+
+    def wait_for_cpus(self, cpus: float, timeout: float = 120.0) -> None:
         """Wait until the connected driver sees `cpus` CPUs in the cluster."""
         import ray
 
