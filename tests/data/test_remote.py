@@ -135,6 +135,22 @@ def test_a_bad_cluster_option_is_refused_naming_it(shards: Path, value: object):
         Loader(shards, 4, cluster=value)  # type: ignore[arg-type]
 
 
+def test_an_address_where_nothing_listens_is_refused_naming_the_option(shards: Path):
+    with pytest.raises(ConnectionError, match=r"cluster='127\.0\.0\.1:\d+': nothing answers"):
+        Loader(shards, 4, cluster=f"127.0.0.1:{free_port()}", num_workers=1)
+
+
+def test_without_ray_the_error_names_the_extra_to_install(shards: Path):
+    code = (
+        "import sys; sys.modules['ray'] = None\n"  # as if ray were not installed
+        "from gpufeed.data.loader import Loader\n"
+        f"Loader({str(shards)!r}, 4, cluster='127.0.0.1:6379')\n"
+    )
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert cp.returncode != 0
+    assert "pip install 'gpufeed[ray]'" in cp.stderr.strip().splitlines()[-1]
+
+
 @pytest.mark.slow
 def test_torchrun_ranks_share_the_cluster_exactly_once(
     shards: Path, cluster: LocalCluster, tmp_path: Path

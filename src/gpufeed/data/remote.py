@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import socket
 import threading
 from collections import deque
 from typing import Any
@@ -49,8 +50,10 @@ def import_ray() -> Any:
 
 def connect(address: str) -> bool:
     """Connect this process to the Ray cluster at `address` ("ray://HOST:PORT", "HOST:PORT" or
-    "auto") unless it is connected already; True if this call connected it."""
+    "auto") unless it is connected already; True if this call connected it (the last pool to
+    close then disconnects it)."""
     ray = import_ray()
+    _check_reachable(address)
     if ray.is_initialized():
         return False
     try:
@@ -61,7 +64,22 @@ def connect(address: str) -> bool:
             f"cluster={address!r}: no Ray cluster to connect to ({first}); start one with "
             "`ray start --head --port 6379` and pass cluster='HEAD_IP:6379' (see README)"
         ) from None
+    _session["ours"] = True
     return True
+
+
+def _check_reachable(address: str) -> None:
+    """Fail in seconds, naming the option, where Ray would retry for a minute: nothing listens."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto" and the like: Ray finds the cluster
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as e:
+        raise ConnectionError(
+            f"cluster={address!r}: nothing answers at {host}:{port} ({e.strerror or e}); start "
+            "the head with `ray start --head --port PORT` and check the address (see README)"
+        ) from None
 
 
 def cluster_cpus() -> int:
@@ -83,7 +101,7 @@ def cluster_option(cluster: str | None, preprocess: str) -> str | None:
             "cluster= runs decoding on the cluster's CPU nodes, preprocess='gpu' on this GPU: "
             "choose one (preprocess='cpu' with cluster=..., or no cluster)"
         )
-    import_ray()
+    connect(cluster.strip())  # a wrong address fails here, not at the first batch
     return cluster.strip()
 
 
@@ -154,8 +172,7 @@ class RayPool:
         self.processes: list[Any] = []  # no local worker processes
         self.bytes_received = 0
         self.actors_lost = 0
-        if connect(address):
-            _session["ours"] = True
+        connect(address)
         _session["open"].add(id(self))
         self._cls = ray.remote(num_cpus=1, max_restarts=0)(_Maker)
         self._plan_ref = ray.put(plan)
