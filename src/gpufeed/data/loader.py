@@ -402,9 +402,10 @@ class Loader:
         st["prefetch"] = self.prefetch
         st["num_workers"] = self.num_workers
         st["cluster"] = self.cluster
-        if isinstance(self._pool, RayPool):
-            st["remote_bytes"] = self._pool.bytes_received
-            st["remote_actors_lost"] = self._pool.actors_lost
+        if self.cluster is not None:  # batches received from the cluster, actors lost
+            pool = self._pool if isinstance(self._pool, RayPool) else None
+            st["remote_bytes"] = pool.bytes_received if pool else 0
+            st["remote_actors_lost"] = pool.actors_lost if pool else 0
         st["pinned"] = self._pinned
         st["stage_seconds"] = dict(self._stage.seconds) if self._stage is not None else {}
         st["host_bytes_bound"] = self.host_bytes_bound(self.prefetch)
