@@ -176,8 +176,9 @@ class Loader:
 
     def host_bytes_bound(self, prefetch: int) -> int:
         """Most host memory the loader's buffers can hold with this prefetch depth."""
-        workers = self.num_workers if self.num_workers > 0 else 1
-        per_worker = prefetch + 1 if self.num_workers > 0 else 2
+        local = self.num_workers > 0 and self.cluster is None  # else: two slots, taken in turn
+        workers = self.num_workers if local else 1
+        per_worker = prefetch + 1 if local else 2
         return host_bytes(self.spec(), self.dataset, workers, per_worker)
 
     def _bound_prefetch(self, prefetch: int) -> int:
@@ -266,7 +267,10 @@ class Loader:
         if self._feeder is None:
             spec = self.spec()
             workers = self.num_workers
-            self._slots = Slots(spec, workers, self.prefetch + 1 if workers > 0 else 2)
+            if self.cluster is None:
+                self._slots = Slots(spec, workers, self.prefetch + 1 if workers > 0 else 2)
+            else:  # batches wait in the cluster's object stores; here two slots in turn
+                self._slots = Slots(spec, 1, 2)
             if self.cluster is not None:
                 self._pool = RayPool(self.plan, self._slots, self.cluster, depth=self.prefetch + 1)
             elif workers > 0:

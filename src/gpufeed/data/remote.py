@@ -6,7 +6,7 @@ close). Batch `at` is named by its index g in the rank's endless stream (epoch �
 plan worker w makes the batches g ≡ w (mod W), as with local workers. The pool asks Ray actors
 (one CPU each, spread over the nodes) for each worker's next `depth` batches and no more, so at
 most W · depth batches are ever made and not yet taken (back-pressure: memory on both sides is
-capped). An actor makes a worker's batches in order from a stream of its own
+capped); the training host copies each into one of two host slots, taken in turn. An actor makes a worker's batches in order from a stream of its own
 (`BatchPlan.worker_batches`), so a worker's region is read sequentially, as locally. When an
 actor or its node dies, the batches asked of it and not yet taken are asked again, in order, of
 a surviving actor: none is lost, and since the pool takes one result per index, none is
@@ -180,7 +180,7 @@ class RayPool:
         self._owner: dict[int, Any] = {}  # plan worker -> actor
         self._queue: dict[int, deque[tuple[int, Any]]] = {}  # plan worker -> asked (g, ref)
         self._next_g: dict[int, int] = {}
-        self._slot_of = [0] * plan.workers
+        self._slot = 0  # the feeder is done with a slot before it asks for the next batch
         try:
             self._grow(plan.workers)
         except BaseException:
@@ -271,7 +271,7 @@ class RayPool:
         return at.epoch * self.plan.batches + at.batch
 
     def get(self, at: Position, stop: threading.Event) -> tuple[int, int, dict[str, Any]]:
-        """(worker, slot, meta) of batch `at`, copied into a local slot; raises the actor's error
+        """(0, slot, meta) of batch `at`, copied into one of `slots`' few slots (taken in turn); raises the actor's error
         if making it failed, LoaderWorkerError if no node is left, Stopped once `stop` is set."""
         ray = import_ray()
         w, g = self.plan.worker_of(at), self._index(at)
@@ -298,14 +298,13 @@ class RayPool:
         self._fill(w)
         if got != at:
             raise LoaderWorkerError(f"Ray loader actor made batch {got}, expected {at}")
-        k = self._slot_of[w]
-        self._slot_of[w] = (k + 1) % self.slots.per_worker
-        index = self.slots.index(w, k)
+        k = self._slot = (self._slot + 1) % self.slots.per_worker
+        index = self.slots.index(0, k)
         n = len(labels)
         np.copyto(self.slots.images[index][:n].numpy(), images)  # results are read-only views
         np.copyto(self.slots.labels[index][:n].numpy(), labels)
         self.bytes_received += images.nbytes + labels.nbytes
-        return w, k, meta
+        return 0, k, meta
 
     def free(self, worker: int, slot: int) -> None:
         """Nothing to give back: the feeder is done with a slot before it asks for the next."""
