@@ -108,15 +108,10 @@ def _cluster_epoch(
     return r
 
 
-def run(images: int, out: Path | None) -> str:
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        raise SystemExit("needs at least 2 cores: one for the training host, one for the node")
-    host_core, node_cores = cores[:1], cores[1:]
-    machine = describe(hardware())
-    os.sched_setaffinity(0, host_core)
-    torch.set_num_threads(1)
-    tmp = Path(tempfile.mkdtemp(prefix="gf-offload-"))
+def _measure(
+    tmp: Path, images: int, host_core: list[int], node_cores: list[int]
+) -> list[tuple[str, dict[str, float], int]]:
+    """The three runs: (name, measurements, whether batches came through Ray)."""
     folder = make_image_folder(tmp / "images", images, 8, short_side=(256, 320))
     shards = tmp / "shards"
     pack(folder, shards, workers=1, progress=False)
@@ -134,8 +129,20 @@ def run(images: int, out: Path | None) -> str:
         r = _cluster_epoch(shards, kw, head_cpus, host_core, node_cores, me)
         where = "+ 1 actor on the host's core" if head_cpus else "only (host: device stage)"
         rows.append((f"Ray node on {len(node_cores)} other core(s) {where}", r, 1))
-    offload = rows[1][1]
+    return rows
 
+
+def run(images: int, out: Path | None) -> str:
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("needs at least 2 cores: one for the training host, one for the node")
+    host_core, node_cores = cores[:1], cores[1:]
+    machine = describe(hardware())
+    os.sched_setaffinity(0, host_core)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="gf-offload-") as tmp:
+        rows = _measure(Path(tmp), images, host_core, node_cores)
+    local, offload = rows[0][1], rows[1][1]
     lines = [
         "| run | images/s | host CPU ms/image (training process + its workers) | remote CPU "
         "ms/image | batches via Ray MB/s |",
