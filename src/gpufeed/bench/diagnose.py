@@ -346,6 +346,12 @@ def diagnose(
                 spec, loader, workers, batch_size, image_size, device, seconds, Path(tmp), note
             )
     print_diagnosis(console, result)
+    # --- offload to a Ray cluster's CPU nodes: would more cores help? (bench/offload.py) ---
+    from gpufeed.bench.hardware import usable_cores
+    from gpufeed.bench.offload import offload_advice
+
+    rates, hw = (loader_rate.images_per_s, nw, model_rate.images_per_s), loader_rate.batch_shape
+    console.print(offload_advice(*rates, max(1, usable_cores() - 1), tuple(hw[-2:])).text())
     return result
 
 

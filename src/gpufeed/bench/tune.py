@@ -180,6 +180,14 @@ def tune(
         result.out = Path(out)
         result.out.write_text(result.to_json() + "\n")
     print_trials(console, result)
+    # --- offload to a Ray cluster's CPU nodes: would more cores help? (bench/offload.py) ---
+    best = result.best
+    if result.model_images_per_s and best.preprocess == "cpu" and best.images_per_s > 0:
+        from gpufeed.bench.offload import offload_advice
+
+        rates = (best.images_per_s, best.num_workers, result.model_images_per_s)
+        hw = (image_size, image_size)
+        console.print(offload_advice(*rates, max(1, usable_cores() - 1), hw).text())
     return result
 
 

@@ -22,6 +22,7 @@ from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.device import CANVAS_ELEMENTS, DeviceStage, decoder_name
 from gpufeed.data.feeder import Feeder
 from gpufeed.data.plan import BatchPlan, Position
+from gpufeed.data.remote import RayPool, cluster_option, default_remote_workers
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
 from gpufeed.data.workers import InlinePool, WorkerPool
@@ -67,6 +68,11 @@ class Loader:
     boundaries. A corrupt image is left out of its batch and listed in `stats()` (or raises
     with `strict=True`). Host buffers are shared, reused and (on CUDA) page-locked once; they
     are capped by `max_host_bytes` (default: a quarter of the machine's memory).
+
+    `cluster="HEAD_IP:6379"` (or "ray://HEAD_IP:10001", or "auto" for a cluster started on this
+    machine) moves reading, decoding and augmenting to `num_workers` Ray actors on the cluster's
+    CPU nodes (default: the cluster's CPUs / WORLD_SIZE); uint8 batches stream back and only the
+    device stage runs here, with the same batches, resumption and corrupt-sample reports.
     """
 
     def __init__(
@@ -88,6 +94,7 @@ class Loader:
         pin_memory: bool | None = None,
         non_blocking: bool = True,
         worker_nice: int = 5,
+        cluster: str | None = None,
         **dataset_options: Any,
     ) -> None:
         if preprocess not in PREPROCESS_MODES:
@@ -113,7 +120,10 @@ class Loader:
         else:
             self.dataset = ShardDataset(data, drop_last=drop_last, **dataset_options)
         self.batch_size, self.drop_last = batch_size, drop_last
-        self.num_workers = default_workers() if num_workers is None else num_workers
+        self.cluster = cluster_option(cluster, preprocess)
+        if num_workers is None:
+            num_workers = default_workers() if cluster is None else default_remote_workers(cluster)
+        self.num_workers = num_workers
         self.augment = augment or Augment()
         self.dtype = torch.float32 if dtype is None else dtype
         self.channels_last, self.strict = channels_last, strict
@@ -130,7 +140,7 @@ class Loader:
         self._delivered = 0  # batches of the current epoch handed to the loop
         self._token = 0  # the iteration in progress
         self._feeder: Feeder | None = None
-        self._pool: WorkerPool | InlinePool | None = None
+        self._pool: WorkerPool | InlinePool | RayPool | None = None
         self._slots: Slots | None = None
         self._pinned = False
         self._stage: DeviceStage | None = None
@@ -160,13 +170,15 @@ class Loader:
             channels_last=self.channels_last,
             strict=self.strict,
             max_sample_bytes=self.dataset.max_sample_bytes(),
-            host_final=mode == "cpu" and self.device.type != "cuda",
+            # a cluster streams uint8 back (a quarter of float32's bytes); the device stage converts
+            host_final=mode == "cpu" and self.device.type != "cuda" and self.cluster is None,
         )
 
     def host_bytes_bound(self, prefetch: int) -> int:
         """Most host memory the loader's buffers can hold with this prefetch depth."""
-        workers = self.num_workers if self.num_workers > 0 else 1
-        per_worker = prefetch + 1 if self.num_workers > 0 else 2
+        local = self.num_workers > 0 and self.cluster is None  # else: two slots, taken in turn
+        workers = self.num_workers if local else 1
+        per_worker = prefetch + 1 if local else 2
         return host_bytes(self.spec(), self.dataset, workers, per_worker)
 
     def _bound_prefetch(self, prefetch: int) -> int:
@@ -199,6 +211,8 @@ class Loader:
     def _choose(self, preprocess: str) -> tuple[str, str]:
         if preprocess != "auto":
             return preprocess, "requested"
+        if self.cluster is not None:
+            return "cpu", f"on the Ray cluster {self.cluster}"
         if self.device.type != "cuda" or not torch.cuda.is_available():
             return "cpu", "no CUDA device: preprocessing on CPU workers"
         rates = {}
@@ -253,12 +267,16 @@ class Loader:
         if self._feeder is None:
             spec = self.spec()
             workers = self.num_workers
-            self._slots = Slots(spec, workers, self.prefetch + 1 if workers > 0 else 2)
-            self._pool = (
-                WorkerPool(self.plan, self._slots, nice=self.worker_nice)
-                if workers > 0
-                else InlinePool(self.plan, self._slots)
-            )
+            if self.cluster is None:
+                self._slots = Slots(spec, workers, self.prefetch + 1 if workers > 0 else 2)
+            else:  # batches wait in the cluster's object stores; here two slots in turn
+                self._slots = Slots(spec, 1, 2)
+            if self.cluster is not None:
+                self._pool = RayPool(self.plan, self._slots, self.cluster, depth=self.prefetch + 1)
+            elif workers > 0:
+                self._pool = WorkerPool(self.plan, self._slots, nice=self.worker_nice)
+            else:
+                self._pool = InlinePool(self.plan, self._slots)
             # after the fork: CUDA may keep page-locked memory out of later forks
             if self.device.type == "cuda" and self.pin_memory and spec.handoff == "decoded":
                 self._pinned = self._slots.pin() and self.non_blocking
@@ -399,6 +417,11 @@ class Loader:
         st["preprocess"], st["preprocess_reason"] = self.preprocess, self.preprocess_reason
         st["prefetch"] = self.prefetch
         st["num_workers"] = self.num_workers
+        st["cluster"] = self.cluster
+        if self.cluster is not None:  # batches received from the cluster, actors lost
+            pool = self._pool if isinstance(self._pool, RayPool) else None
+            st["remote_bytes"] = pool.bytes_received if pool else 0
+            st["remote_actors_lost"] = pool.actors_lost if pool else 0
         st["pinned"] = self._pinned
         st["stage_seconds"] = dict(self._stage.seconds) if self._stage is not None else {}
         st["host_bytes_bound"] = self.host_bytes_bound(self.prefetch)

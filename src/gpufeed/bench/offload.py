@@ -1,0 +1,82 @@
+"""When does moving decode and augmentation to a Ray cluster's CPU nodes help, and how many cores?
+
+Rule of thumb: the CPU becomes the bottleneck when the ratio of preprocessing load to model
+compute (CPU seconds per image / GPU seconds per image = cores needed to keep the GPU busy)
+exceeds the ratio of CPU to GPU capacity (the cores this host can give the loader). The cores
+missing are what remote CPU nodes should add (`Loader(cluster=...)`), and the uint8 batches
+they send back need `images/s × H×W×3` bytes/s of network.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+HEADROOM = 1.2  # remote cores are sized 20% above the bare need: node jitter, network stalls
+
+
+@dataclass(frozen=True)
+class OffloadAdvice:
+    """The comparison behind the advice and what offloading would take."""
+
+    cpu_s_per_image: float  # preprocessing CPU seconds per image, on one core
+    model_images_per_s: float  # what the model alone consumes
+    host_cores: int  # cores this host can give preprocessing (the training loop keeps one)
+    image_bytes: int  # bytes of one uint8 image sent back (H×W×3)
+
+    @property
+    def cores_needed(self) -> float:
+        """Cores of preprocessing that keep the model busy."""
+        return self.cpu_s_per_image * self.model_images_per_s
+
+    @property
+    def helps(self) -> bool:
+        """True when the host's cores cannot keep up with the model."""
+        return self.cores_needed > self.host_cores
+
+    @property
+    def remote_cores(self) -> int:
+        """Remote CPU cores to add (0 when the host suffices)."""
+        if not self.helps:
+            return 0
+        return max(1, math.ceil(self.cores_needed * HEADROOM) - self.host_cores)
+
+    @property
+    def network_bytes_per_s(self) -> float:
+        """Bytes/s of uint8 batches the remote cores send at the model's pace."""
+        share = self.remote_cores / max(self.cores_needed * HEADROOM, 1e-9)
+        return min(1.0, share) * self.model_images_per_s * self.image_bytes
+
+    def text(self) -> str:
+        """One line of advice for diagnose/tune output."""
+        need = (
+            f"preprocessing needs {self.cores_needed:.1f} cores to keep up with the model "
+            f"({self.cpu_s_per_image * 1e3:.1f} ms CPU/image × {self.model_images_per_s:,.0f} "
+            f"images/s); this host gives the loader {self.host_cores}"
+        )
+        if not self.helps:
+            return f"offload to CPU nodes: not needed, {need}"
+        gbit = self.network_bytes_per_s * 8 / 1e9
+        return (
+            f"offload to CPU nodes: would help, {need}; add ~{self.remote_cores} remote cores "
+            f"(Loader(cluster=...), README 'Ray cluster') and ~{gbit:.1f} Gbit/s into this host"
+        )
+
+
+def offload_advice(
+    loader_images_per_s: float,
+    loader_cores: int,
+    model_images_per_s: float,
+    host_cores: int,
+    image_size: tuple[int, int] = (224, 224),
+) -> OffloadAdvice:
+    """Advice from a loader measured alone on `loader_cores` busy cores and the model alone."""
+    if loader_images_per_s <= 0 or model_images_per_s <= 0:
+        raise ValueError("offload advice needs positive loader and model rates (images/s)")
+    h, w = image_size
+    return OffloadAdvice(
+        cpu_s_per_image=max(1, loader_cores) / loader_images_per_s,
+        model_images_per_s=model_images_per_s,
+        host_cores=max(1, host_cores),
+        image_bytes=h * w * 3,
+    )

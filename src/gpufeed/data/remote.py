@@ -1,0 +1,337 @@
+"""Loader workers on a Ray cluster: read, decode and augment on the cluster's CPU nodes, stream
+uint8 batches back; the training process keeps only the device stage.
+
+`RayPool` is a pool behind the same interface as `workers.WorkerPool` (start / get / free /
+close). Batch `at` is named by its index g in the rank's endless stream (epoch · B + batch);
+plan worker w makes the batches g ≡ w (mod W), as with local workers. The pool asks Ray actors
+(one CPU each, spread over the nodes) for each worker's next `depth` batches and no more, so at
+most W · depth batches are ever made and not yet taken (back-pressure: memory on both sides is
+capped); the training host copies each into one of two host slots, taken in turn. An actor makes a worker's batches in order from a stream of its own
+(`BatchPlan.worker_batches`), so a worker's region is read sequentially, as locally. When an
+actor or its node dies, the batches asked of it and not yet taken are asked again, in order, of
+a surviving actor: none is lost, and since the pool takes one result per index, none is
+duplicated. The error comes only when no actor can be started on the cluster any more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import socket
+import threading
+from collections import deque
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpufeed.data.plan import BatchPlan, Position
+from gpufeed.data.produce import fill_slot
+from gpufeed.data.slots import Slots
+from gpufeed.data.workers import POLL_S, LoaderWorkerError, Stopped
+
+START_TIMEOUT_S = 60.0  # how long new actors may take to start before the pool gives up on them
+_INSTALL = "pip install 'gpufeed[ray]'"
+_session: dict[str, Any] = {"ours": False, "open": set()}  # did a pool connect this process
+
+
+def import_ray() -> Any:
+    """The `ray` module, or an ImportError naming the extra that installs it."""
+    try:
+        import ray
+    except ImportError:
+        raise ImportError(
+            f"Loader(cluster=...) runs on Ray, which is not installed: {_INSTALL} (on the "
+            "training hosts and on every node of the cluster)"
+        ) from None
+    return ray
+
+
+def connect(address: str) -> bool:
+    """Connect this process to the Ray cluster at `address` ("ray://HOST:PORT", "HOST:PORT" or
+    "auto") unless it is connected already; True if this call connected it (the last pool to
+    close then disconnects it)."""
+    ray = import_ray()
+    _check_reachable(address)
+    if ray.is_initialized():
+        return False
+    try:
+        ray.init(address=address, log_to_driver=False, namespace="gpufeed")
+    except (ConnectionError, ValueError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConnectionError(
+            f"cluster={address!r}: no Ray cluster to connect to ({first}); start one with "
+            "`ray start --head --port 6379` and pass cluster='HEAD_IP:6379' (see README)"
+        ) from None
+    _session["ours"] = True
+    return True
+
+
+def _check_reachable(address: str) -> None:
+    """Fail in seconds, naming the option, where Ray would retry for a minute: nothing listens."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto" and the like: Ray finds the cluster
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as e:
+        raise ConnectionError(
+            f"cluster={address!r}: nothing answers at {host}:{port} ({e.strerror or e}); start "
+            "the head with `ray start --head --port PORT` and check the address (see README)"
+        ) from None
+
+
+def cluster_cpus() -> int:
+    """CPUs of the live nodes of the connected cluster."""
+    return int(import_ray().cluster_resources().get("CPU", 0))
+
+
+def cluster_option(cluster: str | None, preprocess: str) -> str | None:
+    """Check the Loader's `cluster` option: None, or a Ray address (preprocessing on CPUs)."""
+    if cluster is None:
+        return None
+    if not isinstance(cluster, str) or not cluster.strip():
+        raise ValueError(
+            f"cluster={cluster!r}: pass a Ray address such as 'HEAD_IP:6379', "
+            "'ray://HEAD_IP:10001' or 'auto', or None to preprocess on this machine"
+        )
+    if preprocess == "gpu":
+        raise ValueError(
+            "cluster= runs decoding on the cluster's CPU nodes, preprocess='gpu' on this GPU: "
+            "choose one (preprocess='cpu' with cluster=..., or no cluster)"
+        )
+    connect(cluster.strip())  # a wrong address fails here, not at the first batch
+    return cluster.strip()
+
+
+def default_remote_workers(cluster: str) -> int:
+    """The cluster's CPUs shared out among the job's ranks (WORLD_SIZE), at least 1."""
+    connect(cluster)
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    return max(1, cluster_cpus() // max(1, world))
+
+
+class _Maker:
+    """A Ray actor that makes batches of any plan worker into uint8 arrays (runs on a node)."""
+
+    def __init__(self, plan: BatchPlan, spec: Any) -> None:
+        torch.set_num_threads(1)
+        self.plan = plan
+        self.slots = Slots(spec, 1, 1)
+        self.streams: dict[int, tuple[int, BatchPlan, Any]] = {}  # worker -> (next g, plan, it)
+        self.made = 0
+
+    def ready(self) -> bool:
+        return True
+
+    def count(self) -> int:
+        """Batches made so far (tests read back-pressure from it)."""
+        return self.made
+
+    def make(self, worker: int, g: int) -> tuple[Position, Any, Any, dict[str, Any]]:
+        """Batch g of `worker`'s stream: (position, images N×H×W×3 uint8, labels, meta)."""
+        state = self.streams.pop(worker, None)
+        if state is None or state[0] != g:
+            if state is not None:
+                state[2].close()
+            # each stream its own dataset copy: streams set their dataset's epoch independently
+            mine = copy.copy(self.plan.dataset)
+            plan = BatchPlan(mine, self.plan.batch_size, self.plan.workers, self.plan.drop_last)
+            b = plan.batches
+            state = (g, plan, plan.worker_batches(worker, Position(g // b, g % b)))
+        _, plan, stream = state
+        ds = plan.dataset
+        retried = ds.source.retried
+        at, samples = next(stream)
+        meta = fill_slot(samples, at, self.slots, 0, ds.seed, ds.rank)
+        meta["retried"] = ds.source.retried - retried
+        self.streams[worker] = (g + plan.workers, plan, stream)  # only once the batch is made
+        self.made += 1
+        n = meta["n"]
+        # serialized on return, before the slot is reused
+        return at, self.slots.images[0][:n].numpy(), self.slots.labels[0][:n].numpy(), meta
+
+
+class RayPool:
+    """The plan's workers as Ray actors on the cluster at `address` (training-process side)."""
+
+    def __init__(
+        self,
+        plan: BatchPlan,
+        slots: Slots,
+        address: str,
+        *,
+        depth: int,
+        start_timeout: float = START_TIMEOUT_S,
+    ) -> None:
+        ray = import_ray()
+        self.plan, self.slots, self.address = plan, slots, address
+        self.depth, self.start_timeout = max(1, depth), start_timeout
+        self.gen = 0
+        self.processes: list[Any] = []  # no local worker processes
+        self.bytes_received = 0
+        self.actors_lost = 0
+        connect(address)
+        _session["open"].add(id(self))
+        self._cls = ray.remote(num_cpus=1, max_restarts=0)(_Maker)
+        self._plan_ref = ray.put(plan)
+        self._actors: list[Any] = []
+        self._owner: dict[int, Any] = {}  # plan worker -> actor
+        self._queue: dict[int, deque[tuple[int, Any]]] = {}  # plan worker -> asked (g, ref)
+        self._next_g: dict[int, int] = {}
+        self._slot = 0  # the feeder is done with a slot before it asks for the next batch
+        try:
+            self._grow(plan.workers)
+        except BaseException:
+            self.close()
+            raise
+
+    # --- actors --------------------------------------------------------------------------------
+
+    def _grow(self, n: int) -> None:
+        """Start up to `n` actors (one CPU each, spread over the nodes); raise if none starts."""
+        ray = import_ray()
+        n = min(n, cluster_cpus())
+        new = [
+            self._cls.options(scheduling_strategy="SPREAD").remote(self._plan_ref, self.slots.spec)
+            for _ in range(n)
+        ]
+        refs = [a.ready.remote() for a in new]
+        done, _ = (
+            ray.wait(refs, num_returns=len(refs), timeout=self.start_timeout) if refs else ([], [])
+        )
+        for actor, ref in zip(new, refs, strict=True):
+            ok = False
+            if ref in done:
+                with contextlib.suppress(ray.exceptions.RayError):
+                    ok = ray.get(ref)
+            if ok:
+                self._actors.append(actor)
+            else:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+        if not self._actors:
+            raise LoaderWorkerError(
+                f"no Ray node is left to preprocess on: the cluster at {self.address!r} could not "
+                f"start a loader actor (1 CPU) within {self.start_timeout:.0f} s; add a node with "
+                "`ray start --address HEAD_IP:PORT` (see README)"
+            )
+        for w in range(self.plan.workers):  # workers without a live owner get one
+            if self._owner.get(w) not in self._actors:
+                self._owner[w] = self._least_busy()
+
+    def _least_busy(self) -> Any:
+        load = {id(a): 0 for a in self._actors}
+        for a in self._owner.values():
+            if id(a) in load:
+                load[id(a)] += 1
+        return min(self._actors, key=lambda a: load[id(a)])
+
+    def _lost(self, actor: Any) -> None:
+        """`actor` (or its node) died: its workers' asked batches are asked again elsewhere."""
+        ray = import_ray()
+        self.actors_lost += 1
+        with contextlib.suppress(Exception):
+            ray.kill(actor)
+        self._actors = [a for a in self._actors if a is not actor]
+        orphans = [w for w, a in self._owner.items() if a is actor]
+        for w in orphans:
+            del self._owner[w]
+        if not self._actors:
+            self._grow(self.plan.workers)
+        for w in orphans:
+            if w not in self._owner:
+                self._owner[w] = self._least_busy()
+            asked = [g for g, _ in self._queue.get(w, ())]
+            self._queue[w] = deque((g, self._ask(w, g)) for g in asked)
+
+    def _ask(self, worker: int, g: int) -> Any:
+        return self._owner[worker].make.remote(worker, g)
+
+    def _fill(self, worker: int) -> None:
+        q = self._queue[worker]
+        while len(q) < self.depth:
+            g = self._next_g[worker]
+            q.append((g, self._ask(worker, g)))
+            self._next_g[worker] = g + self.plan.workers
+
+    # --- the pool interface ----------------------------------------------------------------------
+
+    def start(self, at: Position) -> None:
+        """Every worker starts (again) from `at`; batches asked for before are dropped."""
+        self.gen += 1
+        w_count, g0 = self.plan.workers, self._index(at)
+        for w in range(w_count):
+            self._next_g[w] = g0 + (w - g0) % w_count
+            self._queue[w] = deque()
+            self._fill(w)
+
+    def _index(self, at: Position) -> int:
+        return at.epoch * self.plan.batches + at.batch
+
+    def get(self, at: Position, stop: threading.Event) -> tuple[int, int, dict[str, Any]]:
+        """(0, slot, meta) of batch `at`, copied into one of `slots`' few slots (taken in turn); raises the actor's error
+        if making it failed, LoaderWorkerError if no node is left, Stopped once `stop` is set."""
+        ray = import_ray()
+        w, g = self.plan.worker_of(at), self._index(at)
+        while True:
+            q = self._queue[w]
+            if not q or q[0][0] != g:
+                raise LoaderWorkerError(f"Ray loader pool expected batch {at} next")
+            ref = q[0][1]
+            ready, _ = ray.wait([ref], timeout=POLL_S)
+            if not ready:
+                if stop.is_set():
+                    raise Stopped
+                continue
+            try:
+                got, images, labels, meta = ray.get(ref)
+            except ray.exceptions.RayTaskError as e:  # raised by the batch's own making
+                cause = getattr(e, "cause", None)
+                raise (cause if isinstance(cause, BaseException) else e) from None
+            except ray.exceptions.RayError:  # the actor, its node or the result is gone
+                self._lost(self._owner[w])
+                continue
+            break
+        q.popleft()
+        self._fill(w)
+        if got != at:
+            raise LoaderWorkerError(f"Ray loader actor made batch {got}, expected {at}")
+        k = self._slot = (self._slot + 1) % self.slots.per_worker
+        index = self.slots.index(0, k)
+        n = len(labels)
+        np.copyto(self.slots.images[index][:n].numpy(), images)  # results are read-only views
+        np.copyto(self.slots.labels[index][:n].numpy(), labels)
+        self.bytes_received += images.nbytes + labels.nbytes
+        return 0, k, meta
+
+    def free(self, worker: int, slot: int) -> None:
+        """Nothing to give back: the feeder is done with a slot before it asks for the next."""
+
+    def made_counts(self) -> list[int]:
+        """Batches each live actor has made (to check back-pressure)."""
+        ray = import_ray()
+        return ray.get([a.count.remote() for a in self._actors])
+
+    @property
+    def actors(self) -> int:
+        return len(self._actors)
+
+    @property
+    def pids(self) -> list[int]:
+        return []
+
+    def close(self) -> None:
+        """Stop the actors; disconnect from the cluster if this pool connected and is the last."""
+        with contextlib.suppress(ImportError):
+            ray = import_ray()
+            for a in self._actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(a)
+            self._actors, self._queue = [], {}
+            _session["open"].discard(id(self))
+            if _session["ours"] and not _session["open"]:
+                _session["ours"] = False
+                with contextlib.suppress(Exception):
+                    ray.shutdown()

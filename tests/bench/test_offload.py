@@ -1,0 +1,56 @@
+"""Offload advice: when the host's cores cannot keep up with the model, how many remote CPU
+cores and how much network would; and that `gpufeed diagnose` says it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rich.console import Console
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from gpufeed.bench.diagnose import diagnose
+from gpufeed.bench.offload import offload_advice
+
+THIS = __file__
+
+
+def test_a_host_with_enough_cores_needs_no_offload():
+    # 1 core makes 500 images/s; the model eats 1,000: 2 cores needed, the host gives 7
+    advice = offload_advice(500, 1, 1000, host_cores=7)
+    assert advice.cores_needed == pytest.approx(2.0)
+    assert not advice.helps and advice.remote_cores == 0
+    assert advice.text().startswith("offload to CPU nodes: not needed")
+
+
+def test_a_host_short_of_cores_is_told_how_many_remote_cores_and_how_much_network():
+    # ResNet-50 on an H100 (~4,000 images/s), 8 ms of CPU per image, 15 cores for the loader
+    advice = offload_advice(250, 2, 4000, host_cores=15)
+    assert advice.cores_needed == pytest.approx(32.0)
+    assert advice.helps
+    assert advice.remote_cores == 39 - 15  # 32 × 1.2 headroom, rounded up, less the host's
+    # the remote share of 4,000 images/s of 224×224×3 bytes
+    share = 24 / (32 * 1.2)
+    assert advice.network_bytes_per_s == pytest.approx(share * 4000 * 224 * 224 * 3)
+    assert "add ~24 remote cores" in advice.text() and "Gbit/s" in advice.text()
+
+
+def test_rates_that_are_not_positive_are_refused():
+    with pytest.raises(ValueError, match="positive"):
+        offload_advice(0, 1, 100, host_cores=4)
+
+
+def tensors() -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(64, 3, 32, 32), torch.zeros(64)), batch_size=16)
+
+
+def tiny_cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=4), nn.Flatten(), nn.LazyLinear(2))
+
+
+def test_diagnose_prints_the_offload_advice():
+    console = Console(record=True, width=200)
+    diagnose(
+        f"{THIS}:tensors", model=f"{THIS}:tiny_cnn", device="cpu", seconds=0.5, console=console
+    )
+    assert "offload to CPU nodes:" in console.export_text()
