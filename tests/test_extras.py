@@ -113,7 +113,16 @@ def test_bench_charts_without_the_bench_extra_warn_and_keep_the_results(tmp_path
 
 
 @pytest.mark.parametrize(
-    ("extra", "module"), [("gpu", "torchvision"), ("dali", "nvidia"), ("bench", "matplotlib")]
+    ("extra", "module"),
+    [
+        ("gpu", "torchvision"),
+        ("dali", "nvidia"),
+        ("bench", "matplotlib"),
+        ("ray", "ray"),
+        ("tensorboard", "tensorboard"),
+        ("huggingface", "transformers"),
+        ("lightning", "pytorch_lightning"),
+    ],
 )
 def test_require_names_the_extra_to_install(extra: str, module: str):
     res = _run(

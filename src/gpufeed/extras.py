@@ -12,6 +12,13 @@ EXTRAS = {
     "bench": ("matplotlib", "charts of `gpufeed bench` experiments"),
     "gpu": ("torchvision", "JPEG decoding on the GPU (nvJPEG)"),
     "dali": ("nvidia.dali", "the DALI comparison pipeline of benchmarks/gpu_feed.py"),
+    "ray": (
+        "ray",
+        "Loader(cluster=...), preprocessing on a Ray cluster (install it on every node)",
+    ),
+    "tensorboard": ("tensorboard", "`gpufeed export --tensorboard`"),
+    "huggingface": ("transformers", "gpufeed's Hugging Face TrainerCallback"),
+    "lightning": ("pytorch_lightning", "gpufeed's PyTorch Lightning callback"),
 }
 
 

@@ -30,22 +30,15 @@ from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.produce import fill_slot
 from gpufeed.data.slots import Slots
 from gpufeed.data.workers import POLL_S, LoaderWorkerError, Stopped
+from gpufeed.extras import require
 
 START_TIMEOUT_S = 60.0  # how long new actors may take to start before the pool gives up on them
-_INSTALL = "pip install 'gpufeed[ray]'"
 _session: dict[str, Any] = {"ours": False, "open": set()}  # did a pool connect this process
 
 
 def import_ray() -> Any:
-    """The `ray` module, or an ImportError naming the extra that installs it."""
-    try:
-        import ray
-    except ImportError:
-        raise ImportError(
-            f"Loader(cluster=...) runs on Ray, which is not installed: {_INSTALL} (on the "
-            "training hosts and on every node of the cluster)"
-        ) from None
-    return ray
+    """The `ray` module, or MissingExtra naming the extra that installs it."""
+    return require("ray")
 
 
 def connect(address: str) -> bool:

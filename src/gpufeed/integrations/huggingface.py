@@ -10,14 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpufeed.extras import require
 from gpufeed.integrations.fit import ProfiledFit
 
-try:
-    from transformers import TrainerCallback
-except ImportError:
-    raise ImportError(
-        "gpufeed's Hugging Face callback needs transformers: pip install 'gpufeed[huggingface]'"
-    ) from None
+TrainerCallback = require("huggingface").TrainerCallback
 
 
 class GpufeedCallback(ProfiledFit, TrainerCallback):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpufeed.extras import require
 from gpufeed.integrations.fit import ProfiledFit
 
 
@@ -19,10 +20,8 @@ def _callback_base() -> type:
         try:
             from pytorch_lightning import Callback
         except ImportError:
-            raise ImportError(
-                "gpufeed's Lightning callback needs PyTorch Lightning: "
-                "pip install 'gpufeed[lightning]' (or lightning)"
-            ) from None
+            require("lightning")  # raises MissingExtra naming the extra
+            raise
     return Callback
 
 

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufeed.extras import MissingExtra, require
+
 if TYPE_CHECKING:
     from gpufeed.analyze.run import Run
 
@@ -107,9 +109,9 @@ def _safe(text: Any) -> str:
 
 def _summary_writer() -> Any:
     try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise ExportError(
-            "TensorBoard export needs the tensorboard package: pip install 'gpufeed[tensorboard]'"
-        ) from None
+        require("tensorboard")
+    except MissingExtra as e:
+        raise ExportError(str(e)) from None
+    from torch.utils.tensorboard import SummaryWriter
+
     return SummaryWriter
