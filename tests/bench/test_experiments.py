@@ -139,7 +139,7 @@ def test_cli_names_unknown_experiments_and_bad_options(tmp_path: Path) -> None:
     r = runner.invoke(app, ["bench", "warp"])
     assert r.exit_code == 2 and "unknown experiment 'warp'" in r.output
     r = runner.invoke(app, ["bench", "augload", "--steps", "0"])
-    assert r.exit_code == 2 and "--steps must be at least 1" in r.output
+    assert r.exit_code == 2 and "--steps 0: must be 1 or more" in r.output
     r = runner.invoke(app, ["bench", "augload", "--data", str(tmp_path / "missing")])
     assert r.exit_code == 2 and "no such directory" in r.output
 
