@@ -77,6 +77,21 @@ STEP_COLUMNS = [
     "data_wait",
     "samples",
     "gpu_time",
+    "forward",
+    "backward",
+    "optimizer",
+    "other",
+]
+EVAL_COLUMNS = [
+    "host",
+    "rank",
+    "pid",
+    "start",
+    "end",
+    "duration",
+    "batches",
+    "samples",
+    "data_wait",
 ]
 PROCESS_COLUMNS = ["time", "host", "pid", "role", "cpu", "rss"]
 _RANK_KEYS = ("host", "rank", "local_rank", "world_size", "pid", "start", "end", "precision")
@@ -96,6 +111,7 @@ class Run:
     steps: pd.DataFrame
     processes: pd.DataFrame
     workers: dict[str, set[int]] = field(default_factory=dict, repr=False)
+    evals: pd.DataFrame = field(default_factory=lambda: _frame([], EVAL_COLUMNS), repr=False)
 
     def __repr__(self) -> str:
         return (
@@ -132,6 +148,7 @@ def load(path: str | PathLike[str]) -> Run:
     steps: list[tuple] = []
     processes: list[tuple] = []
     workers: dict[str, set[int]] = {}
+    evals: list[tuple] = []
     ranks: list[dict[str, Any]] = []
     hosts: set[str] = set(meta.get("hosts") or [])
     dropped = 0
@@ -158,15 +175,22 @@ def load(path: str | PathLike[str]) -> Run:
         else:
             rank, local, pid = info.get("rank", 0), info.get("local_rank", 0), info.get("pid")
             ranks.append({k: info.get(k) for k in _RANK_KEYS})
+            phases = {row[0]: row[1:] for row in data["phases"]}
             for step, start, end, wait, samples, gpu in data["steps"]:
-                steps.append((host, rank, local, pid, step, start, end, None, wait, samples, gpu))
+                fwd, bwd, opt = phases.get(step, (None, None, None))
+                row = (host, rank, local, pid, step, start, end, None, wait, samples, gpu)
+                steps.append((*row, fwd, bwd, opt, None))
+            evals += [(host, rank, pid, a, b, None, n, s, w) for a, b, n, s, w in data["evals"]]
             workers.setdefault(host, set()).update(pid for pid, _ in data["workers"])
 
     system_df = pd.DataFrame(system, columns=SYSTEM_COLUMNS).astype({"time": float, "value": float})
-    steps_df = pd.DataFrame(steps, columns=STEP_COLUMNS).astype(
-        {c: float for c in ("start", "end", "duration", "data_wait", "samples", "gpu_time")}
-    )
+    steps_df = _frame(steps, STEP_COLUMNS)
     steps_df["duration"] = steps_df["end"] - steps_df["start"]
+    known = steps_df[["data_wait", "forward", "backward", "optimizer"]].fillna(0.0).sum(axis=1)
+    steps_df["other"] = (steps_df["duration"] - known).where(steps_df["forward"].notna())
+    evals_df = _frame(evals, EVAL_COLUMNS)
+    evals_df["duration"] = evals_df["end"] - evals_df["start"]
+    evals_df = evals_df.sort_values(["host", "rank", "start"], kind="stable").reset_index(drop=True)
     steps_df = steps_df.sort_values(["host", "rank", "step"], kind="stable").reset_index(drop=True)
     proc_df = pd.DataFrame(processes, columns=PROCESS_COLUMNS).astype({"cpu": float, "rss": float})
     proc_df["role"] = _corrected_roles(proc_df, ranks, workers)
@@ -186,7 +210,16 @@ def load(path: str | PathLike[str]) -> Run:
             "the run did not finish cleanly: it is still running or was killed; "
             "data up to the last flush is shown"
         )
-    return Run(run_dir, meta, system_df, steps_df, proc_df, workers)
+    return Run(run_dir, meta, system_df, steps_df, proc_df, workers, evals_df)
+
+
+def _frame(rows: list[tuple], columns: list[str]) -> pd.DataFrame:
+    """Rows as a frame whose time and measure columns are float (None -> NaN)."""
+    import pandas as pd
+
+    ints = {"host", "rank", "local_rank", "pid", "step", "batches"}
+    df = pd.DataFrame(rows, columns=columns)
+    return df.astype({c: float for c in columns if c not in ints})
 
 
 def _read_store(path: Path) -> dict[str, Any]:
