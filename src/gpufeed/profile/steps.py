@@ -13,6 +13,7 @@ parameter dtype once).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import sys
 import threading
@@ -269,7 +270,7 @@ class Recorder:
         """A DataLoader `__next__` blocked from t0 to t1 (perf_counter) and returned `batch`."""
         if self._start is None:
             self._start = t0
-        self._events.append(("f", t0, t1, batch_size(batch), id(iterator)))
+        self._events.append(("f", t0, t1, batch_size(batch), _serial(iterator)))
         if iterator is not None and id(iterator) != self._last_iter:
             self._last_iter = id(iterator)
             now = time.time()
@@ -282,7 +283,7 @@ class Recorder:
         """A DataLoader `__next__` blocked from t0 to t1 and ended the epoch (StopIteration)."""
         if self._start is None:
             self._start = t0
-        self._events.append(("f", t0, t1, None, id(iterator)))
+        self._events.append(("f", t0, t1, None, _serial(iterator)))
 
     def on_forward(
         self, module_id: int, t0: float, t1: float, n: int | None, grad: bool, training: bool
@@ -503,6 +504,23 @@ class Recorder:
         if self.dropped:
             with contextlib.suppress(Exception):
                 sys.stderr.write(f"gpufeed: {self.dropped} profiler events were dropped\n")
+
+
+_serials = itertools.count(1)
+
+
+def _serial(iterator: Any) -> int:
+    """A number naming this iterator for the whole run (ids of dead iterators are reused)."""
+    try:
+        return iterator._gpufeed_serial
+    except AttributeError:
+        pass
+    n = next(_serials)
+    try:
+        iterator._gpufeed_serial = n
+    except Exception:  # no attributes (slots, None): its id has to do
+        return id(iterator)
+    return n
 
 
 def _drain(queue: deque) -> list:
