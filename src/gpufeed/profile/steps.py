@@ -511,6 +511,8 @@ _serials = itertools.count(1)
 
 def _serial(iterator: Any) -> int:
     """A number naming this iterator for the whole run (ids of dead iterators are reused)."""
+    if iterator is None:
+        return 0
     try:
         return iterator._gpufeed_serial
     except AttributeError:
