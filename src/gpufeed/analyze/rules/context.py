@@ -36,6 +36,11 @@ class Context:
         w = {name: p.default for name, p in WARMUP_PARAMS.items()} | dict(warmup or {})
         self.warmup_steps = int(w["steps"])
         self.warmup_seconds = float(w["seconds"])
+        self.params: dict[str, dict[str, Any]] = {}  # every rule's parameters in this analysis
+
+    def rule_params(self, rule: Any) -> dict[str, Any]:
+        """The parameters `rule` (a Rule class) runs with in this analysis, overrides included."""
+        return self.params.get(rule.id) or {n: p.default for n, p in rule.params.items()}
 
     # --- steps ----------------------------------------------------------------------------------
 
@@ -207,6 +212,23 @@ class Context:
     def host_cpu(self) -> float:
         """Median whole-host CPU busy % over the window (NaN when not sampled)."""
         return pct(self.metric("cpu.util")["value"], 50)
+
+
+def data_stall_period(steps: pd.DataFrame, p: dict[str, Any]) -> tuple[int, int] | None:
+    """(N, r) when every N-th step of one rank is slow because it waits for data (most of the slow
+    steps' excess over the median is data wait, as when N loader workers each deliver one batch in
+    turn); None otherwise. `p`: PeriodicStall's parameters."""
+    d = steps["duration"].to_numpy(dtype=float)
+    wait = steps["data_wait"].to_numpy(dtype=float)
+    step = steps["step"].to_numpy(dtype=np.int64)
+    slow = slow_mask(d, p["k"], p["min_ratio"])
+    found = find_period(step, slow, p["match"], int(p["min_periods"]))
+    if found is None:
+        return None
+    stalled = slow & (step % found[0] == found[1])
+    excess = float(np.sum(d[stalled] - np.median(d)))
+    waited = float(np.sum(wait[stalled] - np.median(wait)))
+    return found if excess > 0 and waited >= 0.5 * excess else None
 
 
 def wait_share(steps: pd.DataFrame) -> float:
