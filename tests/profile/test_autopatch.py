@@ -49,6 +49,7 @@ def test_each_training_step_is_split_into_its_phases(run_profiled):
     # the 20 ms "GPU" sleep sits between backward and the optimizer step: it is "other"
     assert float(steps["other"].median()) >= 0.015
     assert float(steps["forward"].median()) > 0 and float(steps["backward"].median()) > 0
+    assert run.meta["ranks"][0]["cuda"] is False  # it never touched a GPU: no GPU rules for it
 
 
 @pytest.mark.parametrize("mode", ["generator", "get_batch"])

@@ -35,7 +35,8 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     gpu_unavailable (str reason, absent when GPUs were read), versions (dict), dropped_events (int),
     ranks (list of {host, rank, local_rank, world_size, pid, start, end, precision}: process
     start/end per training process, for the initialization and finalization phases; precision as
-    below, None where that process did not show it).
+    below, None where that process did not show it; cuda: whether it initialized CUDA, None if
+    not recorded).
     Also: finished (bool: the run wrote its end time), not_finished (str reason, only when not
     finished: still running or killed), env (performance-relevant environment variables, secrets
     redacted), cwd, platform.
@@ -94,7 +95,17 @@ EVAL_COLUMNS = [
     "data_wait",
 ]
 PROCESS_COLUMNS = ["time", "host", "pid", "role", "cpu", "rss"]
-_RANK_KEYS = ("host", "rank", "local_rank", "world_size", "pid", "start", "end", "precision")
+_RANK_KEYS = (
+    "host",
+    "rank",
+    "local_rank",
+    "world_size",
+    "pid",
+    "start",
+    "end",
+    "precision",
+    "cuda",
+)
 
 
 class RunError(ValueError):

@@ -249,6 +249,7 @@ class Recorder:
         self._autocast_steps: dict[Any, int] = {}  # autocast dtype -> steps that ran under it
         self._params: str | None = None  # precision of the optimizer's parameters, "" if none
         self._saved_precision: str | None = None
+        self._saved_cuda: bool | None = None  # whether this process initialized CUDA, as saved
         self._store: Store | None = None
         self._warned = False
         self._saved_dropped = 0
@@ -437,6 +438,9 @@ class Recorder:
             precision = self.precision()
             if precision != self._saved_precision:
                 info["precision"] = precision
+            cuda = bool(self._cuda)
+            if cuda != self._saved_cuda:
+                info["cuda"] = cuda
             try:
                 if self._store is None:
                     self._store = Store(self.path)
@@ -451,6 +455,7 @@ class Recorder:
                 )
                 self._saved_dropped = self.dropped
                 self._saved_precision = precision
+                self._saved_cuda = cuda
             except Exception as e:  # any store failure: never let it reach training
                 self.dropped += len(rows)
                 self._warn(e)

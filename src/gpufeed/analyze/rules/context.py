@@ -100,8 +100,36 @@ class Context:
         return {str(m): g for m, g in in_window.groupby("metric", sort=False)}
 
     def metric(self, name: str) -> pd.DataFrame:
-        """Rows (time, host, metric, device, value) of one metric inside the steady-state window."""
-        return self._by_metric.get(name, _EMPTY_SYSTEM)
+        """Rows (time, host, metric, device, value) of one metric inside the steady-state window;
+        for GPU metrics only the GPUs the job could use (see `used_gpus`)."""
+        rows = self._by_metric.get(name, _EMPTY_SYSTEM)
+        if name.startswith("gpu.") and self.used_gpus is not None and len(rows):
+            rows = rows[rows["device"].isin(self.used_gpus)]
+        return rows
+
+    @cached_property
+    def used_gpus(self) -> set[str] | None:
+        """NVML indices of the GPUs the job used; None: all that NVML reported (cannot tell).
+
+        No GPU when no training process initialized CUDA (ranks' "cuda" flag) or
+        CUDA_VISIBLE_DEVICES hides them all; else the indices CUDA_VISIBLE_DEVICES lists (up to the
+        first entry that is not a number, as CUDA reads it; UUIDs cannot be mapped: all).
+        """
+        flags = [r.get("cuda") for r in self.meta.get("ranks") or [] if r.get("cuda") is not None]
+        if flags and not any(flags):
+            return set()
+        visible = (self.meta.get("env") or {}).get("CUDA_VISIBLE_DEVICES")
+        if visible is None:
+            return None
+        out: list[str] = []
+        for part in visible.split(","):
+            part = part.strip()
+            if not part.isdigit():
+                if not out and part and not part.startswith("-"):
+                    return None  # GPU-… / MIG-… UUIDs
+                break
+            out.append(str(int(part)))
+        return set(out)
 
     def per_device(self, name: str) -> dict[str, np.ndarray]:
         """Values of one metric per device label ("host:device" when several hosts), time-ordered."""
