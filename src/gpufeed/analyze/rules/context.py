@@ -206,12 +206,23 @@ class Context:
         """CPU of the training processes (% of a core) while their steps wait on data, and otherwise.
 
         Each process sample averages CPU over the interval before it; with f the share of that interval
-        spent in data wait, cpu = a*f + b*(1-f) is fitted by least squares and (a, b) returned. NaN
-        where the samples do not separate waiting from computing.
+        spent in data wait, cpu = a*f + b*(1-f) is fitted by least squares and (a, b) returned, clipped
+        to what a process can use (0 to 100 x cores). NaN where the samples do not separate waiting
+        from computing.
         """
+        return self._main_cpu_fit[0]
+
+    @cached_property
+    def main_cpu_waiting_range(self) -> tuple[float, float]:
+        """(low, high) of `main_cpu_split`'s CPU-while-waiting: about 95% confidence, clipped like
+        it; a weak fit (few samples, noisy CPU) gives a wide range. NaN where there is no fit."""
+        return self._main_cpu_fit[1]
+
+    @cached_property
+    def _main_cpu_fit(self) -> tuple[tuple[float, float], tuple[float, float]]:
         nan = (float("nan"), float("nan"))
         if "pid" not in self.steps:
-            return nan
+            return nan, nan
         fs, cpus = [], []
         main = self.processes[self.processes["role"] == "main"]
         for (host, pid), s in self.steps.groupby(["host", "pid"]):
@@ -223,13 +234,25 @@ class Context:
             fs.append(_share_inside(s, t_start, t_end))
             cpus.append(m["cpu"].to_numpy(dtype=float))
         if not fs:
-            return nan
+            return nan, nan
         f, cpu = np.concatenate(fs), np.concatenate(cpus)
+        top = 100.0 * self.cpu_count
+
+        def clip(x: float) -> float:
+            return float(min(max(x, 0.0), top))
+
         if f.std() < 0.05:
-            return (float(cpu.mean()), float("nan")) if f.mean() > 0.9 else nan
+            if f.mean() > 0.9:
+                se = 2 * float(cpu.std()) / max(1.0, np.sqrt(len(cpu)))
+                a = float(cpu.mean())
+                return (clip(a), float("nan")), (clip(a - se), clip(a + se))
+            return nan, nan
         design = np.column_stack([f, 1.0 - f])
         (a, b), *_ = np.linalg.lstsq(design, cpu, rcond=None)
-        return float(max(a, 0.0)), float(max(b, 0.0))
+        dof = max(1, len(cpu) - 2)
+        sigma2 = float(np.sum((cpu - design @ np.array([a, b])) ** 2)) / dof
+        se = 2 * float(np.sqrt(sigma2 * np.linalg.pinv(design.T @ design)[0, 0]))
+        return (clip(a), clip(b)), (clip(a - se), clip(a + se))
 
     @cached_property
     def interval(self) -> float:
