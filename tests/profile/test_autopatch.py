@@ -72,3 +72,34 @@ def test_data_wait_is_unknown_where_nothing_measures_it(run_profiled, gpufeed_cl
 
     show = subprocess.run(gpufeed_cli("show", str(run.path)), capture_output=True, text=True)
     assert show.returncode == 0 and "unknown" in show.stdout and "0.0% of step" not in show.stdout
+
+
+SHORT_LIVED_WORKERS = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,)))
+train = DataLoader(data, batch_size=4, num_workers=2)  # new workers every epoch, each lives briefly
+val = DataLoader(data, batch_size=8, num_workers=3, persistent_workers=True)
+for epoch in range(3):
+    for x, y in train:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    with torch.no_grad():
+        for x, _ in val:
+            model(x)
+"""
+
+
+def test_worker_count_comes_from_the_training_loader_as_the_hooks_saw_it(run_profiled):
+    from gpufeed.analyze.rules import Context
+
+    cp, run_dir = run_profiled(SHORT_LIVED_WORKERS, interval=1.0)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    run = gpufeed.load(run_dir)
+    assert len(run.steps) == 6 and len(run.evals) == 3
+    assert run.meta["ranks"][0]["loader_workers"] == 2  # not the validation loader's 3
+    assert Context(run).worker_count == 2

@@ -36,7 +36,8 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     ranks (list of {host, rank, local_rank, world_size, pid, start, end, precision}: process
     start/end per training process, for the initialization and finalization phases; precision as
     below, None where that process did not show it; cuda: whether it initialized CUDA, None if
-    not recorded).
+    not recorded; loader_workers: most worker processes of a DataLoader that fed its training
+    steps, as its hooks saw them, None if not recorded).
     Also: finished (bool: the run wrote its end time), not_finished (str reason, only when not
     finished: still running or killed), env (performance-relevant environment variables, secrets
     redacted), cwd, platform.
@@ -105,6 +106,7 @@ _RANK_KEYS = (
     "end",
     "precision",
     "cuda",
+    "loader_workers",
 )
 
 

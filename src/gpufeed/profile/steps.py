@@ -94,7 +94,11 @@ class StepParts:
 
 
 def split_step(
-    start: float, events: list[tuple], models: frozenset[int] | None, eval_iters: set[int]
+    start: float,
+    events: list[tuple],
+    models: frozenset[int] | None,
+    eval_iters: set[int],
+    train_iters: set[int] | None = None,
 ) -> StepParts:
     """Split one step's events (in order) into phases and take evaluation out of it.
 
@@ -106,7 +110,8 @@ def split_step(
     DataLoader's blocked time where batches came from one; else (any other iterator) the host time
     before each training forward and between it and its backward that no hook attributes elsewhere;
     NaN (unknown) where neither was seen. Samples come from the model's input (a loader reading ahead cannot shift them), else from
-    the fetched batches. `eval_iters` (ids of evaluation iterators) is updated in place.
+    the fetched batches. `eval_iters` (ids of evaluation iterators) is updated in place, and so is
+    `train_iters` (those that fed training steps) when given.
     """
     forwards = [
         i for i, e in enumerate(events) if e[0] == "F" and models is not None and e[4] in models
@@ -155,6 +160,8 @@ def split_step(
                 fetch_wait += p[2] - p[1]
                 fetch_n += p[3] or 0.0
                 fetched, fetch_known = True, fetch_known or p[3] is not None
+                if train_iters is not None:
+                    train_iters.add(p[4])
                 if p[1] >= mark:
                     since_mark += p[2] - p[1]
             pending.clear()
@@ -181,6 +188,8 @@ def split_step(
         fetch_wait += p[2] - p[1]
         fetch_n += p[3] or 0.0
         fetched, fetch_known = True, fetch_known or p[3] is not None
+        if train_iters is not None:
+            train_iters.add(p[4])
     first_train = next(
         (events[i][1] for i in forwards if events[i][5] and (events[i][6] or i in backward_after)),
         math.inf,
@@ -235,6 +244,9 @@ class Recorder:
         self._start: float | None = None  # start of the step in progress (perf_counter)
         self._events: list[tuple] = []  # what happened in the step in progress (see split_step)
         self._eval_iters: set[int] = set()  # ids of iterators that fed evaluation passes
+        self._train_iters: set[int] = set()  # ... and training steps
+        self._iter_workers: dict[int, int] = {}  # iterator id -> its loader worker processes
+        self._saved_workers = 0
         # ids of the root modules whose parameters the optimizer trains; None until its first step
         self.models: frozenset[int] | None = None
         self._explicit = False
@@ -274,6 +286,9 @@ class Recorder:
         self._events.append(("f", t0, t1, batch_size(batch), _serial(iterator)))
         if iterator is not None and id(iterator) != self._last_iter:
             self._last_iter = id(iterator)
+            workers = getattr(iterator, "_workers", None)
+            if workers is not None and len(self._iter_workers) < 4096:
+                self._iter_workers[_serial(iterator)] = len(workers)
             now = time.time()
             for w in getattr(iterator, "_workers", ()):
                 self._workers.append((w.pid, now))
@@ -418,7 +433,7 @@ class Recorder:
             off = self._offset
             step_rows, phase_rows, eval_rows = [], [], []
             for step, start, end, events, explicit, _, _ in rows:
-                parts = split_step(start, events, self.models, self._eval_iters)
+                parts = split_step(start, events, self.models, self._eval_iters, self._train_iters)
                 samples = parts.samples if explicit is None else explicit
                 step_rows.append(
                     (step, parts.start + off, end + off, parts.data_wait, samples, NAN)
@@ -441,6 +456,12 @@ class Recorder:
             cuda = bool(self._cuda)
             if cuda != self._saved_cuda:
                 info["cuda"] = cuda
+            loader_workers = max(
+                (self._iter_workers.get(i, 0) for i in self._train_iters - self._eval_iters),
+                default=0,
+            )
+            if loader_workers > self._saved_workers:
+                info["loader_workers"] = loader_workers
             try:
                 if self._store is None:
                     self._store = Store(self.path)
@@ -456,6 +477,7 @@ class Recorder:
                 self._saved_dropped = self.dropped
                 self._saved_precision = precision
                 self._saved_cuda = cuda
+                self._saved_workers = max(self._saved_workers, loader_workers)
             except Exception as e:  # any store failure: never let it reach training
                 self.dropped += len(rows)
                 self._warn(e)

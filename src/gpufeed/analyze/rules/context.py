@@ -177,7 +177,13 @@ class Context:
 
     @cached_property
     def worker_count(self) -> float:
-        """Loader workers alive at a typical sample time, per training process."""
+        """Loader workers per training process: what its DataLoader hooks saw feeding training
+        steps (workers living under a second escape process sampling), else the workers alive at
+        a typical sample time."""
+        hooked = [r.get("loader_workers") for r in self.meta.get("ranks") or []]
+        hooked = [int(n) for n in hooked if n is not None]
+        if hooked:
+            return float(np.mean(hooked))
         p = self.processes
         if len(p) == 0:
             return 0.0
