@@ -304,13 +304,35 @@ def diagnose_cmd(
     ),
     image_size: int = typer.Option(224, "--image-size", help="Training image size."),
     seconds: float = typer.Option(4.0, "--seconds", help="Seconds per measurement."),
+    precision: str = typer.Option(
+        "auto",
+        "--precision",
+        help="bf16, fp16 or fp32 autocast (default: bf16 on CUDA, else fp32).",
+    ),
+    channels_last: bool | None = typer.Option(
+        None, "--channels-last/--no-channels-last", help="Memory format (default: on with CUDA)."
+    ),
+    compile: bool = typer.Option(
+        False, "--compile", help="torch.compile the model, as the job does."
+    ),
 ) -> None:
-    """Input-bound or compute-bound? Measure the loader alone and the model alone, in seconds."""
+    """Input-bound or compute-bound? Measure the loader alone, the model alone and both together."""
     from gpufeed.bench.diagnose import diagnose
     from gpufeed.bench.measure import MeasureError
 
     try:
-        diagnose(data, model, batch_size, device, workers, image_size, seconds)
+        diagnose(
+            data,
+            model,
+            batch_size,
+            device,
+            workers,
+            image_size,
+            seconds,
+            precision=precision,
+            channels_last=channels_last,
+            compile=compile,
+        )
     except MeasureError as e:
         raise fail(str(e)) from None
 
