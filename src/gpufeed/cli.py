@@ -350,14 +350,25 @@ def tune_cmd(
         False, "--allow-batch-change", help="Also try half and double the batch size."
     ),
     out: str = typer.Option("gpufeed-tune.json", "--out", "-o", help="Where to write the winner."),
-    seconds: float = typer.Option(2.5, "--seconds", help="Seconds per trial."),
+    seconds: float = typer.Option(2.5, "--seconds", help="Seconds per measurement."),
+    repeats: int = typer.Option(3, "--repeats", help="Measurements per trial (median, spread)."),
 ) -> None:
     """Search loader workers, prefetch, CPU/GPU preprocessing (and batch size) by measured trials."""
     from gpufeed.bench.measure import MeasureError
     from gpufeed.bench.tune import tune
 
     try:
-        tune(data, model, batch_size, device, image_size, allow_batch_change, out, seconds)
+        tune(
+            data,
+            model,
+            batch_size,
+            device,
+            image_size,
+            allow_batch_change,
+            out,
+            seconds,
+            repeats=repeats,
+        )
     except MeasureError as e:
         raise fail(str(e)) from None
 
