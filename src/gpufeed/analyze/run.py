@@ -37,7 +37,8 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     start/end per training process, for the initialization and finalization phases; precision as
     below, None where that process did not show it; cuda: whether it initialized CUDA, None if
     not recorded; loader_workers: most worker processes of a DataLoader that fed its training
-    steps, as its hooks saw them, None if not recorded).
+    steps, as its hooks saw them, None if not recorded; batch_kind: "image" when its DataLoader
+    delivered N×C×H×W tensors, "other" otherwise, None if not seen).
     Also: finished (bool: the run wrote its end time), not_finished (str reason, only when not
     finished: still running or killed), env (performance-relevant environment variables, secrets
     redacted), cwd, platform.
@@ -107,6 +108,7 @@ _RANK_KEYS = (
     "precision",
     "cuda",
     "loader_workers",
+    "batch_kind",
 )
 
 

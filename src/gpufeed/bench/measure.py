@@ -104,22 +104,14 @@ def measure_model(
 ) -> Rate:
     """Forward + backward + optimizer step on one batch resident on `device` (no input pipeline):
     the model-only ceiling, in images/s, with the job's precision, memory format and compile."""
-    from gpufeed.train.loop import SyntheticData, fit
+    from gpufeed.train.loop import SyntheticData
 
     n, _, h, w = batch_shape
-    s = settings or TrainSettings()
     try:
         model = model.to(device)
         classes = model_classes(model, h, w, device)
-        result = fit(
-            model,
-            SyntheticData(n, max(h, w), classes, steps=max_steps + warmup),
-            device=device,
-            warmup=warmup,
-            max_seconds=seconds,
-            verbose=False,
-            **s.fit_kwargs(),
-        )
+        data = SyntheticData(n, max(h, w), classes, steps=max_steps + warmup)
+        result = _fit(model, data, device, seconds, max_steps, warmup, settings)
     except Exception as e:
         raise MeasureError(
             f"the model failed to train on a batch of shape {tuple(batch_shape)}: "
@@ -130,19 +122,13 @@ def measure_model(
 
 
 def measure_together(
-    model: Any,
-    loader: Iterable[Any],
-    device: str,
-    seconds: float = 4.0,
-    max_steps: int = 500,
-    warmup: int = 3,
-    settings: TrainSettings | None = None,
+    model: Any, loader: Iterable[Any], device: str, seconds: float = 4.0, **options: Any
 ) -> Rate:
     """The model trained on the loader's batches, as the job trains: the end-to-end images/s. Loader
-    and model may each be fast alone and still stall together (CPU, memory bandwidth, copies)."""
-    from gpufeed.train.loop import fit
-
-    s = settings or TrainSettings()
+    and model may each be fast alone and still stall together (CPU, memory bandwidth, copies).
+    `options`: max_steps, warmup and settings as for `measure_model`."""
+    max_steps, warmup = options.get("max_steps", 500), options.get("warmup", 3)
+    settings: TrainSettings | None = options.get("settings")
     shape: list[tuple[int, ...]] = []
 
     def batches() -> Iterator[tuple[Any, Any]]:
@@ -167,17 +153,7 @@ def measure_together(
                 )
 
     try:
-        model = model.to(device)
-        result = fit(
-            model,
-            batches(),
-            steps=max_steps + warmup,
-            device=device,
-            warmup=warmup,
-            max_seconds=seconds,
-            verbose=False,
-            **s.fit_kwargs(),
-        )
+        result = _fit(model.to(device), batches(), device, seconds, max_steps, warmup, settings)
     except MeasureError:
         raise
     except Exception as e:
@@ -192,6 +168,31 @@ def measure_together(
     step_time = sum(result.step_times[skip:])
     wait = sum(result.data_waits[skip:]) / step_time if step_time > 0 else math.nan
     return Rate(images, images / result.images_per_s, shape[0] if shape else (), wait)
+
+
+def _fit(
+    model: Any,
+    data: Iterable[Any],
+    device: str,
+    seconds: float,
+    max_steps: int,
+    warmup: int,
+    settings: TrainSettings | None,
+) -> Any:
+    """`fit` quietly, for at most `seconds` (warm-up included) or `max_steps` after the warm-up."""
+    from gpufeed.train.loop import fit
+
+    kwargs = (settings or TrainSettings()).fit_kwargs()
+    return fit(
+        model,
+        data,
+        steps=max_steps + warmup,
+        device=device,
+        warmup=warmup,
+        max_seconds=seconds,
+        verbose=False,
+        **kwargs,
+    )
 
 
 @dataclass

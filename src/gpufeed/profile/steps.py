@@ -35,23 +35,38 @@ _MAX_PENDING_GPU = 4096
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 
 
-def batch_size(batch: Any, _depth: int = 0) -> int | None:
+def batch_size(batch: Any) -> int | None:
     """Leading dimension of the first tensor-like (has `.shape`) in a batch of nested lists/dicts.
 
     None where it cannot tell: a batch is the user's object, and whatever its `shape` is (a method, a
     number, a property that raises) or its container does, this never raises.
     """
     try:
-        shape = getattr(batch, "shape", None)
-        if shape is not None:
-            return int(shape[0]) if len(shape) else None
-        if _depth < 4:
-            if isinstance(batch, (list, tuple)) and batch:
-                return batch_size(batch[0], _depth + 1)
-            if isinstance(batch, Mapping) and batch:
-                return batch_size(next(iter(batch.values())), _depth + 1)
+        shape = _first_shape(batch)
+        return int(shape[0]) if shape is not None and len(shape) else None
     except Exception:
-        pass
+        return None
+
+
+def batch_kind(batch: Any) -> str | None:
+    """ "image" when a batch's first tensor-like is N×C×H×W (or N×H×W×C), else "other"; None where
+    it has no tensor. Rules fit their advice to it (no JPEG advice for tokens or features)."""
+    try:
+        shape = _first_shape(batch)
+        return None if shape is None else "image" if len(shape) == 4 else "other"
+    except Exception:
+        return None
+
+
+def _first_shape(batch: Any, depth: int = 0) -> Any:
+    """`.shape` of the first tensor-like in nested lists, tuples and dicts (4 levels); None if none."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None or depth >= 4:
+        return shape
+    if isinstance(batch, (list, tuple)) and batch:
+        return _first_shape(batch[0], depth + 1)
+    if isinstance(batch, Mapping) and batch:
+        return _first_shape(next(iter(batch.values())), depth + 1)
     return None
 
 
@@ -102,7 +117,7 @@ def split_step(
 ) -> StepParts:
     """Split one step's events (in order) into phases and take evaluation out of it.
 
-    Events: ("f", t0, t1, samples, iterator id) a batch fetched; ("F", t0, t1, samples, module id,
+    Events: ("f", t0, t1, samples, iterator id[, True at the epoch's end]) a batch fetched; ("F", t0, t1, samples, module id,
     grad enabled, module.training) a forward of a root module; ("B", t0, t1) a backward pass;
     ("O", t0, t1) an optimizer step. A forward is evaluation when it runs without grad, or in eval()
     mode with no backward after it; the batches fetched before it, and every later batch of the same
@@ -137,6 +152,14 @@ def split_step(
         ev[3] += n or 0.0
         ev[4] += wait
 
+    def to_training(fetch: tuple) -> None:
+        nonlocal fetch_wait, fetch_n, fetched, fetch_known
+        fetch_wait += fetch[2] - fetch[1]
+        fetch_n += fetch[3] or 0.0
+        fetched, fetch_known = True, fetch_known or fetch[3] is not None
+        if train_iters is not None:
+            train_iters.add(fetch[4])
+
     for i, e in enumerate(events):
         kind = e[0]
         if kind == "f":
@@ -150,18 +173,15 @@ def split_step(
                 continue
             if not e[5] or (not e[6] and i not in backward_after):
                 for p in pending:
-                    eval_iters.add(p[4])
+                    if len(p) < 6:  # an epoch's end (StopIteration) names no evaluation iterator
+                        eval_iters.add(p[4])
                     to_eval(p[1], p[2], p[2] - p[1], 0, None)
                 to_eval(e[1], e[2], 0.0, 1, e[3])
                 pending.clear()
                 mark, since_mark = max(mark, e[2]), 0.0
                 continue
             for p in pending:
-                fetch_wait += p[2] - p[1]
-                fetch_n += p[3] or 0.0
-                fetched, fetch_known = True, fetch_known or p[3] is not None
-                if train_iters is not None:
-                    train_iters.add(p[4])
+                to_training(p)
                 if p[1] >= mark:
                     since_mark += p[2] - p[1]
             pending.clear()
@@ -185,11 +205,7 @@ def split_step(
             opt_seen = True
             mark = max(mark, e[2])
     for p in pending:
-        fetch_wait += p[2] - p[1]
-        fetch_n += p[3] or 0.0
-        fetched, fetch_known = True, fetch_known or p[3] is not None
-        if train_iters is not None:
-            train_iters.add(p[4])
+        to_training(p)
     first_train = next(
         (events[i][1] for i in forwards if events[i][5] and (events[i][6] or i in backward_after)),
         math.inf,
@@ -247,6 +263,8 @@ class Recorder:
         self._train_iters: set[int] = set()  # ... and training steps
         self._iter_workers: dict[int, int] = {}  # iterator id -> its loader worker processes
         self._saved_workers = 0
+        self.batch_kind: str | None = None  # "image" or "other": what the DataLoader delivered
+        self._saved_kind: str | None = None
         # ids of the root modules whose parameters the optimizer trains; None until its first step
         self.models: frozenset[int] | None = None
         self._explicit = False
@@ -286,6 +304,8 @@ class Recorder:
         self._events.append(("f", t0, t1, batch_size(batch), _serial(iterator)))
         if iterator is not None and id(iterator) != self._last_iter:
             self._last_iter = id(iterator)
+            if self.batch_kind is None:
+                self.batch_kind = batch_kind(batch)
             workers = getattr(iterator, "_workers", None)
             if workers is not None and len(self._iter_workers) < 4096:
                 self._iter_workers[_serial(iterator)] = len(workers)
@@ -299,7 +319,7 @@ class Recorder:
         """A DataLoader `__next__` blocked from t0 to t1 and ended the epoch (StopIteration)."""
         if self._start is None:
             self._start = t0
-        self._events.append(("f", t0, t1, None, _serial(iterator)))
+        self._events.append(("f", t0, t1, None, _serial(iterator), True))
 
     def on_forward(
         self, module_id: int, t0: float, t1: float, n: int | None, grad: bool, training: bool
@@ -462,6 +482,9 @@ class Recorder:
             )
             if loader_workers > self._saved_workers:
                 info["loader_workers"] = loader_workers
+            kind = self.batch_kind
+            if kind != self._saved_kind:
+                info["batch_kind"] = kind
             try:
                 if self._store is None:
                     self._store = Store(self.path)
@@ -478,6 +501,7 @@ class Recorder:
                 self._saved_precision = precision
                 self._saved_cuda = cuda
                 self._saved_workers = max(self._saved_workers, loader_workers)
+                self._saved_kind = kind
             except Exception as e:  # any store failure: never let it reach training
                 self.dropped += len(rows)
                 self._warn(e)

@@ -176,6 +176,25 @@ class Context:
         return {str(role): float(v) for role, v in per_time.mean().items()}
 
     @cached_property
+    def images(self) -> bool:
+        """False when the training processes' DataLoaders delivered something other than images
+        (tokens, features); True when images or not recorded (the advice then assumes images)."""
+        kinds = {r.get("batch_kind") for r in self.meta.get("ranks") or []} - {None}
+        return not kinds or "image" in kinds
+
+    def cut_cost(self) -> str:
+        """How to cut the CPU cost per sample, for the kind of data this run loads."""
+        if self.images:
+            return (
+                "pre-resized shards via `gpufeed pack --resize`, reduced-size JPEG decode, "
+                "augmentation on the GPU"
+            )
+        return (
+            "preprocess once ahead of time (tokenize, parse, cache the tensors) and keep only cheap "
+            "per-sample work in the loader"
+        )
+
+    @cached_property
     def worker_count(self) -> float:
         """Loader workers per training process: what its DataLoader hooks saw feeding training
         steps (workers living under a second escape process sampling), else the workers alive at

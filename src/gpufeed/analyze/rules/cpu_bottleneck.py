@@ -76,8 +76,7 @@ class CPUBottleneck(Rule):
             advice = (
                 f"about {free:.0f} cores are still free: add loader workers (num_workers={round(workers) + max(1, int(free))})"
                 if free >= 1
-                else "no cores are left: cut the CPU cost per sample (pre-resized shards via "
-                "`gpufeed pack --resize`, reduced-size JPEG decode, augmentation on the GPU)"
+                else f"no cores are left: cut the CPU cost per sample ({ctx.cut_cost()})"
             )
             yield Finding(
                 rule=self.id,

@@ -108,9 +108,7 @@ def _recommend(
         if need > budget:
             text += (
                 f" Even {n} worker{'s' if n != 1 else ''} may not keep up (about {need} needed): "
-                "also cut the CPU cost per "
-                "sample (pre-resized shards via `gpufeed pack --resize`, reduced-size JPEG decode, "
-                "augmentation on the GPU)."
+                f"also cut the CPU cost per sample ({ctx.cut_cost()})."
             )
         return text + gpu_tail
     now = round(workers)
@@ -122,13 +120,16 @@ def _recommend(
             return f"Set num_workers={need} ({state}): {why}.{gpu_tail}"
         return (
             f"The loader workers are CPU-bound ({state}) and about {need} would be needed, more than "
-            f"the {budget} cores left per rank: cut the CPU cost per sample (pre-resized shards via "
-            "`gpufeed pack --resize`, reduced-size JPEG decode, augmentation on the GPU) or use a "
-            f"host with more cores; meanwhile set num_workers={budget}. {why.capitalize()}.{gpu_tail}"
+            f"the {budget} cores left per rank: cut the CPU cost per sample ({ctx.cut_cost()}) or "
+            f"use a host with more cores; meanwhile set num_workers={budget}. {why.capitalize()}.{gpu_tail}"
         )
     return (
         f"The {now} loader worker(s) are mostly idle ({wcpu:.0f}% CPU each), so they wait on storage "
         f"or latency rather than CPU: set num_workers={need} and prefetch_factor=4, and read "
-        f"large sequential shards (`gpufeed pack`) instead of many small files. {why.capitalize()}."
-        f"{gpu_tail}"
+        + (
+            "large sequential shards (`gpufeed pack`) instead of many small files"
+            if ctx.images
+            else "large sequential files (or memory-mapped arrays) instead of many small reads"
+        )
+        + f". {why.capitalize()}.{gpu_tail}"
     )
