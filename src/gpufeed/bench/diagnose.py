@@ -29,6 +29,7 @@ from gpufeed.bench.measure import (
     measure_loader,
     measure_model,
     measure_together,
+    model_classes,
 )
 
 if TYPE_CHECKING:
@@ -371,7 +372,11 @@ def diagnose(
             net, loader_rate.batch_shape, device, seconds=seconds, settings=settings
         )
         note("measuring both together: the model trained on the loader's batches …")
-        together = measure_together(net, loader, device, seconds=seconds, settings=settings)
+        _, _, h, w = loader_rate.batch_shape
+        classes = model_classes(net, h, w, device)
+        together = measure_together(
+            net, loader, device, seconds=seconds, settings=settings, classes=classes
+        )
     result = Diagnosis(
         data, desc, model, device, loader_rate, model_rate, together=together, settings=settings
     )

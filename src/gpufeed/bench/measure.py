@@ -126,13 +126,15 @@ def measure_together(
 ) -> Rate:
     """The model trained on the loader's batches, as the job trains: the end-to-end images/s. Loader
     and model may each be fast alone and still stall together (CPU, memory bandwidth, copies).
-    `options`: max_steps, warmup and settings as for `measure_model`."""
+    `options`: max_steps, warmup and settings as for `measure_model`; classes, the model's number
+    of classes when known (else found from the first batch, a forward that then counts as wait)."""
     max_steps, warmup = options.get("max_steps", 500), options.get("warmup", 3)
     settings: TrainSettings | None = options.get("settings")
+    known: int | None = options.get("classes")
     shape: list[tuple[int, ...]] = []
 
     def batches() -> Iterator[tuple[Any, Any]]:
-        classes = None
+        classes = known
         while True:
             it = iter(loader)
             got = False

@@ -30,6 +30,7 @@ from gpufeed.bench.measure import (
     check_device,
     measure_loader,
     measure_together,
+    model_classes,
 )
 
 if TYPE_CHECKING:
@@ -256,7 +257,15 @@ def _search(
                     rates.append(measure_loader(loader, seconds=seconds).images_per_s)
                 else:
                     train = TrainSettings.for_device(result.device)
-                    rate = measure_together(net, loader, result.device, seconds, settings=train)
+                    size = result.image_size
+                    rate = measure_together(
+                        net,
+                        loader,
+                        result.device,
+                        seconds,
+                        settings=train,
+                        classes=model_classes(net, size, size, result.device),
+                    )
                     rates.append(rate.images_per_s)
                     waits.append(rate.data_wait_share)
         except MeasureError as e:  # a limit met while running (memory cap, device): skip, say why
