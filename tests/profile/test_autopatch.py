@@ -105,3 +105,39 @@ def test_worker_count_comes_from_the_training_loader_as_the_hooks_saw_it(run_pro
     assert run.meta["ranks"][0]["loader_workers"] == 2  # not the validation loader's 3
     assert run.meta["ranks"][0]["batch_kind"] == "other"  # features, not images: no JPEG advice
     assert Context(run).worker_count == 2
+
+
+SLOW_WORKER_START = """
+import time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Data(Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        return torch.randn(4), i % 2
+    def __getstate__(self):  # pickled for each spawned worker, inside iter(loader)
+        time.sleep(0.4)
+        return {}
+
+if __name__ == "__main__":  # spawned workers import this file
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(Data(), batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    for epoch in range(2):
+        for x, y in loader:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+"""
+
+
+def test_worker_start_up_inside_iter_is_data_wait_not_compute(run_profiled):
+    cp, run_dir = run_profiled(SLOW_WORKER_START)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    steps = gpufeed.load(run_dir).steps
+    assert len(steps) == 4
+    # the second epoch's first step waited for iter() to pickle the dataset for its worker
+    assert steps["data_wait"].iloc[2] >= 0.4
+    assert steps["other"].iloc[2] < 0.4

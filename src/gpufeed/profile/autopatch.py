@@ -41,6 +41,7 @@ _opt_t0 = 0.0
 _backward_t0: float | None = None
 _MAX_ROOTS = 64
 _original_next: Callable[[Any], Any] | None = None
+_original_iter: Callable[[Any], Any] | None = None
 _original_enter: Callable[[Any], Any] | None = None
 _pending_autocast: tuple[str, Any] | None = None  # autocast entered before this process trained
 _installed = False
@@ -311,6 +312,19 @@ def _next(self: Any) -> Any:
     return batch
 
 
+def _iter(self: Any) -> Any:
+    # Starting an epoch's iterator (worker processes, pickling the dataset for them) is input time.
+    t0 = time.perf_counter()
+    it = _original_iter(self)  # type: ignore[misc]
+    try:
+        rec = _recorder if _recorder is not None else _create()
+        if rec:
+            rec.on_iter_start(t0, time.perf_counter(), it)
+    except Exception as e:
+        hook_failed(e)
+    return it
+
+
 def _enter_autocast(self: Any) -> Any:
     global _pending_autocast
     result = _original_enter(self)  # type: ignore[misc]
@@ -344,11 +358,14 @@ def _patch_modules(module: Any) -> None:
 
 
 def _patch_dataloader(module: Any) -> None:
-    global _original_next
+    global _original_next, _original_iter
     cls = module._BaseDataLoaderIter
     if _original_next is None:
         _original_next = cls.__next__
         cls.__next__ = _next
+    if _original_iter is None:
+        _original_iter = module.DataLoader.__iter__
+        module.DataLoader.__iter__ = _iter
 
 
 def _patch_autocast(module: Any) -> None:
@@ -375,7 +392,8 @@ def install() -> None:
 
 def uninstall() -> None:
     """Remove the hooks (end of `gpufeed.profile()` in a process that was not launched under it)."""
-    global _optimizer_hook, _optimizer_pre_hook, _original_next, _original_enter, _installed
+    global _optimizer_hook, _optimizer_pre_hook, _original_next, _original_iter, _original_enter
+    global _installed
     if _optimizer_hook is not None:
         _optimizer_hook.remove()
         _optimizer_pre_hook.remove()
@@ -388,6 +406,9 @@ def uninstall() -> None:
     if _original_next is not None:
         sys.modules["torch.utils.data.dataloader"]._BaseDataLoaderIter.__next__ = _original_next
         _original_next = None
+    if _original_iter is not None:
+        sys.modules["torch.utils.data.dataloader"].DataLoader.__iter__ = _original_iter
+        _original_iter = None
     if _original_enter is not None:
         sys.modules["torch.amp.autocast_mode"].autocast.__enter__ = _original_enter
         _original_enter = None

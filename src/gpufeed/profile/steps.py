@@ -321,6 +321,12 @@ class Recorder:
             self._start = t0
         self._events.append(("f", t0, t1, None, _serial(iterator), True))
 
+    def on_iter_start(self, t0: float, t1: float, iterator: Any) -> None:
+        """`iter(DataLoader)` took t0..t1 (worker start-up): input time of the batches it feeds."""
+        if self._start is None:
+            self._start = t0
+        self._events.append(("f", t0, t1, None, _serial(iterator)))
+
     def on_forward(
         self, module_id: int, t0: float, t1: float, n: int | None, grad: bool, training: bool
     ) -> None:
