@@ -290,25 +290,24 @@ def _remove_global_hooks() -> None:
     _depth = 0
 
 
+def _record(event: str, *args: Any) -> None:
+    """Call the recorder's `event` method, creating the recorder first; a failure is counted."""
+    try:
+        rec = _recorder if _recorder is not None else _create()
+        if rec:
+            getattr(rec, event)(*args)
+    except Exception as e:
+        hook_failed(e)
+
+
 def _next(self: Any) -> Any:
     t0 = time.perf_counter()
     try:
         batch = _original_next(self)  # type: ignore[misc]
     except StopIteration:
-        try:
-            rec = _recorder if _recorder is not None else _create()
-            if rec:
-                rec.on_wait(t0, time.perf_counter(), self)
-        except Exception as e:
-            hook_failed(e)
+        _record("on_wait", t0, time.perf_counter(), self)
         raise
-    try:
-        t1 = time.perf_counter()
-        rec = _recorder if _recorder is not None else _create()
-        if rec:
-            rec.on_batch(t0, t1, batch, self)
-    except Exception as e:
-        hook_failed(e)
+    _record("on_batch", t0, time.perf_counter(), batch, self)
     return batch
 
 
@@ -316,12 +315,7 @@ def _iter(self: Any) -> Any:
     # Starting an epoch's iterator (worker processes, pickling the dataset for them) is input time.
     t0 = time.perf_counter()
     it = _original_iter(self)  # type: ignore[misc]
-    try:
-        rec = _recorder if _recorder is not None else _create()
-        if rec:
-            rec.on_iter_start(t0, time.perf_counter(), it)
-    except Exception as e:
-        hook_failed(e)
+    _record("on_iter_start", t0, time.perf_counter(), it)
     return it
 
 
