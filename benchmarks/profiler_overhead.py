@@ -101,6 +101,37 @@ def recorder_cost(n: int = 50_000) -> tuple[float, float]:
     return per_batch, per_step
 
 
+def forward_hook_cost(n: int = 20_000) -> float:
+    """Microseconds the model hooks add to one forward + backward of the model being optimized
+    (forward pre/post hooks, the autograd hook on its output and the end-of-backward callback)."""
+    import torch
+
+    from gpufeed.profile import autopatch
+    from gpufeed.profile.session import ENV_RUN_DIR
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    x = torch.zeros(2, 4)
+
+    def loop() -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            model(x).sum().backward()
+        return (time.perf_counter() - t) / n * 1e6
+
+    bare = min(loop() for _ in range(3))
+    with tempfile.TemporaryDirectory() as d:
+        os.environ[ENV_RUN_DIR] = d
+        autopatch.install()
+        model(x).sum().backward()
+        opt.step()  # the first step finds the model and hooks it
+        hooked = min(loop() for _ in range(3))
+        autopatch.close()
+        autopatch.uninstall()
+        del os.environ[ENV_RUN_DIR]
+    return hooked - bare
+
+
 def flush_cost(steps_per_flush: int = 200, flushes: int = 50) -> float:
     """Milliseconds of CPU the background thread spends writing one flush of `steps_per_flush` steps."""
     from gpufeed.profile.steps import Recorder
@@ -162,6 +193,7 @@ def main() -> None:
     )
     per_batch, per_step = recorder_cost()
     print(f"recorder: {per_batch:.2f} us per recorded batch, {per_step:.2f} us per recorded step")
+    print(f"model hooks: {forward_hook_cost():.2f} us per forward + backward of the trained model")
     print(f"flush: {flush_cost():.2f} ms CPU per flush of 200 steps (one flush per 0.5 s)")
     print(f"sampler: {sampler_cost():.2f} ms CPU per tick (one tick per {args.interval} s)")
 

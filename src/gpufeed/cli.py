@@ -408,8 +408,19 @@ def diagnose_cmd(
     ),
     image_size: int = typer.Option(224, "--image-size", help="Training image size."),
     seconds: float = typer.Option(4.0, "--seconds", help="Seconds per measurement."),
+    precision: str = typer.Option(
+        "auto",
+        "--precision",
+        help="bf16, fp16 or fp32 autocast (default: bf16 on CUDA, else fp32).",
+    ),
+    channels_last: bool | None = typer.Option(
+        None, "--channels-last/--no-channels-last", help="Memory format (default: on with CUDA)."
+    ),
+    compile: bool = typer.Option(
+        False, "--compile", help="torch.compile the model, as the job does."
+    ),
 ) -> None:
-    """Input-bound or compute-bound? Measure the loader alone and the model alone, in seconds."""
+    """Input-bound or compute-bound? Measure the loader alone, the model alone and both together."""
     from gpufeed.bench.diagnose import diagnose
     from gpufeed.bench.measure import MeasureError
 
@@ -419,7 +430,18 @@ def diagnose_cmd(
     check_count("--image-size", image_size, 1)
 
     try:
-        diagnose(data, model, batch_size, device, workers, image_size, seconds)
+        diagnose(
+            data,
+            model,
+            batch_size,
+            device,
+            workers,
+            image_size,
+            seconds,
+            precision=precision,
+            channels_last=channels_last,
+            compile=compile,
+        )
     except MeasureError as e:
         raise fail(str(e)) from None
 
@@ -437,7 +459,8 @@ def tune_cmd(
         False, "--allow-batch-change", help="Also try half and double the batch size."
     ),
     out: str = typer.Option("gpufeed-tune.json", "--out", "-o", help="Where to write the winner."),
-    seconds: float = typer.Option(2.5, "--seconds", help="Seconds per trial."),
+    seconds: float = typer.Option(2.5, "--seconds", help="Seconds per measurement."),
+    repeats: int = typer.Option(3, "--repeats", help="Measurements per trial (median, spread)."),
 ) -> None:
     """Search loader workers, prefetch, CPU/GPU preprocessing (and batch size) by measured trials."""
     from gpufeed.bench.measure import MeasureError
@@ -448,7 +471,17 @@ def tune_cmd(
     check_count("--image-size", image_size, 1)
 
     try:
-        tune(data, model, batch_size, device, image_size, allow_batch_change, out, seconds)
+        tune(
+            data,
+            model,
+            batch_size,
+            device,
+            image_size,
+            allow_batch_change,
+            out,
+            seconds,
+            repeats=repeats,
+        )
     except MeasureError as e:
         raise fail(str(e)) from None
 

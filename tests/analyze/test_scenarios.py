@@ -29,6 +29,7 @@ EXPECTED: dict[str, set[str]] = {
     "cpu_transform": {"DataLoaderBottleneck", "CPUBottleneck"},
     "periodic_stall": {"PeriodicStall"},
     "memory_leak": {"GPUMemoryIncrease"},
+    "eval_loop": set(),  # a validation pass per epoch is neither an outlier nor a stall
 }
 _FINDINGS: dict[str, dict[str, Finding]] = {}  # profiled once per session, by the first test asking
 _STARVED: dict[str, str] = {}  # scenario -> why CPU attribution was impossible on this host

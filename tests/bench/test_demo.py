@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.bench.demo import demo_config
+from gpufeed.bench.demo import DemoResult, PipelineResult, demo_config, next_step
 from gpufeed.data.shards import INDEX_NAME
 
 
@@ -87,3 +87,24 @@ def test_the_data_set_is_generated_once_and_reused(tmp_path: Path):
     assert again == first
     assert {p: p.stat().st_mtime_ns for p in again.glob("*/*.jpg")} == stamps
     assert (demo_shards(again, cfg) / INDEX_NAME).stat().st_mtime_ns == index
+
+
+def _result(wait: float, findings: list[dict]) -> DemoResult:
+    def run(name: str, rate: float, share: float, found: list[dict]) -> PipelineResult:
+        return PipelineResult(name, Path(name), Path(f"{name}.html"), rate, rate, share, 90.0, 5.0,
+                              40, 3, found)  # fmt: skip
+
+    cfg = demo_config(tiny=True)
+    return DemoResult(cfg, run("naive", 100.0, 0.7, []), run("gpufeed", 300.0, wait, findings))
+
+
+def test_demo_says_when_the_after_run_is_still_input_bound_and_what_to_do_next():
+    advice = {"rule": "DataLoaderBottleneck", "recommendation": "Set num_workers=15 (now 7)."}
+    still = _result(0.36, [{"rule": "StepOutlier", "recommendation": "look"}, advice])
+    assert still.after_input_bound
+    text = next_step(still)
+    assert "still input-bound" in text and "36%" in text and "GPU 5% busy" in text
+    assert text.endswith("Set num_workers=15 (now 7).")
+    assert json.loads(still.to_json())["after_input_bound"] is True
+    fed = _result(0.03, [])
+    assert not fed.after_input_bound and "no longer input-bound" in next_step(fed)

@@ -8,9 +8,10 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
-from gpufeed.profile.sampler import Gpus, Sampler
+from gpufeed.profile.sampler import Gpus, Sampler, _core_shares
 from gpufeed.profile.session import ProfileError, hostname, steps_store_path, system_store_path
 from gpufeed.profile.store import read_store
 
@@ -151,3 +152,49 @@ def test_a_failing_gpu_or_field_never_stops_the_others():
     }
     assert nvml.power_calls == 2  # unsupported on a GPU: asked once per GPU, then no more
     assert gpus.errors > 0
+
+
+def _proc_stat() -> dict[int, list[int]]:
+    """Per-core counters straight from /proc/stat (jiffies): user nice system idle iowait irq
+    softirq steal [guest guest_nice]."""
+    out = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *values = line.split()
+            if name.startswith("cpu") and name != "cpu":
+                out[int(name[3:])] = [int(v) for v in values]
+    return out
+
+
+def _busy_from(before: list[int], after: list[int]) -> float:
+    d = [b - a for a, b in zip(before, after, strict=True)][:8]  # guest is inside user
+    total = sum(d)
+    return 100.0 * (total - d[3] - d[4]) / total if total else 0.0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs Linux /proc/stat")
+def test_per_core_busy_agrees_with_proc_stat_deltas_on_usable_cores(tmp_path):
+    """psutil.cpu_times_percent() divides by max(1 s, elapsed): at 0.2 s an idle core read 80%."""
+    sampler = Sampler(tmp_path, os.getpid(), interval=0.2)
+    for _ in range(3):
+        before = _proc_stat()
+        sampler._last_cpu = psutil.cpu_times(percpu=True)
+        time.sleep(0.3)
+        rows = sampler._cpu(time.time())
+        after = _proc_stat()
+        cores = {int(d): v for _, m, d, v in rows if m == "cpu.core"}
+        assert set(cores) == set(os.sched_getaffinity(0))
+        for core, busy in cores.items():
+            # the two reads are a few ms apart: allow a few jiffies of difference
+            assert busy == pytest.approx(_busy_from(before[core], after[core]), abs=12)
+        util = next(v for _, m, _, v in rows if m == "cpu.util")
+        assert util == pytest.approx(sum(cores.values()) / len(cores))
+
+
+def test_a_core_whose_counters_did_not_move_was_idle():
+    t = psutil.cpu_times(percpu=True)[0]
+    assert _core_shares(t, t) == (0.0, 0.0)
+    idle = t._replace(idle=t.idle + 0.2)
+    assert _core_shares(t, idle) == (0.0, 0.0)  # psutil.cpu_times_percent says 80% busy here
+    busy = t._replace(user=t.user + 0.15, idle=t.idle + 0.05)
+    assert _core_shares(t, busy)[0] == pytest.approx(75.0)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpufeed.train.distributed import setup_distributed
+from gpufeed.train.distributed import pick_backend, setup_distributed
 
 RANK_SCRIPT = textwrap.dedent(
     """
@@ -77,3 +77,11 @@ def test_a_garbled_rank_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("WORLD_SIZE", "two")
     with pytest.raises(ValueError, match="WORLD_SIZE='two'"):
         setup_distributed()
+
+
+@pytest.mark.parametrize(
+    ("gpus", "local_ranks", "backend"),
+    [(0, 2, "gloo"), (1, 2, "gloo"), (2, 2, "nccl"), (8, 2, "nccl"), (1, 1, "nccl")],
+)
+def test_nccl_only_when_every_local_rank_has_a_gpu_of_its_own(gpus, local_ranks, backend) -> None:
+    assert pick_backend(gpus, local_ranks) == backend

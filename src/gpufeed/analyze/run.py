@@ -36,7 +36,10 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     gpu_unavailable (str reason, absent when GPUs were read), versions (dict), dropped_events (int),
     ranks (list of {host, rank, local_rank, world_size, pid, start, end, precision}: process
     start/end per training process, for the initialization and finalization phases; precision as
-    below, None where that process did not show it).
+    below, None where that process did not show it; cuda: whether it initialized CUDA, None if
+    not recorded; loader_workers: most worker processes of a DataLoader that fed its training
+    steps, as its hooks saw them, None if not recorded; batch_kind: "image" when its DataLoader
+    delivered N×C×H×W tensors, "other" otherwise, None if not seen).
     Also: finished (bool: the run wrote its end time), not_finished (str reason, only when not
     finished: still running or killed), env (performance-relevant environment variables, secrets
     redacted), cwd, platform.
@@ -81,9 +84,36 @@ STEP_COLUMNS = [
     "data_wait",
     "samples",
     "gpu_time",
+    "forward",
+    "backward",
+    "optimizer",
+    "other",
+]
+EVAL_COLUMNS = [
+    "host",
+    "rank",
+    "pid",
+    "start",
+    "end",
+    "duration",
+    "batches",
+    "samples",
+    "data_wait",
 ]
 PROCESS_COLUMNS = ["time", "host", "pid", "role", "cpu", "rss"]
-_RANK_KEYS = ("host", "rank", "local_rank", "world_size", "pid", "start", "end", "precision")
+_RANK_KEYS = (
+    "host",
+    "rank",
+    "local_rank",
+    "world_size",
+    "pid",
+    "start",
+    "end",
+    "precision",
+    "cuda",
+    "loader_workers",
+    "batch_kind",
+)
 
 
 class RunError(ValueError):
@@ -100,6 +130,7 @@ class Run:
     steps: pd.DataFrame
     processes: pd.DataFrame
     workers: dict[str, set[int]] = field(default_factory=dict, repr=False)
+    evals: pd.DataFrame = field(default_factory=lambda: _frame([], EVAL_COLUMNS), repr=False)
 
     def __repr__(self) -> str:
         return (
@@ -148,6 +179,7 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
     steps: list[tuple] = []
     processes: list[tuple] = []
     workers: dict[str, set[int]] = {}
+    evals: list[tuple] = []
     ranks: list[dict[str, Any]] = []
     hosts: set[str] = set(meta.get("hosts") or [])
     dropped = 0
@@ -174,17 +206,20 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
         else:
             rank, local, pid = info.get("rank", 0), info.get("local_rank", 0), info.get("pid")
             ranks.append({k: info.get(k) for k in _RANK_KEYS})
+            phases = {row[0]: row[1:] for row in data["phases"]}
             for step, start, end, wait, samples, gpu in data["steps"]:
-                steps.append((host, rank, local, pid, step, start, end, None, wait, samples, gpu))
+                fwd, bwd, opt = phases.get(step, (None, None, None))
+                row = (host, rank, local, pid, step, start, end, None, wait, samples, gpu)
+                steps.append((*row, fwd, bwd, opt, None))
+            evals += [(host, rank, pid, a, b, None, n, s, w) for a, b, n, s, w in data["evals"]]
             workers.setdefault(host, set()).update(pid for pid, _ in data["workers"])
 
     try:
         system_df = pd.DataFrame(system, columns=SYSTEM_COLUMNS).astype(
             {"time": float, "value": float}
         )
-        steps_df = pd.DataFrame(steps, columns=STEP_COLUMNS).astype(
-            {c: float for c in ("start", "end", "duration", "data_wait", "samples", "gpu_time")}
-        )
+        steps_df = _frame(steps, STEP_COLUMNS)
+        evals_df = _frame(evals, EVAL_COLUMNS)
         proc_df = pd.DataFrame(processes, columns=PROCESS_COLUMNS).astype(
             {"cpu": float, "rss": float}
         )
@@ -194,6 +229,10 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
             "is damaged; profile it again"
         ) from None
     steps_df["duration"] = steps_df["end"] - steps_df["start"]
+    known = steps_df[["data_wait", "forward", "backward", "optimizer"]].fillna(0.0).sum(axis=1)
+    steps_df["other"] = (steps_df["duration"] - known).where(steps_df["forward"].notna())
+    evals_df["duration"] = evals_df["end"] - evals_df["start"]
+    evals_df = evals_df.sort_values(["host", "rank", "start"], kind="stable").reset_index(drop=True)
     steps_df = steps_df.sort_values(["host", "rank", "step"], kind="stable").reset_index(drop=True)
     proc_df["role"] = _corrected_roles(proc_df, ranks, workers)
     system_df = system_df.sort_values("time", kind="stable").reset_index(drop=True)
@@ -212,7 +251,16 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
             "the run did not finish cleanly: it is still running or was killed; "
             "data up to the last flush is shown"
         )
-    return Run(run_dir, meta, system_df, steps_df, proc_df, workers)
+    return Run(run_dir, meta, system_df, steps_df, proc_df, workers, evals_df)
+
+
+def _frame(rows: list[tuple], columns: list[str]) -> pd.DataFrame:
+    """Rows as a frame whose time and measure columns are float (None -> NaN)."""
+    import pandas as pd
+
+    ints = {"host", "rank", "local_rank", "pid", "step", "batches"}
+    df = pd.DataFrame(rows, columns=columns)
+    return df.astype({c: float for c in columns if c not in ints})
 
 
 _META_TYPES: dict[str, tuple[type, ...]] = {

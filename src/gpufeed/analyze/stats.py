@@ -92,11 +92,12 @@ def run_span(run: Run) -> tuple[float, float]:
 
 
 def phases(run: Run) -> pd.DataFrame:
-    """Rows (phase, start, end, duration) for initialization, training and finalization.
+    """Rows (phase, start, end, duration) for initialization, training, evaluation, finalization.
 
     Initialization runs from the start of the run to the first step's start (its end if the start is
     unknown); training to the last step's end on any rank; finalization to the end of the run.
-    Without steps the whole run is one initialization phase.
+    Evaluation passes (``run.evals``) are taken out of the phase they fall in and summed in their
+    own row (present only when there were any). Without steps the whole run is initialization.
     """
     start, end = run_span(run)
     steps = run.steps
@@ -112,13 +113,37 @@ def phases(run: Run) -> pd.DataFrame:
         ]
     df = pd.DataFrame(bounds, columns=["phase", "start", "end"])
     df["duration"] = df["end"] - df["start"]
+    evals = _evals(run)
+    if len(evals):
+        mid = ((evals["start"] + evals["end"]) / 2).to_numpy(dtype=float)
+        for i, row in df.iterrows():
+            inside = (mid >= row["start"]) & (mid < row["end"])
+            df.loc[i, "duration"] -= float(evals["duration"].to_numpy(dtype=float)[inside].sum())
+        df["duration"] = df["duration"].clip(lower=0.0)
+        row = ("evaluation", float(evals["start"].min()), float(evals["end"].max()))
+        total = float(evals.groupby(["host", "rank"])["duration"].sum().mean())
+        ev = pd.DataFrame([(*row, total)], columns=["phase", "start", "end", "duration"])
+        df = pd.concat([df.iloc[:2], ev, df.iloc[2:]], ignore_index=True)
     return df
 
 
+def _evals(run: Run) -> pd.DataFrame:
+    evals = getattr(run, "evals", None)
+    if evals is None or len(evals) == 0:
+        return pd.DataFrame(columns=["host", "rank", "start", "end", "duration", "samples"])
+    return evals[np.isfinite(evals["duration"].to_numpy(dtype=float))]
+
+
 def step_summary(run: Run) -> dict[str, Any]:
-    """Steps, ranks, steps/s (per rank), samples/s (all ranks), step time p50/p95, data-wait share."""
+    """Training steps only: steps, ranks, steps/s (per rank), samples/s (all ranks), step time p50/p95,
+    data-wait share (NaN = unknown: no step had a measured wait), phase shares; evaluation apart.
+
+    Rates divide by the time spent in training steps (evaluation passes are not steps, so they do
+    not dilute throughput); ``eval_time`` and ``eval_passes`` say how long evaluation took per rank.
+    """
     steps = run.steps
     timed = steps[np.isfinite(steps["duration"].to_numpy(dtype=float))]
+    evals = _evals(run)
     out: dict[str, Any] = {
         "steps": len(steps),
         "ranks": int(steps.groupby(["host", "rank"]).ngroups) if len(steps) else 0,
@@ -128,31 +153,45 @@ def step_summary(run: Run) -> dict[str, Any]:
         "step_p95": math.nan,
         "data_wait_share": math.nan,
         "training_time": math.nan,
+        "eval_time": float(evals.groupby(["host", "rank"])["duration"].sum().mean())
+        if len(evals)
+        else 0.0,
+        "eval_passes": int(evals.groupby(["host", "rank"]).size().max()) if len(evals) else 0,
+        **{f"{p}_share": math.nan for p in PHASES},
     }
     if len(timed) == 0:
         return out
-    rates, spans = [], []
-    for _, g in timed.groupby(["host", "rank"]):
-        span = float(g["end"].max() - g["start"].min())
-        spans.append(span)
-        if span > 0:
-            rates.append(len(g) / span)
-    span = float(timed["end"].max() - timed["start"].min())
+    busy = timed.groupby(["host", "rank"])["duration"].sum()
+    counts = timed.groupby(["host", "rank"]).size()
+    rates = [counts[k] / busy[k] for k in busy.index if busy[k] > 0]
+    train_time = float(busy.mean())
     samples = timed["samples"].to_numpy(dtype=float)
     durations = timed["duration"].to_numpy(dtype=float)
     out.update(
         steps_per_s=float(np.mean(rates)) if rates else math.nan,
-        samples_per_s=float(np.nansum(samples) / span)
-        if span > 0 and np.isfinite(samples).any()
+        samples_per_s=float(np.nansum(samples) / train_time)
+        if train_time > 0 and np.isfinite(samples).any()
         else math.nan,
         step_p50=float(np.percentile(durations, 50)),
         step_p95=float(np.percentile(durations, 95)),
-        data_wait_share=float(timed["data_wait"].sum() / durations.sum())
-        if durations.sum() > 0
-        else math.nan,
-        training_time=span,
+        data_wait_share=_share(timed, "data_wait"),
+        training_time=train_time,
     )
+    for p in PHASES:
+        if p in timed:
+            out[f"{p}_share"] = _share(timed, p)
     return out
+
+
+# Parts of a training step, in the order they happen.
+PHASES = ("data_wait", "forward", "backward", "optimizer", "other")
+
+
+def _share(steps: pd.DataFrame, column: str) -> float:
+    """Share of step time in `column`, over the steps where it was measured; NaN where none was."""
+    known = steps[np.isfinite(steps[column].to_numpy(dtype=float))]
+    total = float(known["duration"].sum())
+    return float(known[column].clip(lower=0.0).sum() / total) if total > 0 else math.nan
 
 
 def _finite_min(values: list[Any]) -> float:

@@ -95,6 +95,11 @@ class DemoResult:
     def speedup(self) -> float:
         return self.gpufeed.images_per_s / self.naive.images_per_s
 
+    @property
+    def after_input_bound(self) -> bool:
+        """Whether the gpufeed ("after") run still waits for data `STILL_WAITING` of its steps."""
+        return self.gpufeed.data_wait_share >= STILL_WAITING
+
     def to_json(self) -> str:
         """Config, speedup and both runs; paths as strings, unmeasured figures (NaN) as null."""
 
@@ -107,10 +112,41 @@ class DemoResult:
         doc = {
             "config": asdict(self.config),
             "speedup": self.speedup,
+            "after_input_bound": self.after_input_bound,
+            "next_step": next_step(self),
             "naive": plain(self.naive),
             "gpufeed": plain(self.gpufeed),
         }
         return json.dumps(doc, indent=2)
+
+
+STILL_WAITING = 0.1  # the "after" run waiting for data this share of step time: still input-bound
+_INPUT_RULES = ("DataLoaderBottleneck", "CPUBottleneck", "IOBottleneck")
+
+
+def next_step(result: DemoResult) -> str:
+    """What the "after" run says to do next: still input-bound (and why) or the model's turn."""
+    after = result.gpufeed
+    gpu = f", GPU {after.gpu_util:.0f}% busy" if after.gpu_util == after.gpu_util else ""
+    if result.after_input_bound:
+        advice = next(
+            (f["recommendation"] for f in after.findings if f.get("rule") in _INPUT_RULES), None
+        )
+        return (
+            f"The gpufeed run is still input-bound: its steps wait for data "
+            f"{after.data_wait_share:.0%} of the time{gpu}. Next: "
+            + (
+                advice
+                or "give the loader more cores (num_workers), pre-resize the shards "
+                "(`gpufeed pack --resize`), preprocess on the GPU, or find the settings with "
+                "`gpufeed tune --model ...`."
+            )
+        )
+    return (
+        f"The gpufeed run is no longer input-bound (data wait {after.data_wait_share:.0%}{gpu}): "
+        "the model is the limit now. Next: a larger batch, bf16 autocast, channels_last or "
+        "torch.compile, and profile your own job with `gpufeed profile`."
+    )
 
 
 def demo_config(
@@ -382,7 +418,8 @@ def run_demo(
 
 
 def print_comparison(console: Console, result: DemoResult) -> None:
-    """The before/after table, the measured speedup and where the reports are."""
+    """The before/after table, the measured speedup, what to do next and where the reports are."""
+    from rich.markup import escape
     from rich.table import Table
 
     def pct(v: float) -> str:
@@ -411,4 +448,6 @@ def print_comparison(console: Console, result: DemoResult) -> None:
         "[dim]From the profiler: images/s and data wait over the steps after 3 warm-up steps, "
         "utilization over the training phase.[/]"
     )
+    color = "yellow" if result.after_input_bound else "green"
+    console.print(f"[{color}]{escape(next_step(result))}[/]")
     console.print(f"reports: {result.naive.report}\n         {result.gpufeed.report}")

@@ -1,10 +1,12 @@
 """`gpufeed diagnose`: is a training job input-bound or compute-bound? Measured in well under a minute.
 
-The loader is timed alone (batches pulled as fast as it delivers them, no model) and the model is
-timed alone (one batch of the loader's shape resident on the device: forward, backward, optimizer
-step). The slower of the two sets the pace: GPU idle share to expect = 1 − min(1, loader / model).
-For an input-bound job, the usual fixes are measured too: more workers, pre-resized shards (a quick
-pack of a sample into a temporary directory) and GPU preprocessing where CUDA exists.
+Three measurements, all with the job's settings (precision, channels_last, torch.compile, batch,
+workers; on CUDA bf16 autocast and channels_last unless told otherwise): the loader alone (batches
+pulled as fast as it delivers them), the model alone (one batch resident on the device: the
+ceiling), and both together (the model trained on the loader's batches). Each can be fast alone
+while together they stall, so the verdict comes from the together run: input-bound when its steps
+wait for data `WAITING` of the time or more; the end-to-end share of the ceiling is named. For an input-bound job, the usual fixes are
+measured too: more workers, pre-resized shards and GPU preprocessing where CUDA exists.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from typing import TYPE_CHECKING, Any
 from gpufeed.bench.measure import (
     MeasureError,
     Rate,
+    TrainSettings,
     build_model,
     check_device,
     cpu_threads_beside,
     load_object,
     measure_loader,
     measure_model,
+    measure_together,
+    model_classes,
 )
 from gpufeed.data.shards import has_index
 
@@ -32,6 +37,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 SAMPLE_IMAGES = 512  # images packed for the pre-resized alternative
+WAITING = 0.1  # together, steps blocked on the loader this share of the time or more: input-bound
 
 
 @dataclass
@@ -54,9 +60,25 @@ class Diagnosis:
     model_rate: Rate
     alternatives: list[Alternative] = field(default_factory=list)
     threads: int | None = None  # torch threads of the model measurement on a CPU device
+    together: Rate | None = None  # the model trained on the loader's batches
+    settings: TrainSettings = field(default_factory=TrainSettings)
+
+    @property
+    def end_to_end(self) -> float:
+        """Images/s of the job as it would run: together, else the slower side alone."""
+        if self.together is not None:
+            return self.together.images_per_s
+        return min(self.loader.images_per_s, self.model_rate.images_per_s)
+
+    @property
+    def ceiling_share(self) -> float:
+        """End-to-end images/s as a share of the model-alone ceiling (capped at 1)."""
+        return min(1.0, self.end_to_end / self.model_rate.images_per_s)
 
     @property
     def input_bound(self) -> bool:
+        if self.together is not None and math.isfinite(self.together.data_wait_share):
+            return self.together.data_wait_share >= WAITING
         return self.loader.images_per_s < self.model_rate.images_per_s
 
     @property
@@ -71,8 +93,8 @@ class Diagnosis:
 
     @property
     def gpu_idle_share(self) -> float:
-        """Share of time the accelerator would wait for data: 1 − min(1, loader / model)."""
-        return 1.0 - min(1.0, self.loader.images_per_s / self.model_rate.images_per_s)
+        """Share of time the accelerator waits for data: 1 − end-to-end / ceiling."""
+        return 1.0 - self.ceiling_share
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +105,10 @@ class Diagnosis:
             "threads": self.threads,
             "loader_images_per_s": self.loader.images_per_s,
             "model_images_per_s": self.model_rate.images_per_s,
+            "together_images_per_s": self.together.images_per_s if self.together else None,
+            "ceiling_share": self.ceiling_share,
+            "together_data_wait_share": self.together.data_wait_share if self.together else None,
+            "settings": vars(self.settings),
             "batch_shape": list(self.loader.batch_shape),
             "verdict": self.verdict,
             "ratio": self.ratio,
@@ -124,11 +150,13 @@ def resolve_data(data: str) -> DataSpec:
     )
 
 
-def default_workers() -> int:
-    """Loader workers assumed for an image folder or shards when `--workers` is not given."""
+def default_workers(device: str = "cpu") -> int:
+    """Loader workers assumed for an image folder or shards when `--workers` is not given: every
+    usable core but the training process's on CUDA; half of them on a CPU, which also trains."""
     from gpufeed.bench.hardware import usable_cores
 
-    return max(1, usable_cores() // 2)
+    cores = usable_cores()
+    return max(1, cores - 1 if device == "cuda" else cores // 2)
 
 
 def make_pipeline(
@@ -301,8 +329,12 @@ def diagnose(
     image_size: int = 224,
     seconds: float = 4.0,
     console: Console | None = None,
+    precision: str | None = "auto",
+    channels_last: bool | None = None,
+    compile: bool = False,
 ) -> Diagnosis:
-    """Measure loader alone and model alone, print the verdict and, if input-bound, alternatives."""
+    """Measure loader alone, model alone and both together with the job's settings; print the
+    verdict (from the together figure) and, if input-bound, measured alternatives."""
     import torch
     from rich.console import Console
 
@@ -315,9 +347,10 @@ def diagnose(
     ):
         if value < least:
             raise MeasureError(f"{name} must be at least {least}, got {value}")
+    settings = TrainSettings.for_device(device, precision, channels_last, compile)
     net = build_model(model)  # fail early on a bad model, before measuring anything
     spec = resolve_data(data)
-    workers = default_workers() if workers is None else workers
+    workers = default_workers(device) if workers is None else workers
 
     def note(text: str) -> None:
         console.print(f"[dim]  {text}[/]")
@@ -334,10 +367,21 @@ def diagnose(
     with cpu_threads_beside(nw, device) as threads:
         where = f"{device}, {threads} thread{'s' * (threads != 1)}" if device == "cpu" else device
         note(
-            f"measuring the model alone: {model}, batch {loader_rate.batch_shape[0]}, on {where} …"
+            f"measuring the model alone: {model}, batch {loader_rate.batch_shape[0]}, on {where}, "
+            f"{settings.describe()} …"
         )
-        model_rate = measure_model(net, loader_rate.batch_shape, device, seconds=seconds)
-    result = Diagnosis(data, desc, model, device, loader_rate, model_rate)
+        model_rate = measure_model(
+            net, loader_rate.batch_shape, device, seconds=seconds, settings=settings
+        )
+        note("measuring both together: the model trained on the loader's batches …")
+        _, _, h, w = loader_rate.batch_shape
+        classes = model_classes(net, h, w, device)
+        together = measure_together(
+            net, loader, device, seconds=seconds, settings=settings, classes=classes
+        )
+    result = Diagnosis(
+        data, desc, model, device, loader_rate, model_rate, together=together, settings=settings
+    )
     if device == "cpu":
         result.threads = threads
     if result.input_bound:
@@ -362,22 +406,37 @@ def print_diagnosis(console: Console, d: Diagnosis) -> None:
 
     shape = "×".join(str(x) for x in d.loader.batch_shape)
     table = Table(title=f"gpufeed diagnose: {escape(d.data)}", title_justify="left")
-    table.add_column("measured alone")
+    table.add_column("measured")
     table.add_column("images/s", justify="right")
-    table.add_row(f"loader: {escape(d.loader_desc)}", f"{d.loader.images_per_s:,.1f}")
+    table.add_row(f"loader alone: {escape(d.loader_desc)}", f"{d.loader.images_per_s:,.1f}")
     table.add_row(
-        f"model: {escape(d.model)} on {d.device}"
+        f"model alone (the ceiling): {escape(d.model)} on {d.device}"
         + (f" ({d.threads} thread{'s' * (d.threads != 1)})" if d.threads else "")
-        + f", batch {shape}",
+        + f", batch {shape}, {d.settings.describe()}",
         f"{d.model_rate.images_per_s:,.1f}",
     )
+    if d.together is not None:
+        table.add_row("both together (end to end)", f"{d.together.images_per_s:,.1f}")
     console.print(table)
     color = "red" if d.input_bound else "green"
-    slower = "the loader is" if d.input_bound else "the model is"
+    accel = "GPU" if d.device == "cuda" else "accelerator"
+    if d.input_bound:
+        why = (
+            "the loader alone is slower than the model"
+            if d.loader.images_per_s < d.model_rate.images_per_s
+            else "each is fast alone, but together they stall (CPU, copies, memory bandwidth)"
+        )
+        text = f"training runs at {d.ceiling_share:.0%} of the model's ceiling"
+        if d.together is not None and math.isfinite(d.together.data_wait_share):
+            text += f", its steps wait for data {d.together.data_wait_share:.0%} of the time"
+        text += f": {why}"
+    else:
+        text = (
+            f"training reaches {d.ceiling_share:.0%} of the model's ceiling: the model is the limit"
+        )
     console.print(
-        f"[bold {color}]{d.verdict.upper()}[/]: {slower} the limit, {d.ratio:.1f}× slower than "
-        f"the other side; expect the {'GPU' if d.device == 'cuda' else 'accelerator'} to be idle "
-        f"{d.gpu_idle_share:.0%} of the time"
+        f"[bold {color}]{d.verdict.upper()}[/]: {text}"
+        + (f"; the {accel} idles about {d.gpu_idle_share:.0%} of the time" if d.input_bound else "")
     )
     if d.alternatives:
         alt = Table(title="Measured alternatives (loader alone)", title_justify="left")

@@ -27,6 +27,7 @@ class Rate:
     images: int
     seconds: float
     batch_shape: tuple[int, ...] = ()
+    data_wait_share: float = math.nan  # training on a loader: share of step time blocked on it
 
     @property
     def images_per_s(self) -> float:
@@ -99,28 +100,18 @@ def measure_model(
     seconds: float = 4.0,
     max_steps: int = 500,
     warmup: int = 3,
+    settings: TrainSettings | None = None,
 ) -> Rate:
     """Forward + backward + optimizer step on one batch resident on `device` (no input pipeline):
-    the model-only ceiling, in images/s."""
-    import torch
-
-    from gpufeed.train.loop import SyntheticData, fit
+    the model-only ceiling, in images/s, with the job's precision, memory format and compile."""
+    from gpufeed.train.loop import SyntheticData
 
     n, _, h, w = batch_shape
     try:
         model = model.to(device)
-        with torch.no_grad():  # the number of classes the model predicts, for synthetic labels
-            was = model.training
-            classes = int(model.eval()(torch.zeros(1, 3, h, w, device=device)).shape[-1])
-            model.train(was)
-        result = fit(
-            model,
-            SyntheticData(n, max(h, w), classes, steps=max_steps + warmup),
-            device=device,
-            warmup=warmup,
-            max_seconds=seconds,
-            verbose=False,
-        )
+        classes = model_classes(model, h, w, device)
+        data = SyntheticData(n, max(h, w), classes, steps=max_steps + warmup)
+        result = _fit(model, data, device, seconds, max_steps, warmup, settings)
     except Exception as e:
         raise MeasureError(
             f"the model failed to train on a batch of shape {tuple(batch_shape)}: "
@@ -128,6 +119,141 @@ def measure_model(
         ) from e
     images = result.measured_steps * n
     return Rate(images, images / result.images_per_s, tuple(batch_shape))
+
+
+def measure_together(
+    model: Any, loader: Iterable[Any], device: str, seconds: float = 4.0, **options: Any
+) -> Rate:
+    """The model trained on the loader's batches, as the job trains: the end-to-end images/s. Loader
+    and model may each be fast alone and still stall together (CPU, memory bandwidth, copies).
+    `options`: max_steps, warmup and settings as for `measure_model`; classes, the model's number
+    of classes when known (else found from the first batch, a forward that then counts as wait)."""
+    max_steps, warmup = options.get("max_steps", 500), options.get("warmup", 3)
+    settings: TrainSettings | None = options.get("settings")
+    known: int | None = options.get("classes")
+    shape: list[tuple[int, ...]] = []
+
+    def batches() -> Iterator[tuple[Any, Any]]:
+        classes = known
+        while True:
+            it = iter(loader)
+            got = False
+            try:
+                for batch in _guarded(it):
+                    got = True
+                    x, y = _images(batch), _labels(batch)
+                    shape[:] = [tuple(x.shape)]
+                    if classes is None:
+                        classes = model_classes(model, x.shape[-2], x.shape[-1], device)
+                    yield x, y.long() % classes
+            finally:
+                if hasattr(it, "close"):
+                    it.close()
+            if not got:
+                raise MeasureError(
+                    "the data loader yielded no batch: give it data or a smaller batch"
+                )
+
+    try:
+        result = _fit(model.to(device), batches(), device, seconds, max_steps, warmup, settings)
+    except MeasureError:
+        raise
+    except Exception as e:
+        raise MeasureError(
+            f"training the model on the loader's batches failed: {type(e).__name__}: {e}"
+        ) from e
+    n = shape[0][0] if shape else 0
+    images = result.measured_steps * n
+    if images == 0 or not result.images_per_s > 0:
+        raise MeasureError("the loader ran out before the model could be timed: give it more data")
+    skip = len(result.step_times) - result.measured_steps  # warm-up, unless too few steps
+    step_time = sum(result.step_times[skip:])
+    wait = sum(result.data_waits[skip:]) / step_time if step_time > 0 else math.nan
+    return Rate(images, images / result.images_per_s, shape[0] if shape else (), wait)
+
+
+def _fit(
+    model: Any,
+    data: Iterable[Any],
+    device: str,
+    seconds: float,
+    max_steps: int,
+    warmup: int,
+    settings: TrainSettings | None,
+) -> Any:
+    """`fit` quietly, for at most `seconds` (warm-up included) or `max_steps` after the warm-up."""
+    from gpufeed.train.loop import fit
+
+    kwargs = (settings or TrainSettings()).fit_kwargs()
+    return fit(
+        model,
+        data,
+        steps=max_steps + warmup,
+        device=device,
+        warmup=warmup,
+        max_seconds=seconds,
+        verbose=False,
+        **kwargs,
+    )
+
+
+@dataclass
+class TrainSettings:
+    """How the job trains: autocast precision ("bf16", "fp16" or None), channels_last, torch.compile.
+    `for_device` gives the defaults: on CUDA bf16 autocast and channels_last, on a CPU neither."""
+
+    amp: str | None = None
+    channels_last: bool = False
+    compile: bool = False
+
+    @classmethod
+    def for_device(
+        cls,
+        device: str,
+        amp: str | None = "auto",
+        channels_last: bool | None = None,
+        compile: bool = False,
+    ) -> TrainSettings:
+        cuda = device == "cuda"
+        if amp == "auto":
+            amp = "bf16" if cuda else None
+        if amp in ("fp32", "none", ""):
+            amp = None
+        if amp not in (None, "bf16", "fp16"):
+            raise MeasureError(f"--precision {amp!r}: choose bf16, fp16 or fp32")
+        return cls(amp, cuda if channels_last is None else channels_last, compile)
+
+    def fit_kwargs(self) -> dict[str, Any]:
+        return {"amp": self.amp, "channels_last": self.channels_last, "compile": self.compile}
+
+    def describe(self) -> str:
+        parts = [self.amp or "fp32"]
+        if self.channels_last:
+            parts.append("channels_last")
+        if self.compile:
+            parts.append("compiled")
+        return ", ".join(parts)
+
+
+def model_classes(model: Any, h: int, w: int, device: str) -> int:
+    """How many classes `model` predicts (one forward of a blank image, in eval mode, no grad)."""
+    import torch
+
+    with torch.no_grad():
+        was = model.training
+        classes = int(model.eval()(torch.zeros(1, 3, h, w, device=device)).shape[-1])
+        model.train(was)
+    return classes
+
+
+def _labels(batch: Any) -> Any:
+    import torch
+
+    y = batch.get("labels") if isinstance(batch, dict) else (batch[1:2] or [None])[0]
+    if y is None or not hasattr(y, "shape"):
+        n = int(_images(batch).shape[0])
+        return torch.zeros(n, dtype=torch.long)
+    return y
 
 
 @contextmanager

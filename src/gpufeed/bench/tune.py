@@ -2,8 +2,11 @@
 
 The first trial is the Loader's defaults; then loader workers, prefetch depth, CPU vs GPU
 preprocessing (GPU only where CUDA exists) and, if allowed, the batch size, each varied around the
-best so far. With a model, its images/s alone is measured first and the search stops as soon as the
-loader outruns it (more speed would only idle). The winner is written as JSON:
+best so far. Each trial is measured `repeats` times (median kept, spread shown); one that a limit
+refuses (a memory cap, say) is skipped and the reason noted. With a model, its images/s alone is
+measured first and each trial trains it on the loader's batches (end to end): the search stops as
+soon as training no longer waits for data (more loader speed would only idle). The winner is
+written as JSON:
 
     from gpufeed.bench.tune import load_settings
     loader = Loader("shards/", **load_settings("gpufeed-tune.json"))
@@ -14,17 +17,27 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpufeed.bench.measure import MeasureError, build_model, check_device, measure_loader
+from gpufeed.bench.measure import (
+    MeasureError,
+    TrainSettings,
+    build_model,
+    check_device,
+    measure_loader,
+    measure_together,
+    model_classes,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 DEFAULT_OUT = "gpufeed-tune.json"
+WAITING = 0.1  # end to end, steps waiting for data less than this share: the loader keeps up
 SETTING_KEYS = ("batch_size", "num_workers", "prefetch", "preprocess")
 
 
@@ -42,6 +55,8 @@ class Trial:
     preprocess: str
     images_per_s: float = math.nan
     note: str = ""
+    spread: float = math.nan  # (max - min) / median of the repeats
+    data_wait_share: float = math.nan  # end to end with a model: share of step time waiting
 
     def settings(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in SETTING_KEYS}
@@ -139,6 +154,7 @@ def tune(
     out: str | os.PathLike[str] | None = DEFAULT_OUT,
     seconds: float = 2.5,
     console: Console | None = None,
+    repeats: int = 3,
 ) -> TuneResult:
     """Run the trials, print them as a table and write the winner to `out` (None: don't write)."""
     import torch
@@ -151,6 +167,8 @@ def tune(
     device = check_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if batch_size < 1 or image_size < 16:
         raise MeasureError("--batch-size must be at least 1 and --image-size at least 16")
+    if repeats < 1:
+        raise MeasureError(f"--repeats must be at least 1, got {repeats}")
     if ":" in data and not Path(data).is_dir():
         raise MeasureError(
             f"--data {data}: tune searches the gpufeed Loader's settings; give shards "
@@ -173,9 +191,17 @@ def tune(
 
             console.print(f"[dim]  measuring the model alone: {model} on {device} …[/]")
             shape = (batch_size, 3, image_size, image_size)
+            train = TrainSettings.for_device(device)
             with cpu_threads_beside(max(1, usable_cores() - 1), device):
-                result.model_images_per_s = measure_model(net, shape, device, seconds).images_per_s
-        _search(result, shards, batch_size, allow_batch_change, usable_cores(), seconds, console)
+                result.model_images_per_s = measure_model(
+                    net, shape, device, seconds, settings=train
+                ).images_per_s
+        _search(
+            result, shards, batch_size, allow_batch_change, usable_cores(), seconds, console, net,
+            repeats,
+        )  # fmt: skip
+        if not result.trials:
+            raise MeasureError("every trial was skipped: " + "; ".join(result.notes))
     if out is not None:
         result.out = Path(out)
         result.out.write_text(result.to_json() + "\n")
@@ -199,6 +225,8 @@ def _search(
     cores: int,
     seconds: float,
     console: Console,
+    net: Any = None,
+    repeats: int = 3,
 ) -> None:
     """Coordinate search from the defaults: workers, then prefetch, preprocess, batch size."""
     import torch
@@ -230,14 +258,44 @@ def _search(
                 f"{trial.preprocess}, batch {trial.batch_size}: {e}"
             )
             return False
+        rates, waits = [], []
         try:
-            rate = measure_loader(loader, seconds=seconds).images_per_s
+            for _ in range(repeats):
+                if net is None:
+                    rates.append(measure_loader(loader, seconds=seconds).images_per_s)
+                else:
+                    train = TrainSettings.for_device(result.device)
+                    size = result.image_size
+                    rate = measure_together(
+                        net,
+                        loader,
+                        result.device,
+                        seconds,
+                        settings=train,
+                        classes=model_classes(net, size, size, result.device),
+                    )
+                    rates.append(rate.images_per_s)
+                    waits.append(rate.data_wait_share)
+        except MeasureError as e:  # a limit met while running (memory cap, device): skip, say why
+            result.notes.append(
+                f"skipped {trial.num_workers} workers, prefetch {trial.prefetch}, "
+                f"{trial.preprocess}, batch {trial.batch_size}: {e}"
+            )
+            return False
         finally:
             loader.close()  # its worker processes, before the next trial starts its own
-        result.trials.append(Trial(**trial.settings(), images_per_s=rate, note=trial.note))
-        target = result.model_images_per_s
-        if target is not None and result.best.images_per_s >= target:
-            result.stopped_early = True
+        median = statistics.median(rates)
+        result.trials.append(
+            Trial(
+                **trial.settings(),
+                images_per_s=median,
+                note=trial.note,
+                spread=(max(rates) - min(rates)) / median if median > 0 else math.nan,
+                data_wait_share=statistics.median(waits) if waits else math.nan,
+            )
+        )
+        if net is not None and waits and statistics.median(waits) < WAITING:
+            result.stopped_early = True  # training no longer waits for data: nothing to gain
             return True
         return False
 
@@ -247,16 +305,16 @@ def _search(
     for n in _worker_counts(cores):
         if run(Trial(batch_size, n, 2, "cpu")):
             return
-    best = result.best
+    best = result.best if result.trials else base
     for depth in (4, 8):
         if run(Trial(batch_size, best.num_workers, depth, "cpu")):
             return
     if torch.cuda.is_available() and result.device == "cuda":
-        best = result.best
+        best = result.best if result.trials else base
         if run(Trial(batch_size, best.num_workers, best.prefetch, "gpu")):
             return
     if allow_batch_change:
-        best = result.best
+        best = result.best if result.trials else base
         for b in (batch_size // 2, batch_size * 2):
             if b >= 1 and run(Trial(b, best.num_workers, best.prefetch, best.preprocess)):
                 return
@@ -268,7 +326,18 @@ def print_trials(console: Console, result: TuneResult) -> None:
 
     best = result.best
     table = Table(title=f"gpufeed tune: {result.data}", title_justify="left")
-    for col in ("#", "workers", "prefetch", "preprocess", "batch", "images/s", "vs default", ""):
+    cols = (
+        "#",
+        "workers",
+        "prefetch",
+        "preprocess",
+        "batch",
+        "images/s",
+        "spread",
+        "vs default",
+        "",
+    )
+    for col in cols:
         table.add_column(col, justify="right" if col not in ("preprocess", "") else "left")
     for i, t in enumerate(result.trials, 1):
         style = "bold green" if t is best else None
@@ -279,6 +348,7 @@ def print_trials(console: Console, result: TuneResult) -> None:
             t.preprocess,
             str(t.batch_size),
             f"{t.images_per_s:,.1f}",
+            f"±{t.spread / 2:.0%}" if math.isfinite(t.spread) else "–",
             f"×{t.images_per_s / result.default.images_per_s:.2f}",
             t.note + (" ← best" if t is best else ""),
             style=style,
@@ -286,11 +356,15 @@ def print_trials(console: Console, result: TuneResult) -> None:
     console.print(table)
     if result.model_images_per_s is not None:
         state = (
-            "stopped early: the loader outruns the model"
+            "stopped early: trained end to end, the model no longer waits for data"
             if result.stopped_early
-            else "the loader stays slower than the model in every trial: input-bound"
+            else "trained end to end, the model waits for data in every trial: still input-bound "
+            f"(best: waiting {best.data_wait_share:.0%} of the time)"
         )
-        console.print(f"model alone: {result.model_images_per_s:,.1f} images/s; {state}")
+        console.print(
+            f"model alone: {result.model_images_per_s:,.1f} images/s; images/s above are end to "
+            f"end; {state}"
+        )
     for n in result.notes:
         console.print(f"[dim]{n}[/]")
     if result.out is not None:

@@ -105,9 +105,16 @@ def show(run: Run | str | os.PathLike[str] | list[str], console: Console | None 
             _num(s["samples_per_s"], 1),
             _seconds(s["step_p50"]),
             _seconds(s["step_p95"]),
-            _percent(s["data_wait_share"]) + " of step time",
+            _percent(s["data_wait_share"]) + " of step time"
+            if math.isfinite(s["data_wait_share"])
+            else "unknown",
         )
         console.print(table)
+        if s["eval_passes"]:
+            console.print(
+                f"Evaluation: {s['eval_passes']} passes, {_seconds(s['eval_time'])} "
+                "(not counted in the training steps above)"
+            )
 
     if len(run.processes):
         _print_processes(run, console)

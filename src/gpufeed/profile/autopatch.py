@@ -1,5 +1,10 @@
 """Zero-code PyTorch hooks: optimizer steps end steps, DataLoader `__next__` measures data wait,
-`autocast.__enter__` notes the precision a step computes in.
+forward hooks on the model being optimized (and an autograd hook on its output) time forward and
+backward and tell training from evaluation, `autocast.__enter__` notes the precision.
+
+The model is found without the user's help: until the first optimizer step global module hooks note
+the outermost modules called; at that step those sharing parameters with the optimizer become the
+models, get their own hooks, and the global hooks (which slow every module call) are removed.
 
 Hooks are installed when torch's modules are imported (a post-import hook on `sys.meta_path`), so
 this module imports no torch itself. A process gets a recorder, and a store file, only at its first
@@ -15,17 +20,28 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from gpufeed.profile.session import ENV_RUN_DIR, identity, steps_store_path, warn_once
-from gpufeed.profile.steps import Recorder
+from gpufeed.profile.steps import Recorder, batch_size
 
 _DISABLED: Any = False  # sentinel: this process does not record
 _recorder: Recorder | Any | None = None  # None: not decided yet
 _lock = threading.Lock()
 _optimizer_hook: Any = None
+_optimizer_pre_hook: Any = None
+_global_hooks: list[Any] = []  # global module hooks, removed once the models are known
+_model_hooks: list[Any] = []
+_roots: dict[int, Any] = {}  # id -> weakref of the outermost modules called before the first step
+_depth = 0  # nesting of module calls while global hooks are on
+_forwards: list[tuple[float, int | None, bool, bool]] = []  # root forwards in progress
+_opt_t0 = 0.0
+_backward_t0: float | None = None
+_MAX_ROOTS = 64
 _original_next: Callable[[Any], Any] | None = None
+_original_iter: Callable[[Any], Any] | None = None
 _original_enter: Callable[[Any], Any] | None = None
 _pending_autocast: tuple[str, Any] | None = None  # autocast entered before this process trained
 _installed = False
@@ -127,11 +143,159 @@ os.register_at_fork(after_in_child=reset)
 # StopIteration, the user's exception) reaches the caller. A try costs nothing until it catches.
 
 
+def _on_optimizer_pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    global _opt_t0
+    _opt_t0 = time.perf_counter()
+
+
 def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     try:
         rec = _recorder if _recorder is not None else _create()
         if rec:
+            if rec.models is None:
+                rec.models = _settle_models(optimizer)
+            rec.on_optimizer(_opt_t0 or time.perf_counter(), time.perf_counter())
             rec.on_optimizer_step(optimizer)
+    except Exception as e:
+        hook_failed(e)
+
+
+def _input_size(args: Any, kwargs: Any) -> int | None:
+    if args:
+        return batch_size(args[0])
+    return batch_size(next(iter(kwargs.values()))) if kwargs else None
+
+
+def _forward_begins(module: Any, args: Any, kwargs: Any = None) -> None:
+    torch = sys.modules["torch"]
+    n = _input_size(args, kwargs)
+    _forwards.append((time.perf_counter(), n, torch.is_grad_enabled(), bool(module.training)))
+
+
+def _forward_ends(module: Any, output: Any) -> None:
+    t1 = time.perf_counter()
+    if not _forwards:
+        return
+    t0, n, grad, training = _forwards.pop()
+    rec = _recorder
+    if rec:
+        rec.on_forward(id(module), t0, t1, n, grad, training)
+        if grad:
+            out = _grad_tensor(output)
+            if out is not None:
+                out.register_hook(_backward_begins)
+
+
+def _grad_tensor(value: Any, depth: int = 0) -> Any:
+    """The first tensor in a model's output (nested tuples, lists, dicts) that requires grad."""
+    if getattr(value, "requires_grad", False) and hasattr(value, "register_hook"):
+        return value
+    if depth < 3:
+        if isinstance(value, (list, tuple)):
+            items = value
+        elif isinstance(value, dict):
+            items = value.values()
+        else:
+            return None
+        for item in items:
+            found = _grad_tensor(item, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _backward_begins(grad: Any) -> None:
+    global _backward_t0
+    try:
+        if _backward_t0 is None:
+            _backward_t0 = time.perf_counter()
+            sys.modules["torch"].autograd.Variable._execution_engine.queue_callback(_backward_ends)
+    except Exception as e:
+        hook_failed(e)
+
+
+def _backward_ends() -> None:
+    global _backward_t0
+    t0, _backward_t0 = _backward_t0, None
+    try:
+        rec = _recorder
+        if rec and t0 is not None:
+            rec.on_backward(t0, time.perf_counter())
+    except Exception as e:
+        hook_failed(e)
+
+
+def _global_pre(module: Any, args: Any) -> None:
+    global _depth
+    _depth += 1
+    if _depth == 1:
+        try:
+            if id(module) not in _roots and len(_roots) < _MAX_ROOTS:
+                _roots[id(module)] = weakref.ref(module)
+            _forward_begins(module, args)
+        except Exception as e:
+            _forwards.append((time.perf_counter(), None, True, True))
+            hook_failed(e)
+
+
+def _global_post(module: Any, args: Any, output: Any) -> None:
+    global _depth
+    _depth = max(0, _depth - 1)
+    if _depth == 0:
+        try:
+            _forward_ends(module, output)
+        except Exception as e:
+            hook_failed(e)
+
+
+def _model_pre(module: Any, args: Any, kwargs: Any) -> None:
+    try:
+        _forward_begins(module, args, kwargs)
+    except Exception as e:
+        _forwards.append((time.perf_counter(), None, True, True))
+        hook_failed(e)
+
+
+def _model_post(module: Any, args: Any, kwargs: Any, output: Any) -> None:
+    try:
+        _forward_ends(module, output)
+    except Exception as e:
+        hook_failed(e)
+
+
+def _settle_models(optimizer: Any) -> frozenset[int]:
+    """The roots seen so far that hold the optimizer's parameters get hooks of their own; the
+    global module hooks go. Returns their ids (empty: forward and backward stay unmeasured)."""
+    params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    models = []
+    for ref in list(_roots.values()):
+        module = ref()
+        if module is not None and any(id(p) in params for p in module.parameters()):
+            models.append(module)
+    _remove_global_hooks()
+    _roots.clear()
+    for module in models:
+        _model_hooks.append(module.register_forward_pre_hook(_model_pre, with_kwargs=True))
+        _model_hooks.append(
+            module.register_forward_hook(_model_post, with_kwargs=True, always_call=True)
+        )
+    return frozenset(id(m) for m in models)
+
+
+def _remove_global_hooks() -> None:
+    global _depth
+    for handle in _global_hooks:
+        handle.remove()
+    _global_hooks.clear()
+    _depth = 0
+
+
+def _record(event: str, *args: Any) -> None:
+    """Call the recorder's `event` method, creating the recorder first; a failure is counted."""
+    try:
+        rec = _recorder if _recorder is not None else _create()
+        if rec:
+            getattr(rec, event)(*args)
     except Exception as e:
         hook_failed(e)
 
@@ -141,21 +305,18 @@ def _next(self: Any) -> Any:
     try:
         batch = _original_next(self)  # type: ignore[misc]
     except StopIteration:
-        try:
-            rec = _recorder if _recorder is not None else _create()
-            if rec:
-                rec.on_wait(t0, time.perf_counter())
-        except Exception as e:
-            hook_failed(e)
+        _record("on_wait", t0, time.perf_counter(), self)
         raise
-    try:
-        t1 = time.perf_counter()
-        rec = _recorder if _recorder is not None else _create()
-        if rec:
-            rec.on_batch(t0, t1, batch, self)
-    except Exception as e:
-        hook_failed(e)
+    _record("on_batch", t0, time.perf_counter(), batch, self)
     return batch
+
+
+def _iter(self: Any) -> Any:
+    # Starting an epoch's iterator (worker processes, pickling the dataset for them) is input time.
+    t0 = time.perf_counter()
+    it = _original_iter(self)  # type: ignore[misc]
+    _record("on_iter_start", t0, time.perf_counter(), it)
+    return it
 
 
 def _enter_autocast(self: Any) -> Any:
@@ -178,17 +339,27 @@ def _enter_autocast(self: Any) -> Any:
 
 
 def _patch_optimizer(module: Any) -> None:
-    global _optimizer_hook
+    global _optimizer_hook, _optimizer_pre_hook
     if _optimizer_hook is None:
+        _optimizer_pre_hook = module.register_optimizer_step_pre_hook(_on_optimizer_pre_step)
         _optimizer_hook = module.register_optimizer_step_post_hook(_on_optimizer_step)
 
 
+def _patch_modules(module: Any) -> None:
+    if not _global_hooks and not _model_hooks:
+        _global_hooks.append(module.register_module_forward_pre_hook(_global_pre))
+        _global_hooks.append(module.register_module_forward_hook(_global_post, always_call=True))
+
+
 def _patch_dataloader(module: Any) -> None:
-    global _original_next
+    global _original_next, _original_iter
     cls = module._BaseDataLoaderIter
     if _original_next is None:
         _original_next = cls.__next__
         cls.__next__ = _next
+    if _original_iter is None:
+        _original_iter = module.DataLoader.__iter__
+        module.DataLoader.__iter__ = _iter
 
 
 def _patch_autocast(module: Any) -> None:
@@ -215,13 +386,23 @@ def install() -> None:
 
 def uninstall() -> None:
     """Remove the hooks (end of `gpufeed.profile()` in a process that was not launched under it)."""
-    global _optimizer_hook, _original_next, _original_enter, _installed
+    global _optimizer_hook, _optimizer_pre_hook, _original_next, _original_iter, _original_enter
+    global _installed
     if _optimizer_hook is not None:
         _optimizer_hook.remove()
-        _optimizer_hook = None
+        _optimizer_pre_hook.remove()
+        _optimizer_hook = _optimizer_pre_hook = None
+    _remove_global_hooks()
+    for handle in _model_hooks:
+        handle.remove()
+    _model_hooks.clear()
+    _roots.clear()
     if _original_next is not None:
         sys.modules["torch.utils.data.dataloader"]._BaseDataLoaderIter.__next__ = _original_next
         _original_next = None
+    if _original_iter is not None:
+        sys.modules["torch.utils.data.dataloader"].DataLoader.__iter__ = _original_iter
+        _original_iter = None
     if _original_enter is not None:
         sys.modules["torch.amp.autocast_mode"].autocast.__enter__ = _original_enter
         _original_enter = None
@@ -233,6 +414,7 @@ _PATCHES: dict[str, Callable[[Any], None]] = {
     "torch.optim.optimizer": _patch_optimizer,
     "torch.utils.data.dataloader": _patch_dataloader,
     "torch.amp.autocast_mode": _patch_autocast,
+    "torch.nn.modules.module": _patch_modules,
 }
 
 

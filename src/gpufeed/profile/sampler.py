@@ -165,7 +165,8 @@ class Sampler:
         self._ticks = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        psutil.cpu_times_percent(percpu=True)  # the first call only sets the baseline
+        self._cores = _usable_cores()
+        self._last_cpu = psutil.cpu_times(percpu=True)  # deltas from here on
 
     def start(self) -> None:
         """Sample in a background thread until `stop()`."""
@@ -246,16 +247,20 @@ class Sampler:
     # --- sources ----------------------------------------------------------------------------------
 
     def _cpu(self, now: float) -> list[Row]:
-        per_core = psutil.cpu_times_percent(percpu=True)
+        # Deltas of /proc/stat's counters (psutil.cpu_times) per usable core. Not
+        # psutil.cpu_times_percent: it divides by max(1 s, elapsed), so below a second per core an
+        # idle core reads as mostly busy.
+        times = psutil.cpu_times(percpu=True)
+        last, self._last_cpu = self._last_cpu, times
         rows: list[Row] = []
         busy_sum = wait_sum = 0.0
-        for i, c in enumerate(per_core):
-            iowait = getattr(c, "iowait", 0.0)
-            busy = max(0.0, min(100.0, 100.0 - c.idle - iowait))
+        cores = [i for i in self._cores if i < min(len(times), len(last))] or range(len(times))
+        for i in cores:
+            busy, iowait = _core_shares(last[i], times[i])
             busy_sum += busy
             wait_sum += iowait
             rows.append((now, "cpu.core", str(i), busy))
-        n = max(1, len(per_core))
+        n = max(1, len(cores))
         rows.append((now, "cpu.util", "", busy_sum / n))
         rows.append((now, "cpu.iowait", "", wait_sum / n))
         return rows
@@ -360,6 +365,27 @@ def _lower_priority() -> None:
     # Nice only the sampler's own thread (Linux applies niceness per thread), never the training.
     with contextlib.suppress(OSError, AttributeError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+
+
+def _usable_cores() -> list[int]:
+    """The cores this process may run on (its affinity set; every core where that is unknown)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(psutil.cpu_count() or 1))
+
+
+def _core_shares(before: Any, after: Any) -> tuple[float, float]:
+    """(busy %, iowait %) of one core between two psutil.cpu_times readings. Guest time is already
+    inside user/nice; a core whose counters did not move (tickless idle) was idle."""
+    fields = [f for f in after._fields if f not in ("guest", "guest_nice")]
+    delta = {f: max(0.0, getattr(after, f) - getattr(before, f)) for f in fields}
+    total = sum(delta.values())
+    if total <= 0:
+        return 0.0, 0.0
+    idle = delta.get("idle", 0.0)
+    iowait = delta.get("iowait", 0.0)
+    return 100.0 * max(0.0, total - idle - iowait) / total, 100.0 * iowait / total
 
 
 def main(argv: list[str] | None = None) -> None:

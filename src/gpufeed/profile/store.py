@@ -21,6 +21,10 @@ CREATE TABLE IF NOT EXISTS steps (step INTEGER PRIMARY KEY, start REAL, "end" RE
 CREATE TABLE IF NOT EXISTS system (time REAL, metric TEXT, device TEXT, value REAL);
 CREATE TABLE IF NOT EXISTS processes (time REAL, pid INTEGER, role TEXT, cpu REAL, rss REAL);
 CREATE TABLE IF NOT EXISTS workers (pid INTEGER PRIMARY KEY, time REAL);
+CREATE TABLE IF NOT EXISTS phases (step INTEGER PRIMARY KEY, forward REAL, backward REAL,
+                                   optimizer REAL);
+CREATE TABLE IF NOT EXISTS evals (start REAL, "end" REAL, batches INTEGER, samples REAL,
+                                  data_wait REAL);
 """
 
 TABLES = {
@@ -28,6 +32,8 @@ TABLES = {
     "system": ("time", "metric", "device", "value"),
     "processes": ("time", "pid", "role", "cpu", "rss"),
     "workers": ("pid", "time"),
+    "phases": ("step", "forward", "backward", "optimizer"),
+    "evals": ("start", "end", "batches", "samples", "data_wait"),
 }
 
 
@@ -60,7 +66,7 @@ class Store:
             for table, data in rows.items():
                 cols = TABLES[table]
                 marks = ",".join("?" * len(cols))
-                verb = "INSERT OR REPLACE" if table in ("steps", "workers") else "INSERT"
+                verb = "INSERT OR REPLACE" if table in ("steps", "workers", "phases") else "INSERT"
                 db.executemany(f"{verb} INTO {table} VALUES ({marks})", data)
             if gpu_times:
                 db.executemany("UPDATE steps SET gpu_time=? WHERE step=?", gpu_times)

@@ -35,10 +35,16 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
+def pick_backend(gpus: int, local_ranks: int) -> str:
+    """``nccl`` when every local rank has a GPU of its own, else ``gloo``."""
+    return "nccl" if gpus >= local_ranks >= 1 else "gloo"
+
+
 def setup_distributed(backend: str | None = None) -> DistInfo:
     """Initialise DDP when launched by torchrun (WORLD_SIZE > 1); a plain single process otherwise.
 
-    Picks ``nccl`` with one GPU per local rank when CUDA is available, else ``gloo`` on the CPU.
+    Picks ``nccl`` with one GPU per local rank when CUDA is available, else ``gloo`` (on the CPU,
+    or on GPUs shared by several local ranks, which NCCL refuses: "Duplicate GPU detected").
     """
     world_size = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
@@ -57,7 +63,8 @@ def setup_distributed(backend: str | None = None) -> DistInfo:
             f"WORLD_SIZE={world_size} but {' and '.join(missing)} not set: launch with "
             "`torchrun --nproc_per_node N script.py` (it sets them), or unset WORLD_SIZE"
         )
-    backend = backend or ("nccl" if cuda else "gloo")
+    gpus = torch.cuda.device_count() if cuda else 0
+    backend = backend or pick_backend(gpus, _env_int("LOCAL_WORLD_SIZE", world_size))
     if not dist.is_initialized():
         kwargs = {"device_id": device} if backend == "nccl" else {}
         dist.init_process_group(backend, rank=rank, world_size=world_size, **kwargs)

@@ -89,3 +89,16 @@ def test_warm_up_never_skips_more_than_half_the_steps(builder: RunBuilder) -> No
 
 def test_quiet_on_a_healthy_run() -> None:
     assert fired(healthy(RunBuilder()).build()) == []
+
+
+def test_advice_fits_the_data_type_no_jpeg_advice_for_tokens() -> None:
+    def advice(kind: str | None) -> str:
+        b = RunBuilder(cpu_count=2).steps([0.1] * 100, waits=0.09)
+        for rank in b.ranks:
+            rank["batch_kind"] = kind
+        return run_rules(b.build())[0].recommendation
+
+    text = advice("other")  # e.g. token ids: (batch, sequence)
+    assert "Set num_workers=" in text and "may not keep up" in text
+    assert "JPEG" not in text and "gpufeed pack" not in text and "tokenize" in text
+    assert "JPEG" in advice("image") and "JPEG" in advice(None)  # images, or not recorded

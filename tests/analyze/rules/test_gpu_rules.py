@@ -77,3 +77,20 @@ def test_mixed_precision_stays_quiet_when_fp32_steps_wait_for_data(builder: RunB
     builder.steps([0.1] * 200, waits=0.04).gpu(97.0, mem_used=60e9)
     gpus = [{"index": 0, "name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}]
     assert "MixedPrecision" not in rules(builder.build(precision="fp32", gpus=gpus))
+
+
+def test_gpu_rules_judge_only_the_gpus_the_job_could_use(builder: RunBuilder) -> None:
+    builder.steps([0.1] * 100).gpu(35.0, device="0").gpu(20.0, device="1")
+    run = builder.build(env={"CUDA_VISIBLE_DEVICES": "1"})
+    f = rules(run)["LowGPUUtilization"]
+    assert "gpu1_util_p95" in f.evidence and "gpu0_util_p95" not in f.evidence
+    hidden = builder.build(env={"CUDA_VISIBLE_DEVICES": ""})
+    assert not {"LowGPUUtilization", "BatchSize"} & set(rules(hidden))
+
+
+def test_a_cpu_only_job_on_a_gpu_host_gets_no_gpu_advice(builder: RunBuilder) -> None:
+    builder.steps([0.05] * 200, samples=16).gpu(0.0, mem_used=1e9)
+    assert {"LowGPUUtilization", "BatchSize"} <= set(rules(builder.build()))
+    for rank in builder.ranks:
+        rank["cuda"] = False  # its training process never initialized CUDA
+    assert not {"LowGPUUtilization", "BatchSize"} & set(rules(builder.build()))

@@ -57,3 +57,24 @@ def test_period_survives_a_missed_stall_and_a_stray_outlier(builder: RunBuilder)
 def test_healthy_jitter_is_neither() -> None:
     found = rules(healthy(RunBuilder(), n=500).build())
     assert not {"StepOutlier", "PeriodicStall"} & set(found)
+
+
+def test_every_nth_step_waiting_for_data_is_the_loaders_period_not_a_stall(
+    builder: RunBuilder,
+) -> None:
+    # 3 loader workers, each a batch in turn: every 3rd step waits 150 ms for data
+    d = jittered(300)
+    waits = np.where(np.arange(300) % 3 == 1, 0.15, 0.0)
+    found = rules(builder.steps(d + waits, waits=waits).build())
+    assert "PeriodicStall" not in found and "StepOutlier" not in found
+    f = found["DataLoaderBottleneck"]
+    assert f.evidence["stall_period_steps"] == 3 and "One step in 3 waits" in f.recommendation
+
+
+def test_step_outlier_leaves_periods_to_periodic_stall_as_configured(builder: RunBuilder) -> None:
+    d = jittered(300)
+    d[np.arange(300) % 60 == 7] += 1.0  # 5 stalls: a period only with min_periods <= 5
+    run = builder.steps(d).build()
+    assert "StepOutlier" not in rules(run)  # the default (3 periods) sees the period
+    strict = rules(run, PeriodicStall={"min_periods": 8})
+    assert "PeriodicStall" not in strict and "StepOutlier" in strict

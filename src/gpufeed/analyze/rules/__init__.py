@@ -96,9 +96,10 @@ def run_rules(run: Run, **overrides: Mapping[str, Any]) -> list[Finding]:
     """Apply every enabled rule to `run`; findings come most severe first, then by estimated speedup."""
     checked = validate(overrides)
     ctx = Context(run, checked.get(WARMUP_ID))
+    ctx.params = {rid: rule.resolve(checked.get(rid)) for rid, rule in RULES.items()}
     findings: list[Finding] = []
     for rid, rule in RULES.items():
-        params = rule.resolve(checked.get(rid))
+        params = ctx.params[rid]
         if params["enabled"]:
             findings.extend(rule.check(ctx, params))
     return sorted(findings, key=lambda f: f.impact_key(), reverse=True)

@@ -36,6 +36,11 @@ class Context:
         w = {name: p.default for name, p in WARMUP_PARAMS.items()} | dict(warmup or {})
         self.warmup_steps = int(w["steps"])
         self.warmup_seconds = float(w["seconds"])
+        self.params: dict[str, dict[str, Any]] = {}  # every rule's parameters in this analysis
+
+    def rule_params(self, rule: Any) -> dict[str, Any]:
+        """The parameters `rule` (a Rule class) runs with in this analysis, overrides included."""
+        return self.params.get(rule.id) or {n: p.default for n, p in rule.params.items()}
 
     # --- steps ----------------------------------------------------------------------------------
 
@@ -95,8 +100,36 @@ class Context:
         return {str(m): g for m, g in in_window.groupby("metric", sort=False)}
 
     def metric(self, name: str) -> pd.DataFrame:
-        """Rows (time, host, metric, device, value) of one metric inside the steady-state window."""
-        return self._by_metric.get(name, _EMPTY_SYSTEM)
+        """Rows (time, host, metric, device, value) of one metric inside the steady-state window;
+        for GPU metrics only the GPUs the job could use (see `used_gpus`)."""
+        rows = self._by_metric.get(name, _EMPTY_SYSTEM)
+        if name.startswith("gpu.") and self.used_gpus is not None and len(rows):
+            rows = rows[rows["device"].isin(self.used_gpus)]
+        return rows
+
+    @cached_property
+    def used_gpus(self) -> set[str] | None:
+        """NVML indices of the GPUs the job used; None: all that NVML reported (cannot tell).
+
+        No GPU when no training process initialized CUDA (ranks' "cuda" flag) or
+        CUDA_VISIBLE_DEVICES hides them all; else the indices CUDA_VISIBLE_DEVICES lists (up to the
+        first entry that is not a number, as CUDA reads it; UUIDs cannot be mapped: all).
+        """
+        flags = [r.get("cuda") for r in self.meta.get("ranks") or [] if r.get("cuda") is not None]
+        if flags and not any(flags):
+            return set()
+        visible = (self.meta.get("env") or {}).get("CUDA_VISIBLE_DEVICES")
+        if visible is None:
+            return None
+        out: list[str] = []
+        for part in visible.split(","):
+            part = part.strip()
+            if not part.isdigit():
+                if not out and part and not part.startswith("-"):
+                    return None  # GPU-… / MIG-… UUIDs
+                break
+            out.append(str(int(part)))
+        return set(out)
 
     def per_device(self, name: str) -> dict[str, np.ndarray]:
         """Values of one metric per device label ("host:device" when several hosts), time-ordered."""
@@ -143,8 +176,33 @@ class Context:
         return {str(role): float(v) for role, v in per_time.mean().items()}
 
     @cached_property
+    def images(self) -> bool:
+        """False when the training processes' DataLoaders delivered something other than images
+        (tokens, features); True when images or not recorded (the advice then assumes images)."""
+        kinds = {r.get("batch_kind") for r in self.meta.get("ranks") or []} - {None}
+        return not kinds or "image" in kinds
+
+    def cut_cost(self) -> str:
+        """How to cut the CPU cost per sample, for the kind of data this run loads."""
+        if self.images:
+            return (
+                "pre-resized shards via `gpufeed pack --resize`, reduced-size JPEG decode, "
+                "augmentation on the GPU"
+            )
+        return (
+            "preprocess once ahead of time (tokenize, parse, cache the tensors) and keep only cheap "
+            "per-sample work in the loader"
+        )
+
+    @cached_property
     def worker_count(self) -> float:
-        """Loader workers alive at a typical sample time, per training process."""
+        """Loader workers per training process: what its DataLoader hooks saw feeding training
+        steps (workers living under a second escape process sampling), else the workers alive at
+        a typical sample time."""
+        hooked = [r.get("loader_workers") for r in self.meta.get("ranks") or []]
+        hooked = [int(n) for n in hooked if n is not None]
+        if hooked:
+            return float(np.mean(hooked))
         p = self.processes
         if len(p) == 0:
             return 0.0
@@ -173,12 +231,23 @@ class Context:
         """CPU of the training processes (% of a core) while their steps wait on data, and otherwise.
 
         Each process sample averages CPU over the interval before it; with f the share of that interval
-        spent in data wait, cpu = a*f + b*(1-f) is fitted by least squares and (a, b) returned. NaN
-        where the samples do not separate waiting from computing.
+        spent in data wait, cpu = a*f + b*(1-f) is fitted by least squares and (a, b) returned, clipped
+        to what a process can use (0 to 100 x cores). NaN where the samples do not separate waiting
+        from computing.
         """
+        return self._main_cpu_fit[0]
+
+    @cached_property
+    def main_cpu_waiting_range(self) -> tuple[float, float]:
+        """(low, high) of `main_cpu_split`'s CPU-while-waiting: about 95% confidence, clipped like
+        it; a weak fit (few samples, noisy CPU) gives a wide range. NaN where there is no fit."""
+        return self._main_cpu_fit[1]
+
+    @cached_property
+    def _main_cpu_fit(self) -> tuple[tuple[float, float], tuple[float, float]]:
         nan = (float("nan"), float("nan"))
         if "pid" not in self.steps:
-            return nan
+            return nan, nan
         fs, cpus = [], []
         main = self.processes[self.processes["role"] == "main"]
         for (host, pid), s in self.steps.groupby(["host", "pid"]):
@@ -190,13 +259,25 @@ class Context:
             fs.append(_share_inside(s, t_start, t_end))
             cpus.append(m["cpu"].to_numpy(dtype=float))
         if not fs:
-            return nan
+            return nan, nan
         f, cpu = np.concatenate(fs), np.concatenate(cpus)
+        top = 100.0 * self.cpu_count
+
+        def clip(x: float) -> float:
+            return float(min(max(x, 0.0), top))
+
         if f.std() < 0.05:
-            return (float(cpu.mean()), float("nan")) if f.mean() > 0.9 else nan
+            if f.mean() > 0.9:
+                se = 2 * float(cpu.std()) / max(1.0, np.sqrt(len(cpu)))
+                a = float(cpu.mean())
+                return (clip(a), float("nan")), (clip(a - se), clip(a + se))
+            return nan, nan
         design = np.column_stack([f, 1.0 - f])
         (a, b), *_ = np.linalg.lstsq(design, cpu, rcond=None)
-        return float(max(a, 0.0)), float(max(b, 0.0))
+        dof = max(1, len(cpu) - 2)
+        sigma2 = float(np.sum((cpu - design @ np.array([a, b])) ** 2)) / dof
+        se = 2 * float(np.sqrt(sigma2 * np.linalg.pinv(design.T @ design)[0, 0]))
+        return (clip(a), clip(b)), (clip(a - se), clip(a + se))
 
     @cached_property
     def interval(self) -> float:
@@ -207,6 +288,23 @@ class Context:
     def host_cpu(self) -> float:
         """Median whole-host CPU busy % over the window (NaN when not sampled)."""
         return pct(self.metric("cpu.util")["value"], 50)
+
+
+def data_stall_period(steps: pd.DataFrame, p: dict[str, Any]) -> tuple[int, int] | None:
+    """(N, r) when every N-th step of one rank is slow because it waits for data (most of the slow
+    steps' excess over the median is data wait, as when N loader workers each deliver one batch in
+    turn); None otherwise. `p`: PeriodicStall's parameters."""
+    d = steps["duration"].to_numpy(dtype=float)
+    wait = steps["data_wait"].to_numpy(dtype=float)
+    step = steps["step"].to_numpy(dtype=np.int64)
+    slow = slow_mask(d, p["k"], p["min_ratio"])
+    found = find_period(step, slow, p["match"], int(p["min_periods"]))
+    if found is None:
+        return None
+    stalled = slow & (step % found[0] == found[1])
+    excess = float(np.sum(d[stalled] - np.median(d)))
+    waited = float(np.sum(wait[stalled] - np.median(wait)))
+    return found if excess > 0 and waited >= 0.5 * excess else None
 
 
 def wait_share(steps: pd.DataFrame) -> float:

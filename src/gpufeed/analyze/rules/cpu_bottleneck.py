@@ -18,7 +18,9 @@ class CPUBottleneck(Rule):
     Roles: the loader workers (busy while steps wait on data), the training process itself (loading
     with num_workers=0, or Python/launch overhead with no data wait), or processes outside the run.
     A process counts as saturated at `busy` % of a core, or at half that while the whole host is
-    above `host_busy` % (it is then starved rather than idle). On a host so oversubscribed that the
+    above `host_busy` % (it is then starved rather than idle); the training process's CPU while it
+    waits is a fit, clipped to what it can use, and must be saturated over its whole range. On a
+    host so oversubscribed that the
     run's processes get less than that, the rule stays silent: CPU-bound and sleeping look alike.
     """
 
@@ -74,8 +76,7 @@ class CPUBottleneck(Rule):
             advice = (
                 f"about {free:.0f} cores are still free: add loader workers (num_workers={round(workers) + max(1, int(free))})"
                 if free >= 1
-                else "no cores are left: cut the CPU cost per sample (pre-resized shards via "
-                "`gpufeed pack --resize`, reduced-size JPEG decode, augmentation on the GPU)"
+                else f"no cores are left: cut the CPU cost per sample ({ctx.cut_cost()})"
             )
             yield Finding(
                 rule=self.id,
@@ -91,10 +92,12 @@ class CPUBottleneck(Rule):
             return
 
         loading, computing = ctx.main_cpu_split
-        if waiting and workers < 0.5 and saturated(loading):
+        low, high = ctx.main_cpu_waiting_range
+        if waiting and workers < 0.5 and saturated(loading) and saturated(low):
             evidence |= {
                 "role": "main",
                 "main_cpu_while_waiting_pct": round(loading, 1),
+                "main_cpu_while_waiting_range": f"{low:.0f}-{high:.0f}",
                 "main_cpu_while_computing_pct": round(computing, 1)
                 if np.isfinite(computing)
                 else "n/a",
@@ -105,7 +108,8 @@ class CPUBottleneck(Rule):
                 title="CPU-bound training process: it decodes and augments the data itself",
                 evidence=evidence,
                 recommendation=(
-                    f"With num_workers=0 the training process runs at {loading:.0f}% CPU while its "
+                    f"With num_workers=0 the training process runs at {loading:.0f}% CPU "
+                    f"({low:.0f}-{high:.0f}%) while its "
                     f"steps wait {fmt_pct(share)} of the time for data: move loading to worker "
                     "processes (DataLoader num_workers > 0, see DataLoaderBottleneck for the count)."
                 ),

@@ -8,7 +8,14 @@ from typing import Any, ClassVar
 
 from gpufeed.analyze.finding import Finding
 from gpufeed.analyze.rules.base import Param, Rule
-from gpufeed.analyze.rules.context import Context, fmt_pct, speedup_without, wait_share
+from gpufeed.analyze.rules.context import (
+    Context,
+    data_stall_period,
+    fmt_pct,
+    speedup_without,
+    wait_share,
+)
+from gpufeed.analyze.rules.periodic_stall import PeriodicStall
 
 
 class DataLoaderBottleneck(Rule):
@@ -52,6 +59,9 @@ class DataLoaderBottleneck(Rule):
             "worker_cpu_pct": round(ctx.worker_cpu, 1) if ctx.worker_count >= 0.5 else 0.0,
             "cpu_count": ctx.cpu_count,
         }
+        period = data_stall_period(s, ctx.rule_params(PeriodicStall))
+        if period is not None:
+            evidence["stall_period_steps"] = period[0]
         if len(shares) > 1:
             evidence["rank"] = int(rank)
             evidence["mean_share_all_ranks"] = round(wait_share(ctx.steps), 4)
@@ -60,9 +70,19 @@ class DataLoaderBottleneck(Rule):
             severity="critical" if share >= p["critical"] else "warning",
             title=f"Input pipeline: steps wait {fmt_pct(share)} of the time for data",
             evidence=evidence,
-            recommendation=_recommend(ctx, p, step, wait, compute, share),
+            recommendation=_recommend(ctx, p, step, wait, compute, share) + _period_note(period),
             est_speedup=round(speedup_without(s, s["data_wait"]), 3),
         )
+
+
+def _period_note(period: tuple[int, int] | None) -> str:
+    if period is None:
+        return ""
+    return (
+        f" One step in {period[0]} waits much longer than the others (step % {period[0]} == "
+        f"{period[1]}): the loader delivers in bursts, each worker a batch in turn, not a "
+        "checkpoint or logging stall."
+    )
 
 
 def _recommend(
@@ -88,9 +108,7 @@ def _recommend(
         if need > budget:
             text += (
                 f" Even {n} worker{'s' if n != 1 else ''} may not keep up (about {need} needed): "
-                "also cut the CPU cost per "
-                "sample (pre-resized shards via `gpufeed pack --resize`, reduced-size JPEG decode, "
-                "augmentation on the GPU)."
+                f"also cut the CPU cost per sample ({ctx.cut_cost()})."
             )
         return text + gpu_tail
     now = round(workers)
@@ -102,13 +120,16 @@ def _recommend(
             return f"Set num_workers={need} ({state}): {why}.{gpu_tail}"
         return (
             f"The loader workers are CPU-bound ({state}) and about {need} would be needed, more than "
-            f"the {budget} cores left per rank: cut the CPU cost per sample (pre-resized shards via "
-            "`gpufeed pack --resize`, reduced-size JPEG decode, augmentation on the GPU) or use a "
-            f"host with more cores; meanwhile set num_workers={budget}. {why.capitalize()}.{gpu_tail}"
+            f"the {budget} cores left per rank: cut the CPU cost per sample ({ctx.cut_cost()}) or "
+            f"use a host with more cores; meanwhile set num_workers={budget}. {why.capitalize()}.{gpu_tail}"
         )
     return (
         f"The {now} loader worker(s) are mostly idle ({wcpu:.0f}% CPU each), so they wait on storage "
         f"or latency rather than CPU: set num_workers={need} and prefetch_factor=4, and read "
-        f"large sequential shards (`gpufeed pack`) instead of many small files. {why.capitalize()}."
-        f"{gpu_tail}"
+        + (
+            "large sequential shards (`gpufeed pack`) instead of many small files"
+            if ctx.images
+            else "large sequential files (or memory-mapped arrays) instead of many small reads"
+        )
+        + f". {why.capitalize()}.{gpu_tail}"
     )

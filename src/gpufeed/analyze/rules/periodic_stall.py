@@ -9,7 +9,14 @@ import numpy as np
 
 from gpufeed.analyze.finding import Finding
 from gpufeed.analyze.rules.base import Param, Rule
-from gpufeed.analyze.rules.context import Context, find_period, fmt_pct, slow_mask, speedup_without
+from gpufeed.analyze.rules.context import (
+    Context,
+    data_stall_period,
+    find_period,
+    fmt_pct,
+    slow_mask,
+    speedup_without,
+)
 
 
 class PeriodicStall(Rule):
@@ -17,7 +24,8 @@ class PeriodicStall(Rule):
 
     A step is slow when it is more than `k` robust deviations and `min_ratio` x above the median; N is
     the smallest period that holds at least `match` of the slow steps and whose steps are at least
-    `match` slow.
+    `match` slow. Stalls that are mostly data wait (N loader workers delivering in turn) are the
+    input pipeline's: DataLoaderBottleneck reports them, with the period.
     """
 
     id = "PeriodicStall"
@@ -39,6 +47,8 @@ class PeriodicStall(Rule):
             if found is None:
                 continue
             n, r = found
+            if data_stall_period(g, p) is not None:
+                continue
             stalled = slow & (step % n == r)
             median = float(np.median(d))
             lost = float(np.sum(d[stalled] - median))

@@ -16,7 +16,7 @@ from gpufeed.analyze.rules.periodic_stall import PeriodicStall
 class StepOutlier(Rule):
     """Steps far above the median (robust statistics: median and MAD), with the steps named.
 
-    Steps that recur on a period are left to PeriodicStall (with its default parameters). When more
+    Steps that recur on a period are left to PeriodicStall (with the parameters it runs with). When more
     than `max_share` of steps are slow, the step time is spread out rather than having outliers.
     """
 
@@ -30,7 +30,7 @@ class StepOutlier(Rule):
     cpu_only = "same as on GPU runs"
 
     def check(self, ctx: Context, p: dict[str, Any]) -> Iterator[Finding]:
-        pp = {name: prm.default for name, prm in PeriodicStall.params.items()}
+        pp = ctx.rule_params(PeriodicStall)
         for rank, g in ctx.steps.groupby("rank", sort=True):
             d = g["duration"].to_numpy(dtype=float)
             step = g["step"].to_numpy(dtype=np.int64)
