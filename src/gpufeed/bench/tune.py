@@ -32,6 +32,7 @@ from gpufeed.bench.measure import (
     measure_together,
     model_classes,
 )
+from gpufeed.errors import GpufeedError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -41,7 +42,7 @@ WAITING = 0.1  # end to end, steps waiting for data less than this share: the lo
 SETTING_KEYS = ("batch_size", "num_workers", "prefetch", "preprocess")
 
 
-class TuneError(ValueError):
+class TuneError(GpufeedError, ValueError):
     """A settings file that cannot be used; the message names the file and the key."""
 
 

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufeed.errors import GpufeedError
+
 if TYPE_CHECKING:
     from gpufeed.analyze.run import Run
 
@@ -33,7 +35,7 @@ _UNITS = {
 _UNIT_NAMES = {1e-6: "MB/s", 1e-9: "GB"}
 
 
-class TraceError(ValueError):
+class TraceError(GpufeedError, ValueError):
     """The trace cannot be written as asked (too large, empty window); the message says what to do."""
 
 

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpufeed.errors import GpufeedError
+
 ENV_RUN_DIR = "GPUFEED_RUN_DIR"
 DEFAULT_OUT = "gpufeed-runs"
 DEFAULT_INTERVAL = 0.2
@@ -27,12 +29,8 @@ FLUSH_INTERVAL = 0.5
 META_FILE = "meta.json"
 
 
-class ProfileError(ValueError):
+class ProfileError(GpufeedError, ValueError):
     """Bad input to the profiler, with a message that says what to do; `exit_code` for the CLI."""
-
-    def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def check_interval(interval: float) -> float:
