@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufeed.atomic import write_atomic
 from gpufeed.errors import GpufeedError
 
 if TYPE_CHECKING:
@@ -71,10 +72,7 @@ def write_trace(
         raise TraceError(_too_big(run, len(text) / 1e6, max_mb, info))
     default = "trace-merged.json" if merge is not None else "trace.json"
     target = Path(out) if out is not None else run.path / default
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, target)
+    write_atomic(target, text, make_parents=True)
     echo(
         f"gpufeed: trace written to {target} ({len(text) / 1e6:.1f} MB, "
         f"{len(trace['traceEvents']):,} events): open it in https://ui.perfetto.dev or chrome://tracing"

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpufeed.atomic import write_atomic
 from gpufeed.errors import GpufeedError
 
 ENV_RUN_DIR = "GPUFEED_RUN_DIR"
@@ -173,16 +174,7 @@ def write_meta(run_dir: str | os.PathLike[str], meta: dict[str, Any]) -> None:
 
     Raises OSError if it cannot be written; the temp file is never left behind.
     """
-    path = Path(run_dir) / META_FILE
-    tmp = path.with_name(f".{META_FILE}.{os.getpid()}.tmp")
-    text = json.dumps(meta, indent=2, default=str)
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    write_atomic(Path(run_dir) / META_FILE, json.dumps(meta, indent=2, default=str))
 
 
 def read_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
