@@ -1,4 +1,4 @@
-"""The built-in bottleneck rules: a registry and `run_rules`, which applies them to a run.
+"""The registry of built-in bottleneck rules and `run_rules`, which applies them to a run.
 
 Each rule is a small class in its own module with an id, a docstring, and parameters with documented
 defaults (`gpufeed rules` lists them). Parameters are overridden per call as
@@ -103,6 +103,3 @@ def run_rules(run: Run, **overrides: Mapping[str, Any]) -> list[Finding]:
         if params["enabled"]:
             findings.extend(rule.check(ctx, params))
     return sorted(findings, key=lambda f: f.impact_key(), reverse=True)
-
-
-__all__ = ["RULES", "Context", "Param", "Rule", "describe", "run_rules", "settings", "validate"]
