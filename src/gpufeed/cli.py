@@ -8,21 +8,38 @@ from __future__ import annotations
 import math
 from typing import Annotated
 
+import click
 import typer
+from typer.core import TyperGroup
 
-app = typer.Typer(
-    name="gpufeed",
-    help="Find out why GPU training is slow, and keep the GPU fed.",
-    no_args_is_help=True,
-    add_completion=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+from gpufeed.errors import GpufeedError
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a one-line error in red to stderr and return the Exit to raise."""
     typer.secho(f"gpufeed: error: {message}", err=True, fg=typer.colors.RED)
     return typer.Exit(code)
+
+
+class Commands(TyperGroup):
+    """The command group with gpufeed's one error handler: any GpufeedError a command raises
+    becomes one `gpufeed: error: MESSAGE` line and the error's exit code, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except GpufeedError as e:
+            raise fail(str(e), e.exit_code) from None
+
+
+app = typer.Typer(
+    cls=Commands,
+    name="gpufeed",
+    help="Find out why GPU training is slow, and keep the GPU fed.",
+    no_args_is_help=True,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 
 
 def written(error: OSError, *targets: str | None) -> str:
@@ -77,12 +94,8 @@ def profile_cmd(
 ) -> None:
     """Run COMMAND under the profiler: `gpufeed profile -- python train.py`. Exit code is COMMAND's."""
     from gpufeed.profile.launch import profile_command
-    from gpufeed.profile.session import ProfileError
 
-    try:
-        code, _ = profile_command(command or [], out=out, name=name, interval=interval)
-    except ProfileError as e:
-        raise fail(str(e), e.exit_code) from None
+    code, _ = profile_command(command or [], out=out, name=name, interval=interval)
     raise typer.Exit(code)
 
 
@@ -92,13 +105,9 @@ RUNS_HELP = "a run directory; several (one per host of a multi-node job) are rea
 @app.command("show")
 def show_cmd(runs: Annotated[list[str], typer.Argument(help=RUNS_HELP)]) -> None:
     """Print a run's summary (phases, steps/s, data wait, percentiles of every metric) and findings."""
-    from gpufeed.analyze.run import RunError
     from gpufeed.present.terminal import show
 
-    try:
-        show(runs)
-    except RunError as e:
-        raise fail(str(e)) from None
+    show(runs)
 
 
 @app.command("ls")
@@ -140,8 +149,6 @@ def report_cmd(
     ] = None,
 ) -> None:
     """Write a self-contained HTML report: summary, findings with evidence and fixes, charts."""
-    from gpufeed.analyze.config import ConfigError
-    from gpufeed.analyze.run import RunError
     from gpufeed.present.html import write_report
     from gpufeed.present.terminal import print_findings
 
@@ -158,8 +165,6 @@ def report_cmd(
             echo=typer.echo,
             on_findings=print_findings,
         )
-    except (RunError, ConfigError) as e:
-        raise fail(str(e)) from None
     except OSError as e:
         raise fail(f"cannot write {written(e, out, json_out)}: {e.strerror}") from None
 
@@ -188,13 +193,10 @@ def trace_cmd(
     ] = None,
 ) -> None:
     """Write a Chrome/Perfetto trace: step and data-wait spans per rank, system metric counters."""
-    from gpufeed.analyze.run import RunError
-    from gpufeed.present.trace import TraceError, write_trace
+    from gpufeed.present.trace import write_trace
 
     try:
         write_trace(runs, out, start=start, end=end, max_mb=max_mb, echo=typer.echo, merge=merge)
-    except (RunError, TraceError) as e:
-        raise fail(str(e)) from None
     except OSError as e:
         raise fail(f"cannot write {written(e, out)}: {e.strerror}") from None
 
@@ -208,15 +210,12 @@ def export_cmd(
     ] = None,
 ) -> None:
     """Export a run for other tools: step time, data wait, throughput and system metrics."""
-    from gpufeed.analyze.run import RunError
-    from gpufeed.present.tensorboard import ExportError, export_tensorboard
+    from gpufeed.present.tensorboard import export_tensorboard
 
     if tensorboard is None:
         raise fail("say what to export: --tensorboard DIR")
     try:
         export_tensorboard(runs, tensorboard, echo=typer.echo)
-    except (RunError, ExportError) as e:
-        raise fail(str(e)) from None
     except OSError as e:
         raise fail(f"cannot write {e.filename}: {e.strerror}") from None
 
@@ -256,17 +255,14 @@ def pack_cmd(
     """Pack images into tar shards (WebDataset layout) plus gpufeed-index.json, locally or on S3."""
     import warnings
 
-    from gpufeed.data.pack import PackError, pack
+    from gpufeed.data.pack import pack
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        try:
-            result = pack(
-                src, dst, shard_size=shard_size, resize=resize, quality=quality,
-                workers=workers, verify=verify, seed=seed,
-            )  # fmt: skip
-        except PackError as e:
-            raise fail(str(e)) from None
+        result = pack(
+            src, dst, shard_size=shard_size, resize=resize, quality=quality,
+            workers=workers, verify=verify, seed=seed,
+        )  # fmt: skip
     for w in caught:
         typer.secho(f"gpufeed: warning: {w.message}", err=True, fg=typer.colors.YELLOW)
     typer.echo(result.summary())
@@ -296,13 +292,8 @@ def index_cmd(
 ) -> None:
     """Index existing WebDataset tar shards in one pass, so `Loader` reads them (writes gpufeed-index.json next to them)."""
     from gpufeed.data.indexer import index_shards
-    from gpufeed.data.shards import ShardError
-    from gpufeed.extras import MissingExtra
 
-    try:
-        result = index_shards(shards, classes=classes, label_field=label_field)
-    except (ShardError, MissingExtra) as e:
-        raise fail(str(e)) from None
+    result = index_shards(shards, classes=classes, label_field=label_field)
     typer.echo(result.summary())
 
 
@@ -348,7 +339,6 @@ def bench_cmd(
     Experiments: augload, workers, batch. Partial results are written after every configuration.
     """
     from gpufeed.bench.experiments import run_bench
-    from gpufeed.bench.workload import BenchError
 
     check_seconds("--budget", budget)
     check_count("--workers", workers, 0)
@@ -356,13 +346,10 @@ def bench_cmd(
         check_count(option, value, 1)
     check_count("--batch-size", batch_size, 1)
 
-    try:
-        path = run_bench(
-            name, out, full=full, data=data, budget_s=budget, steps=steps, repeats=repeats,
-            images=images, batch_size=batch_size, workers=workers, cache=cache,
-        )  # fmt: skip
-    except BenchError as e:
-        raise fail(str(e)) from None
+    path = run_bench(
+        name, out, full=full, data=data, budget_s=budget, steps=steps, repeats=repeats,
+        images=images, batch_size=batch_size, workers=workers, cache=cache,
+    )  # fmt: skip
     typer.echo(f"gpufeed: wrote {path}/results.md (+ .csv, .json, .png)")
 
 
@@ -384,13 +371,9 @@ def demo_cmd(
     out: str = typer.Option("gpufeed-demo", "--out", "-o", help="Work dir; data is cached here."),
 ) -> None:
     """Profile a naive training pipeline, show its bottleneck, then fix it with the gpufeed loader."""
-    from gpufeed.bench.demo import DemoError, demo_config, run_demo
+    from gpufeed.bench.demo import demo_config, run_demo
 
-    try:
-        cfg = demo_config(tiny, images, steps, model, batch_size, image_size)
-        run_demo(cfg, out)
-    except (DemoError, ValueError) as e:
-        raise fail(str(e)) from None
+    run_demo(demo_config(tiny, images, steps, model, batch_size, image_size), out)
 
 
 @app.command("diagnose")
@@ -422,28 +405,24 @@ def diagnose_cmd(
 ) -> None:
     """Input-bound or compute-bound? Measure the loader alone, the model alone and both together."""
     from gpufeed.bench.diagnose import diagnose
-    from gpufeed.bench.measure import MeasureError
 
     check_seconds("--seconds", seconds)
     check_count("--workers", workers, 0)
     check_count("--batch-size", batch_size, 1)
     check_count("--image-size", image_size, 1)
 
-    try:
-        diagnose(
-            data,
-            model,
-            batch_size,
-            device,
-            workers,
-            image_size,
-            seconds,
-            precision=precision,
-            channels_last=channels_last,
-            compile=compile,
-        )
-    except MeasureError as e:
-        raise fail(str(e)) from None
+    diagnose(
+        data,
+        model,
+        batch_size,
+        device,
+        workers,
+        image_size,
+        seconds,
+        precision=precision,
+        channels_last=channels_last,
+        compile=compile,
+    )
 
 
 @app.command("tune")
@@ -463,37 +442,28 @@ def tune_cmd(
     repeats: int = typer.Option(3, "--repeats", help="Measurements per trial (median, spread)."),
 ) -> None:
     """Search loader workers, prefetch, CPU/GPU preprocessing (and batch size) by measured trials."""
-    from gpufeed.bench.measure import MeasureError
     from gpufeed.bench.tune import tune
 
     check_seconds("--seconds", seconds)
     check_count("--batch-size", batch_size, 1)
     check_count("--image-size", image_size, 1)
 
-    try:
-        tune(
-            data,
-            model,
-            batch_size,
-            device,
-            image_size,
-            allow_batch_change,
-            out,
-            seconds,
-            repeats=repeats,
-        )
-    except MeasureError as e:
-        raise fail(str(e)) from None
+    tune(
+        data,
+        model,
+        batch_size,
+        device,
+        image_size,
+        allow_batch_change,
+        out,
+        seconds,
+        repeats=repeats,
+    )
 
 
 def main() -> None:
-    """Console-script entry point; a missing optional dependency is a one-line error."""
-    from gpufeed.extras import MissingExtra
-
-    try:
-        app()
-    except MissingExtra as e:
-        raise SystemExit(f"gpufeed: error: {e}") from None
+    """Console-script entry point; `Commands` turns every GpufeedError into a one-line error."""
+    app()
 
 
 if __name__ == "__main__":

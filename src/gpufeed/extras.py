@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from gpufeed.errors import GpufeedError
+
 # extra -> (module it provides, what it is for); pyproject.toml's optional-dependencies match
 EXTRAS = {
     "s3": ("s3fs", "reading and writing s3:// data sets"),
@@ -22,7 +24,7 @@ EXTRAS = {
 }
 
 
-class MissingExtra(ImportError):
+class MissingExtra(GpufeedError, ImportError):
     """A feature's optional dependency is not installed; the message names the extra."""
 
 

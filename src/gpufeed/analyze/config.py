@@ -20,10 +20,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from gpufeed.errors import GpufeedError
+
 DEFAULT_FILE = "gpufeed.toml"
 
 
-class ConfigError(ValueError):
+class ConfigError(GpufeedError, ValueError):
     """A bad threshold override: the message names the file or option, the key, and what to do."""
 
 

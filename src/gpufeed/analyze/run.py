@@ -65,6 +65,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufeed.errors import GpufeedError
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from os import PathLike
@@ -116,7 +118,7 @@ _RANK_KEYS = (
 )
 
 
-class RunError(ValueError):
+class RunError(GpufeedError, ValueError):
     """A path that is not a readable run directory; the message says which and what to do."""
 
 

@@ -63,7 +63,7 @@ def percentile_table(run: Run, by_host: bool = False) -> pd.DataFrame:
         key=lambda k: tuple(
             (rank.get(part, len(rank)), part)
             if name == "metric"
-            else (_device_key(part) if name == "device" else part)
+            else (device_key(part) if name == "device" else part)
             for name, part in zip(keys, k, strict=True)
         ),
     )
@@ -72,8 +72,9 @@ def percentile_table(run: Run, by_host: bool = False) -> pd.DataFrame:
     return table
 
 
-def _device_key(device: str) -> tuple[int, str]:
-    return (int(device), "") if device.isdigit() else (-1, device)
+def device_key(device: str) -> tuple[int, str]:
+    """Sort key for device ids: GPUs by number ("2" before "10"), named devices first."""
+    return (int(device), "") if str(device).isdigit() else (-1, str(device))
 
 
 def run_span(run: Run) -> tuple[float, float]:

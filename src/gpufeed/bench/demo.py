@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufeed.errors import GpufeedError
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -28,8 +30,12 @@ if TYPE_CHECKING:
 DEFAULT_WORK_DIR = "gpufeed-demo"
 
 
-class DemoError(RuntimeError):
+class DemoError(GpufeedError, RuntimeError):
     """A demo step failed; the message says which and where its log is."""
+
+
+class DemoOptionError(DemoError, ValueError):
+    """A demo option out of range; the message names the option and what to give."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +163,8 @@ def demo_config(
     batch_size: int | None = None,
     image_size: int | None = None,
 ) -> DemoConfig:
-    """The default (or `--tiny`) configuration with the given options applied; ValueError on bad ones."""
+    """The default (or `--tiny`) configuration with the given options applied; DemoOptionError (a
+    ValueError) on bad ones."""
     import torch
 
     from gpufeed.train.resnet import MODELS
@@ -178,7 +185,9 @@ def demo_config(
     }
     cfg = replace(cfg, **changes)
     if cfg.model not in MODELS:
-        raise ValueError(f"--model {cfg.model!r} is not known: choose one of {', '.join(MODELS)}")
+        raise DemoOptionError(
+            f"--model {cfg.model!r} is not known: choose one of {', '.join(MODELS)}"
+        )
     for name, least in (
         ("images", cfg.classes),
         ("steps", 8),
@@ -187,9 +196,9 @@ def demo_config(
     ):
         if getattr(cfg, name) < least:
             flag = "--" + name.replace("_", "-")
-            raise ValueError(f"{flag} must be at least {least}, got {getattr(cfg, name)}")
+            raise DemoOptionError(f"{flag} must be at least {least}, got {getattr(cfg, name)}")
     if cfg.images < 2 * cfg.batch_size:
-        raise ValueError(
+        raise DemoOptionError(
             f"--images {cfg.images} is too few for --batch-size {cfg.batch_size}: "
             "give at least two batches of images"
         )

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gpufeed.devices import default_device
+
 PIPELINES = ("naive", "gpufeed")
 
 
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     loader = build_loader(args)
     classes = loader.dataset.classes
     model = resnet(args.model, num_classes=max(2, len(classes)))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = default_device()
     if device == "cpu":
         torch.set_num_threads(args.threads)
     amp = "bf16" if device == "cuda" else None

@@ -32,6 +32,7 @@ from gpufeed.bench.measure import (
     model_classes,
 )
 from gpufeed.data.shards import has_index
+from gpufeed.devices import default_device
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -335,11 +336,10 @@ def diagnose(
 ) -> Diagnosis:
     """Measure loader alone, model alone and both together with the job's settings; print the
     verdict (from the together figure) and, if input-bound, measured alternatives."""
-    import torch
     from rich.console import Console
 
     console = console or Console()
-    device = check_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = check_device(device or default_device())
     for name, value, least in (
         ("--batch-size", batch_size, 1),
         ("--image-size", image_size, 16),

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpufeed.errors import GpufeedError
 
-class MeasureError(ValueError):
+
+class MeasureError(GpufeedError, ValueError):
     """Bad user input (a path, a `module:function`, a model name); the message says what to do."""
 
 

@@ -10,12 +10,13 @@ import csv
 import io
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gpufeed.atomic import write_atomic
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,6 @@ class Column:
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return "–"
         return self.fmt.format(value)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _csv(rows: Sequence[dict[str, Any]]) -> str:
@@ -102,9 +97,9 @@ class ResultSet:
         None, keeps) whether every planned configuration ran."""
         if complete is not None:
             self.complete = complete
-        _atomic_write(self.csv_path, _csv(self.rows))
+        write_atomic(self.csv_path, _csv(self.rows))
         if self.summary:
-            _atomic_write(self.out_dir / "summary.csv", _csv(self.summary))
+            write_atomic(self.out_dir / "summary.csv", _csv(self.summary))
         doc = {
             "experiment": self.experiment,
             "complete": self.complete,
@@ -116,7 +111,7 @@ class ResultSet:
             "rows": self.rows,
             "summary": self.summary,
         }
-        _atomic_write(self.json_path, json.dumps(doc, indent=2, default=str) + "\n")
+        write_atomic(self.json_path, json.dumps(doc, indent=2, default=str) + "\n")
 
     def write_markdown(
         self,
@@ -137,5 +132,5 @@ class ResultSet:
         out += ["| " + " | ".join(c.cell(r) for c in columns) + " |" for r in rows]
         if extra is not None:
             out += ["", extra()]
-        _atomic_write(self.md_path, "\n".join(out) + "\n")
+        write_atomic(self.md_path, "\n".join(out) + "\n")
         return self.md_path

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed.atomic import write_atomic
+
 _MARKER = ".gpufeed-synth.json"
 
 
@@ -101,8 +103,6 @@ def make_image_folder(
         q = int(rng.integers(quality[0], quality[1] + 1))
         data = simplejpeg.encode_jpeg(np.ascontiguousarray(img), quality=q, colorsubsampling="420")
         path = root / classes[i % n_classes] / f"img_{i:06d}.jpg"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        write_atomic(path, data, tmp=path.with_suffix(".tmp"))
     marker.write_text(json.dumps(params))
     return root

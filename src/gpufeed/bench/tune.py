@@ -32,6 +32,8 @@ from gpufeed.bench.measure import (
     measure_together,
     model_classes,
 )
+from gpufeed.devices import default_device
+from gpufeed.errors import GpufeedError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -41,7 +43,7 @@ WAITING = 0.1  # end to end, steps waiting for data less than this share: the lo
 SETTING_KEYS = ("batch_size", "num_workers", "prefetch", "preprocess")
 
 
-class TuneError(ValueError):
+class TuneError(GpufeedError, ValueError):
     """A settings file that cannot be used; the message names the file and the key."""
 
 
@@ -157,14 +159,13 @@ def tune(
     repeats: int = 3,
 ) -> TuneResult:
     """Run the trials, print them as a table and write the winner to `out` (None: don't write)."""
-    import torch
     from rich.console import Console
 
     from gpufeed.bench.diagnose import pack_sample, resolve_data
     from gpufeed.bench.hardware import usable_cores
 
     console = console or Console()
-    device = check_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = check_device(device or default_device())
     if batch_size < 1 or image_size < 16:
         raise MeasureError("--batch-size must be at least 1 and --image-size at least 16")
     if repeats < 1:

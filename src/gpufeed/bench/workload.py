@@ -17,12 +17,13 @@ from typing import Any, TypeVar
 
 from gpufeed.bench.hardware import usable_cores
 from gpufeed.data.shards import has_index
+from gpufeed.errors import GpufeedError
 
 T = TypeVar("T")
 DEFAULT_CACHE = Path(".gpufeed-cache/bench")
 
 
-class BenchError(ValueError):
+class BenchError(GpufeedError, ValueError):
     """Bad input to an experiment; the message names the option and what to do."""
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpufeed.data.decode import CorruptImage, decode, image_size
+from gpufeed.errors import GpufeedError
 
 if TYPE_CHECKING:
     import torch
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 Decoder = Callable[[Sequence[bytes], Sequence[tuple[int, int]]], list]
 
 
-class CorruptSampleError(ValueError):
+class CorruptSampleError(GpufeedError, ValueError):
     """strict=True: a sample could not be decoded; names its shard and key."""
 
 

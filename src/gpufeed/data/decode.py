@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gpufeed.errors import GpufeedError
+
 if TYPE_CHECKING:
     from PIL.Image import Image as PILImage
 
@@ -27,7 +29,7 @@ JPEG_MAGIC = b"\xff\xd8"
 MAX_IMAGE_PIXELS: int | None = 178_956_970
 
 
-class CorruptImage(ValueError):
+class CorruptImage(GpufeedError, ValueError):
     """The bytes are not a decodable image (or claim more pixels than `MAX_IMAGE_PIXELS`)."""
 
 

@@ -26,6 +26,7 @@ from gpufeed.data.remote import RayPool, cluster_option, default_remote_workers
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
 from gpufeed.data.workers import InlinePool, WorkerPool
+from gpufeed.devices import default_device
 
 PREPROCESS_MODES = ("cpu", "gpu", "auto")
 DEVICE_DEPTH = 2  # batches the feeder keeps ready on the device
@@ -127,7 +128,7 @@ class Loader:
         self.augment = augment or Augment()
         self.dtype = torch.float32 if dtype is None else dtype
         self.channels_last, self.strict = channels_last, strict
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(device or default_device())
         self.pin_memory = (self.device.type == "cuda") if pin_memory is None else pin_memory
         self.non_blocking, self.worker_nice = non_blocking, worker_nice
         self.max_host_bytes = default_max_host_bytes() if max_host_bytes is None else max_host_bytes

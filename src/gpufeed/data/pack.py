@@ -48,6 +48,7 @@ from gpufeed.data.shards import (
     shard_name,
 )
 from gpufeed.data.source import Destination, is_remote
+from gpufeed.errors import GpufeedError
 
 STATE_NAME = ".pack-state.json"
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
@@ -55,7 +56,7 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE
 _UNITS = {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
-class PackError(ValueError):
+class PackError(GpufeedError, ValueError):
     """Bad pack input or options; the message says which and what to do."""
 
 

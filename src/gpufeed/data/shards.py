@@ -36,6 +36,8 @@ from typing import Any, BinaryIO, ClassVar
 
 import numpy as np
 
+from gpufeed.errors import GpufeedError
+
 INDEX_NAME = "gpufeed-index.json"
 # written by gpufeed before 0.2 (and the name MosaicML Streaming and litdata use): still read
 LEGACY_INDEX_NAME = "index.json"
@@ -50,7 +52,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _COLUMN_DTYPES = frozenset({"|u1", "<u2", "<u4", "<u8", "<i2", "<i4", "<i8"})
 
 
-class ShardError(Exception):
+class ShardError(GpufeedError):
     """A shard or index is missing, truncated or malformed; the message names it."""
 
 

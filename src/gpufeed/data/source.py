@@ -41,6 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from gpufeed.atomic import write_atomic
 from gpufeed.data.shards import (
     INDEX_NAME,
     LEGACY_INDEX_NAME,
@@ -705,12 +706,7 @@ class Destination:
         if self.remote:
             self._remote("write to", "pipe_file", self.path(name), data)
             return
-        tmp = f"{self.path(name)}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path(name))
+        write_atomic(self.path(name), data, tmp=self.local_tmp(name), fsync=True)
 
     def put_file(self, local: str, name: str) -> None:
         """Move a finished local file into place atomically (the local file is gone after,

@@ -29,11 +29,12 @@ from gpufeed.data.dataset import RawSample
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.produce import fill_slot
 from gpufeed.data.slots import Slots
+from gpufeed.errors import GpufeedError
 
 POLL_S = 0.2  # how often a waiting side checks that the other is still alive
 
 
-class LoaderWorkerError(RuntimeError):
+class LoaderWorkerError(GpufeedError, RuntimeError):
     """A loader worker process died, or failed with an error that could not be sent back."""
 
 

@@ -21,6 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufeed.analyze.stats import device_key
+from gpufeed.atomic import write_atomic
+from gpufeed.present.numbers import number
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -66,9 +70,10 @@ def write_report(
     while True:
         run = load(run_path)
         findings = run_rules(run, **overrides)
-        _write_atomic(target, render_html(run, findings, checks=rule_checks(findings, overrides)))
+        page = render_html(run, findings, checks=rule_checks(findings, overrides))
+        write_atomic(target, page, make_parents=True)
         if json_out is not None:
-            _write_atomic(Path(json_out), findings_json(run, findings))
+            write_atomic(json_out, findings_json(run, findings), make_parents=True)
         done = bool(run.meta.get("finished"))
         stamp = datetime.now().strftime("%H:%M:%S")
         echo(
@@ -357,7 +362,9 @@ def _heatmap(
         return []
     multi = rows["host"].nunique() > 1
     z, labels = [], []
-    groups = sorted(rows.groupby(["host", "device"]), key=lambda kv: (kv[0][0], _devkey(kv[0][1])))
+    groups = sorted(
+        rows.groupby(["host", "device"]), key=lambda kv: (kv[0][0], device_key(kv[0][1]))
+    )
     for (host, device), g in groups:
         z.append(_clean(_binned(g["time"], g["value"], edges)))
         labels.append(_label(f"{host}:{what} {device}" if multi else f"{what} {device}"))
@@ -624,14 +631,8 @@ def _label(text: str) -> str:
     return html.escape(text, quote=True)
 
 
-def _devkey(device: str) -> tuple[int, str]:
-    return (int(device), "") if str(device).isdigit() else (-1, str(device))
-
-
 def _num(value: float, unit: str = "", digits: int = 0) -> str:
-    if value is None or not math.isfinite(value):
-        return "n/a"
-    return f"{value:,.{digits}f}{unit}"
+    return number(value, digits, unit, missing="n/a")
 
 
 def _secs(seconds: float) -> str:
@@ -648,11 +649,3 @@ def _clock(epoch: float) -> str:
     if not epoch:
         return "unknown start"
     return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so a browser or CI never reads half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

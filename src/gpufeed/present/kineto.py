@@ -17,13 +17,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gpufeed.errors import GpufeedError
+
 # gpufeed's trace processes get pids far from any OS pid Kineto uses (a container's training
 # process can be pid 1, which gpufeed's own trace uses for its first host).
 PID_BASE = 1_000_000_000
 _MARGIN_S = 1.0
 
 
-class KinetoError(ValueError):
+class KinetoError(GpufeedError, ValueError):
     """A file that is not a readable Kineto trace, or one outside the run; the message says which."""
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufeed.errors import GpufeedError
 from gpufeed.extras import MissingExtra, require
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ _SCALE = {"mem.": (1e-9, "GB"), "gpu.mem_used": (1e-9, "GB"), "gpu.mem_total": (
 _RATES = ("disk.", "net.", "gpu.pcie")
 
 
-class ExportError(ValueError):
+class ExportError(GpufeedError, ValueError):
     """The export cannot be written (a missing extra, nothing to write); the message says what to do."""
 
 

@@ -16,6 +16,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from gpufeed.present.numbers import number
+
 if TYPE_CHECKING:
     from gpufeed.analyze.finding import Finding
     from gpufeed.analyze.run import Run
@@ -101,8 +103,8 @@ def show(run: Run | str | os.PathLike[str] | list[str], console: Console | None 
         table.add_row(
             str(s["steps"]),
             str(s["ranks"]),
-            _num(s["steps_per_s"], 2),
-            _num(s["samples_per_s"], 1),
+            number(s["steps_per_s"], 2),
+            number(s["samples_per_s"], 1),
             _seconds(s["step_p50"]),
             _seconds(s["step_p95"]),
             _percent(s["data_wait_share"]) + " of step time"
@@ -142,7 +144,7 @@ def _print_metrics(run: Run, console: Console) -> None:
         table.add_column(name, justify="right")
     for (metric, device), row in pt.iterrows():
         unit, scale, decimals = _UNITS.get(metric, ("", 1, 2))
-        values = [_num(row[name] / scale, decimals) for name, _ in PERCENTILES]
+        values = [number(row[name] / scale, decimals) for name, _ in PERCENTILES]
         table.add_row(_text(metric), _text(device or ""), unit, *values)
     console.print(table)
 
@@ -162,9 +164,9 @@ def _print_processes(run: Run, console: Console) -> None:
         table.add_row(
             _text(role),
             str(rows["pid"].nunique()),
-            _num(float(cpu.quantile(0.5)), 0) + "%",
-            _num(float(cpu.quantile(0.95)), 0) + "%",
-            _num(float(rss.max()) / 2**30, 2) + " GiB",
+            number(float(cpu.quantile(0.5)), 0) + "%",
+            number(float(cpu.quantile(0.95)), 0) + "%",
+            number(float(rss.max()) / 2**30, 2) + " GiB",
         )
     console.print(table)
 
@@ -294,10 +296,6 @@ def _clock(epoch: float | None) -> str:
 def _number(value: Any) -> float | None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     return float(value) if ok else None
-
-
-def _num(value: float, decimals: int) -> str:
-    return "–" if value is None or not math.isfinite(value) else f"{value:,.{decimals}f}"
 
 
 def _percent(share: float) -> str:

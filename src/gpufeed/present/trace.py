@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufeed.atomic import write_atomic
+from gpufeed.errors import GpufeedError
+
 if TYPE_CHECKING:
     from gpufeed.analyze.run import Run
 
@@ -33,7 +36,7 @@ _UNITS = {
 _UNIT_NAMES = {1e-6: "MB/s", 1e-9: "GB"}
 
 
-class TraceError(ValueError):
+class TraceError(GpufeedError, ValueError):
     """The trace cannot be written as asked (too large, empty window); the message says what to do."""
 
 
@@ -69,10 +72,7 @@ def write_trace(
         raise TraceError(_too_big(run, len(text) / 1e6, max_mb, info))
     default = "trace-merged.json" if merge is not None else "trace.json"
     target = Path(out) if out is not None else run.path / default
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, target)
+    write_atomic(target, text, make_parents=True)
     echo(
         f"gpufeed: trace written to {target} ({len(text) / 1e6:.1f} MB, "
         f"{len(trace['traceEvents']):,} events): open it in https://ui.perfetto.dev or chrome://tracing"

@@ -19,6 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpufeed.atomic import write_atomic
+from gpufeed.errors import GpufeedError
+
 ENV_RUN_DIR = "GPUFEED_RUN_DIR"
 DEFAULT_OUT = "gpufeed-runs"
 DEFAULT_INTERVAL = 0.2
@@ -27,12 +30,8 @@ FLUSH_INTERVAL = 0.5
 META_FILE = "meta.json"
 
 
-class ProfileError(ValueError):
+class ProfileError(GpufeedError, ValueError):
     """Bad input to the profiler, with a message that says what to do; `exit_code` for the CLI."""
-
-    def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def check_interval(interval: float) -> float:
@@ -175,16 +174,7 @@ def write_meta(run_dir: str | os.PathLike[str], meta: dict[str, Any]) -> None:
 
     Raises OSError if it cannot be written; the temp file is never left behind.
     """
-    path = Path(run_dir) / META_FILE
-    tmp = path.with_name(f".{META_FILE}.{os.getpid()}.tmp")
-    text = json.dumps(meta, indent=2, default=str)
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    write_atomic(Path(run_dir) / META_FILE, json.dumps(meta, indent=2, default=str))
 
 
 def read_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any]:

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gpufeed.devices import default_device
+
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 OPTIMIZERS = ("sgd", "adam")
 
@@ -102,7 +104,7 @@ def _sync(device: torch.device) -> None:
 def _default_device() -> torch.device:
     if dist.is_available() and dist.is_initialized() and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(default_device())
 
 
 def _make_optimizer(

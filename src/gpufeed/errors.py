@@ -1,0 +1,15 @@
+"""The one error type of gpufeed: every error a user can act on derives from `GpufeedError`, so the
+command line turns any of them into one `gpufeed: error: MESSAGE` line and its exit code."""
+
+from __future__ import annotations
+
+
+class GpufeedError(Exception):
+    """An error whose message says what is wrong and what to do; `exit_code` is the CLI's (2)."""
+
+    exit_code: int = 2
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code

@@ -1,0 +1,16 @@
+"""Numbers as the presenters print them: thousands separators, fixed decimals, a unit, and a
+placeholder where a value is missing."""
+
+from __future__ import annotations
+
+import math
+
+MISSING = "–"
+
+
+def number(value: float | None, digits: int = 0, unit: str = "", missing: str = MISSING) -> str:
+    """`value` with thousands separators, `digits` decimals and `unit`; `missing` where it is None,
+    NaN or infinite."""
+    if value is None or not math.isfinite(value):
+        return missing
+    return f"{value:,.{digits}f}{unit}"
