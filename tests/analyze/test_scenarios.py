@@ -1,7 +1,8 @@
 """Scenario runs: each bottleneck created for real on CPU under `gpufeed profile`, then diagnosed.
 
 The confusion matrix: in every scenario the intended rules fire with the right evidence and all the
-others stay quiet; the healthy run fires nothing. The scenarios (tests/scenarios/*.py) are profiled
+others stay quiet; the healthy run fires nothing. A scenario whose only extra finding is StepOutlier
+is profiled again (twice at most): a systematic false outlier recurs, a burst from other load does not. The scenarios (tests/scenarios/*.py) are profiled
 once, two at a time, and shared by the tests of this module.
 """
 
@@ -33,6 +34,9 @@ EXPECTED: dict[str, set[str]] = {
 }
 _FINDINGS: dict[str, dict[str, Finding]] = {}  # profiled once per session, by the first test asking
 _STARVED: dict[str, str] = {}  # scenario -> why CPU attribution was impossible on this host
+# StepOutlier names steps another process delayed (its advice lists "another job on the host"); on a
+# busy shared 2-core runner a few such steps in a 2-s scenario are real but not the scenario's own.
+_NOISE_RETRIES = 2
 
 
 def _torchrun() -> list[str]:
@@ -69,6 +73,11 @@ def scenarios(run_profiled, tmp_path: Path) -> dict[str, dict[str, Finding]]:
 
         with ThreadPoolExecutor(max_workers=2) as pool:  # 2 cores: keep timing noise low
             _FINDINGS.update(pool.map(profile, EXPECTED))
+        for name in EXPECTED:  # an outlier from another job's burst on a shared host must recur
+            for _ in range(_NOISE_RETRIES):
+                if set(_FINDINGS[name]) - EXPECTED[name] != {"StepOutlier"}:
+                    break
+                _FINDINGS[name] = profile(name)[1]
     return _FINDINGS
 
 
