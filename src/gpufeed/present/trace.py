@@ -159,18 +159,7 @@ def build_trace(
 
     for (host, rank), g in steps.groupby(["host", "rank"], sort=True):
         pid, tid = pid_of[str(host)], int(rank) + 1
-        events.append(
-            _meta(pid, tid, "thread_name", f"rank {int(rank)} (pid {int(g['pid'].iloc[0])})")
-        )
-        events.append(
-            {
-                "ph": "M",
-                "pid": pid,
-                "tid": tid,
-                "name": "thread_sort_index",
-                "args": {"sort_index": tid},
-            }
-        )
+        events += _thread(pid, tid, f"rank {int(rank)} (pid {int(g['pid'].iloc[0])})")
         # Ends are rounded like starts and durations derived from them, so that a step's span never
         # reaches into the next one's (rounding ts and dur separately can overlap them by 0.1 µs).
         ts, ends = us(g["start"]), us(g["end"])
@@ -209,16 +198,7 @@ def build_trace(
 
     for (host, rank), g in evals.groupby(["host", "rank"], sort=True):
         pid, tid = pid_of[str(host)], _EVAL_TID + int(rank)
-        events.append(_meta(pid, tid, "thread_name", f"rank {int(rank)} evaluation"))
-        events.append(
-            {
-                "ph": "M",
-                "pid": pid,
-                "tid": tid,
-                "name": "thread_sort_index",
-                "args": {"sort_index": tid},
-            }
-        )
+        events += _thread(pid, tid, f"rank {int(rank)} evaluation")
         ts, ends = us(g["start"]), us(g["end"])
         for i, row in enumerate(g.itertuples()):
             args = {"batches": _int_or_none(row.batches), "samples": _int_or_none(row.samples)}
@@ -266,6 +246,12 @@ def build_trace(
             if key in e:
                 e[key] = float(e[key])
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": info}
+
+
+def _thread(pid: int, tid: int, name: str) -> list[dict[str, Any]]:
+    """A track's name and its place (tracks sort by tid)."""
+    sort = {"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index"}
+    return [_meta(pid, tid, "thread_name", name), {**sort, "args": {"sort_index": tid}}]
 
 
 def _span(
