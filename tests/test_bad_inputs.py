@@ -194,6 +194,8 @@ def _cases() -> list[Case]:
         ),
         # several runs (one per host) with one missing or damaged
         c("show two, one missing", ("show", "{in}/run", "{in}/nope"), "{in}/nope"),
+        c("show glob of nothing", ("show", "{in}/nope-*"), "matches no directory"),
+        c("show one host twice", ("show", "{in}/run", "{in}/run-again"), "h1"),
         c("report two, one damaged", ("report", "{in}/run", "{in}/run-meta-list"), "JSON list"),
         c("trace two, one missing", ("trace", "{in}/run", "{in}/nope"), "{in}/nope"),
         c(
@@ -277,6 +279,7 @@ def _prepare(root: Path) -> None:
     (root / "classes-bad.json").write_text("{not json")
     (root / "kineto-list.json").write_text("[1, 2]")
     _make_run(root / "run")
+    _make_run(root / "run-again")  # the same host and rank as "run"
     _make_run(root / "run-meta-list", meta=[1, 2])
     _make_run(root / "run-hosts-5", meta={"hosts": 5})
     _make_run(root / "run-not-json", meta="{not json")
