@@ -9,12 +9,14 @@ appends one JSON line (command, case, exit code, clear, traceback) there:
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -115,6 +117,92 @@ def _cases() -> list[Case]:
         c("trace meta hosts 5", ("trace", "{in}/run-hosts-5"), "'hosts' is 5"),
         c("trace out in /proc", ("trace", "{in}/run", "-o", "/proc/x.json"), "/proc/x.json"),
         c("ls a file", ("ls", "{in}/plain.txt"), "plain.txt is a file"),
+        # index: existing WebDataset shards
+        c("index shard missing", ("index", "{in}/nope/x.tar"), "{in}/nope/x.tar not found"),
+        c("index not a tar", ("index", "{in}/notar/x.tar"), "x.tar is not an uncompressed tar"),
+        c("index tar of no images", ("index", "{in}/noimg/x.tar"), "has no image member"),
+        c(
+            "index unknown class",
+            ("index", "{in}/zebra/x.tar", "--classes", "{in}/classes.txt"),
+            "unknown class 'zebra'",
+        ),
+        c("index no label", ("index", "{in}/shards/x.tar", "--label-field", "k"), "no label"),
+        c(
+            "index classes missing",
+            ("index", "{in}/shards/x.tar", "--classes", "{in}/nope.txt"),
+            "cannot read classes file {in}/nope.txt",
+        ),
+        c(
+            "index classes binary",
+            ("index", "{in}/shards/x.tar", "--classes", "{in}/list.bin"),
+            "list.bin is binary",
+        ),
+        c(
+            "index classes bad JSON",
+            ("index", "{in}/shards/x.tar", "--classes", "{in}/classes-bad.json"),
+            "classes-bad.json is not valid JSON",
+        ),
+        c(
+            "index classes twice",
+            ("index", "{in}/shards/x.tar", "--classes", "{in}/classes-twice.txt"),
+            "names the class 'cat' twice",
+        ),
+        c(
+            "index brace pattern matching nothing",
+            ("index", "{in}/shards/y-{000..003}.tar"),
+            "{in}/shards/y-000.tar not found",
+        ),
+        c("index unbalanced braces", ("index", "{in}/shards/y-{0..3.tar"), "bad brace pattern"),
+        c("index unknown scheme", ("index", "nosuch://b/x.tar"), "Protocol not known: nosuch"),
+        # export
+        c("export missing run", ("export", "{in}/nope", "--tensorboard", "{work}/tb"), "nope"),
+        c(
+            "export meta list",
+            ("export", "{in}/run-meta-list", "--tensorboard", "{work}/tb"),
+            "holds a JSON list",
+        ),
+        c("export nothing asked", ("export", "{in}/run"), "--tensorboard"),
+        c("export into a file", ("export", "{in}/run", "--tensorboard", "{in}/plain.txt"), "plain"),
+        c("export into /proc", ("export", "{in}/run", "--tensorboard", "/proc/tb"), "/proc/tb"),
+        c(
+            "export unwritable dir",
+            ("export", "{in}/run", "--tensorboard", "{in}/tb"),
+            "cannot write {in}/tb: Permission denied",
+            unprivileged=True,
+        ),
+        # trace --merge with a torch.profiler (Kineto) trace
+        c(
+            "trace merge missing",
+            ("trace", "{in}/run", "--merge", "{in}/nope.json", "-o", "{work}/t.json"),
+            "nope.json: no such file",
+        ),
+        c(
+            "trace merge not JSON",
+            ("trace", "{in}/run", "--merge", "{in}/plain.txt", "-o", "{work}/t.json"),
+            "plain.txt is not a JSON trace",
+        ),
+        c(
+            "trace merge no events",
+            ("trace", "{in}/run", "--merge", "{in}/kineto-list.json", "-o", "{work}/t.json"),
+            "has no traceEvents list",
+        ),
+        c(
+            "trace merge unreadable",
+            ("trace", "{in}/run", "--merge", "{in}/unreadable.txt", "-o", "{work}/t.json"),
+            "Permission denied",
+            unprivileged=True,
+        ),
+        # several runs (one per host) with one missing or damaged
+        c("show two, one missing", ("show", "{in}/run", "{in}/nope"), "{in}/nope"),
+        c("show glob of nothing", ("show", "{in}/nope-*"), "matches no directory"),
+        c("show one host twice", ("show", "{in}/run", "{in}/run-again"), "h1"),
+        c("report two, one damaged", ("report", "{in}/run", "{in}/run-meta-list"), "JSON list"),
+        c("trace two, one missing", ("trace", "{in}/run", "{in}/nope"), "{in}/nope"),
+        c(
+            "export two, one missing",
+            ("export", "{in}/run", "{in}/nope", "--tensorboard", "{work}/tb"),
+            "{in}/nope",
+        ),
         # diagnose / tune / bench / profile options
         c("diagnose seconds -1", ("diagnose", "--data", "{in}/images", "--seconds", "-1"), "-1"),
         c("diagnose seconds nan", ("diagnose", "--data", "{in}/images", "--seconds", "nan"), "nan"),
@@ -156,6 +244,16 @@ def _make_run(run_dir: Path, meta: object = None, steps: list[tuple] | None = No
     return run_dir
 
 
+def _tar(path: Path, members: dict[str, bytes]) -> None:
+    """A WebDataset-style tar shard holding `members` (name -> bytes)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
 def _prepare(root: Path) -> None:
     """Every input the table names, under `root`."""
     images = make_image_folder(root / "images", 8, 2, short_side=(32, 40), quality=(85, 90))
@@ -169,7 +267,19 @@ def _prepare(root: Path) -> None:
     (root / "flat").mkdir()
     (root / "flat" / "x.jpg").write_bytes(first[0].read_bytes())
     (root / "empty").mkdir()
+    _tar(root / "shards" / "x.tar", {"s1.jpg": first[0].read_bytes(), "s1.json": b'{"cls": 0}'})
+    _tar(
+        root / "zebra" / "x.tar", {"s1.jpg": first[0].read_bytes(), "s1.json": b'{"cls": "zebra"}'}
+    )
+    _tar(root / "noimg" / "x.tar", {"s1.txt": b"hello", "s1.json": b'{"cls": 0}'})
+    (root / "notar").mkdir()
+    (root / "notar" / "x.tar").write_text("hello\n")
+    (root / "classes.txt").write_text("cat\ndog\n")
+    (root / "classes-twice.txt").write_text("cat\ndog\ncat\n")
+    (root / "classes-bad.json").write_text("{not json")
+    (root / "kineto-list.json").write_text("[1, 2]")
     _make_run(root / "run")
+    _make_run(root / "run-again")  # the same host and rank as "run"
     _make_run(root / "run-meta-list", meta=[1, 2])
     _make_run(root / "run-hosts-5", meta={"hosts": 5})
     _make_run(root / "run-not-json", meta="{not json")

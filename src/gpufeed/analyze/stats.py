@@ -114,7 +114,7 @@ def phases(run: Run) -> pd.DataFrame:
         ]
     df = pd.DataFrame(bounds, columns=["phase", "start", "end"])
     df["duration"] = df["end"] - df["start"]
-    evals = _evals(run)
+    evals = evaluation_passes(run)
     if len(evals):
         mid = ((evals["start"] + evals["end"]) / 2).to_numpy(dtype=float)
         for i, row in df.iterrows():
@@ -128,7 +128,8 @@ def phases(run: Run) -> pd.DataFrame:
     return df
 
 
-def _evals(run: Run) -> pd.DataFrame:
+def evaluation_passes(run: Run) -> pd.DataFrame:
+    """The run's evaluation passes with a known duration (``run.evals`` rows; empty if none)."""
     evals = getattr(run, "evals", None)
     if evals is None or len(evals) == 0:
         return pd.DataFrame(columns=["host", "rank", "start", "end", "duration", "samples"])
@@ -144,7 +145,7 @@ def step_summary(run: Run) -> dict[str, Any]:
     """
     steps = run.steps
     timed = steps[np.isfinite(steps["duration"].to_numpy(dtype=float))]
-    evals = _evals(run)
+    evals = evaluation_passes(run)
     out: dict[str, Any] = {
         "steps": len(steps),
         "ranks": int(steps.groupby(["host", "rank"]).ngroups) if len(steps) else 0,

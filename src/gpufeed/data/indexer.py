@@ -68,7 +68,11 @@ def expand_urls(urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]])
 
     items = [urls] if isinstance(urls, (str, os.PathLike)) else list(urls)
     out = []
-    for u in (u for item in items for u in braceexpand(str(item))):
+    try:
+        expanded = [u for item in items for u in braceexpand(str(item))]
+    except ValueError as e:  # braceexpand's UnbalancedBracesError
+        raise ShardError(f"bad brace pattern: {e}; write ranges as name-{{000..099}}.tar") from None
+    for u in expanded:
         if not is_remote(u) and os.path.isdir(u):  # a local directory: its .tar files
             found = sorted(str(p) for p in Path(u).glob("*.tar"))
             if not found:
@@ -111,9 +115,16 @@ def load_classes(path: str | os.PathLike[str]) -> list[str]:
     """Class names by id from a file: a JSON list, a JSON object {name: id}, or one name a line."""
     where = str(path)
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise ShardError(f"cannot read classes file {where}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        text = "\x00"  # refused below as binary
+    if any(ord(ch) < 32 and ch not in "\t\r\n" for ch in text):
+        raise ShardError(
+            f"classes file {where} is binary (not UTF-8 text, or control characters): give one "
+            "class name a line, a JSON list of names or a JSON object {name: id}"
+        )
     if where.endswith(".json"):
         try:
             doc = json.loads(text)
@@ -127,12 +138,16 @@ def load_classes(path: str | os.PathLike[str]) -> list[str]:
                     "each once"
                 )
             return [str(name) for name, _ in sorted(doc.items(), key=lambda kv: kv[1])]
-        if isinstance(doc, list):
-            return [str(c) for c in doc]
-        raise ShardError(f"classes file {where}: want a JSON list of names or {{name: id}}")
-    names = [line.strip() for line in text.splitlines() if line.strip()]
+        if not isinstance(doc, list):
+            raise ShardError(f"classes file {where}: want a JSON list of names or {{name: id}}")
+        names = [str(c) for c in doc]
+    else:
+        names = [line.strip() for line in text.splitlines() if line.strip()]
     if not names:
         raise ShardError(f"classes file {where} lists no classes")
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise ShardError(f"classes file {where} names the class {twice!r} twice: list each once")
     return names
 
 
@@ -391,6 +406,8 @@ def index_shards(
         classes = load_classes(classes)
     elif classes is not None:
         classes = [str(c) for c in classes]
+    if not is_remote(base) and not os.path.isdir(base):  # Destination would create it
+        raise ShardError(f"shard {base}/{names[0]} not found: there is no folder {base}")
     out = Destination(base, storage_options)
     for name in (INDEX_NAME, LEGACY_INDEX_NAME):
         if name in names:

@@ -118,7 +118,12 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> Any:
         if protocol in ("s3", "s3a"):
             _FS_CACHE[key] = _counting_s3_class()(skip_instance_cache=True, **opts)
         else:
-            _FS_CACHE[key] = fsspec.filesystem(protocol, skip_instance_cache=True, **opts)
+            try:
+                _FS_CACHE[key] = fsspec.filesystem(protocol, skip_instance_cache=True, **opts)
+            except (ValueError, ImportError) as e:  # an unknown scheme, or its package missing
+                raise ShardError(
+                    f"cannot open {url}: {e}; use a local path or s3://BUCKET/KEY"
+                ) from None
     return _FS_CACHE[key]
 
 

@@ -35,6 +35,14 @@ MAX_POINTS = 1200
 _PLOTLY_MARK = "\x00gpufeed-plotly-js\x00"
 # What NVML's utilization.gpu measures, said wherever the report shows it.
 GPU_UTIL_MEANS = "% of time a kernel was running (NVML utilization.gpu; not SM occupancy)"
+_PHASE_COLORS = {
+    "data_wait": "#f59e0b",
+    "forward": "#2563eb",
+    "backward": "#7c3aed",
+    "optimizer": "#059669",
+    "other": "#94a3b8",
+}
+_EVAL_COLOR = "rgba(236, 72, 153, 0.18)"
 _ROLE_COLORS = {"main": "#2563eb", "worker": "#f59e0b", "other": "#94a3b8"}
 _LAYOUT = {
     "margin": {"l": 60, "r": 60, "t": 40, "b": 45},
@@ -177,6 +185,7 @@ def render_html(
         live=not meta.get("finished"),
         generated=datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
         summary=_summary(run, t0, t1),
+        step_phases=_step_phases(run),
         findings=[f.to_dict() for f in findings],
         checks=checks if checks is not None else rule_checks(findings),
         healthy=_healthy_text(run),
@@ -219,7 +228,8 @@ def _summary(run: Run, t0: float, t1: float) -> list[dict[str, str]]:
             "label": "Phases",
             "value": _secs(ph.get("training", 0.0)) + " training",
             "detail": f"init {_secs(ph.get('initialization', 0.0))} · "
-            f"finalization {_secs(ph.get('finalization', 0.0))}",
+            + (f"evaluation {_secs(ph['evaluation'])} · " if "evaluation" in ph else "")
+            + f"finalization {_secs(ph.get('finalization', 0.0))}",
         },
         {"label": "Steps", "value": f"{s['steps']:,}", "detail": f"{s['ranks']} rank(s)"},
         {
@@ -234,10 +244,24 @@ def _summary(run: Run, t0: float, t1: float) -> list[dict[str, str]]:
         },
         {
             "label": "Data wait",
-            "value": _num(100 * s["data_wait_share"], "%", 1),
-            "detail": "of step time (wait / whole step)",
+            "value": _num(100 * s["data_wait_share"], "%", 1)
+            if math.isfinite(s["data_wait_share"])
+            else "unknown",
+            "detail": "of step time (wait / whole step)"
+            if math.isfinite(s["data_wait_share"])
+            else "not measured for what fed this loop (never read as 0%)",
         },
     ]
+    if s["eval_passes"]:
+        cards.insert(
+            2,
+            {
+                "label": "Evaluation",
+                "value": _secs(s["eval_time"]),
+                "detail": f"{s['eval_passes']:,} passes, apart from the training steps "
+                f"({_secs(s['training_time'])})",
+            },
+        )
     gpu = _values(run, "gpu.util")
     cards.append(
         {
@@ -269,9 +293,14 @@ def _healthy_text(run: Run) -> str:
             "No training steps were recorded, so the step-based rules had nothing to judge: "
             "was the loop driven by a DataLoader, or marked with gpufeed.step()?"
         )
+    wait = (
+        f"{_num(100 * s['data_wait_share'], '%', 1)} of step time"
+        if math.isfinite(s["data_wait_share"])
+        else "unknown (not measured for what fed this loop)"
+    )
     return (
         f"{len(RULES)} rules checked {s['steps']:,} steps: data wait is "
-        f"{_num(100 * s['data_wait_share'], '%', 1)} of step time and step time p95 / p50 is "
+        f"{wait} and step time p95 / p50 is "
         f"{s['step_p95'] / s['step_p50']:.2f}."
     )
 
@@ -300,6 +329,31 @@ def _metric_value(metric: str, value: float, column: str) -> str:
     if metric.startswith(("disk.", "net.", "gpu.pcie")):
         return f"{value / 1e6:.1f} MB/s"
     return f"{value:.1f}"
+
+
+def _step_phases(run: Run) -> list[dict[str, str]]:
+    """Rows (phase, share of step time, mean per step) for the parts of a training step; "unknown"
+    where a part was not measured (data wait outside a DataLoader, phases of an older run)."""
+    from gpufeed.analyze.stats import PHASES, step_summary
+
+    steps = run.steps[np.isfinite(run.steps["duration"].to_numpy(dtype=float))]
+    if len(steps) == 0:
+        return []
+    s = step_summary(run)
+    rows = []
+    for p in PHASES:
+        share = s[f"{p}_share"]
+        values = steps[p].to_numpy(dtype=float) if p in steps else np.array([])
+        values = values[np.isfinite(values)]
+        known = math.isfinite(share) and values.size > 0
+        rows.append(
+            {
+                "phase": p.replace("_", " "),
+                "share": _num(100 * share, "%", 1) if known else "unknown",
+                "mean": _num(1e3 * float(values.mean()), " ms", 2) if known else "unknown",
+            }
+        )
+    return rows
 
 
 # --- charts ---------------------------------------------------------------------------------------
@@ -427,6 +481,10 @@ def _util_vs_steps(
         note = "; ".join(filter(None, [f"step time of {label}", note]))
     title = ("GPU" if has_gpu else "CPU (no GPU data)") + " utilization and step time"
     fig = _fig(traces, title, "seconds", "%")
+    bands = _eval_bands(run, t0, max_points)
+    if bands:
+        fig["layout"]["shapes"] = bands
+        note = "; ".join(filter(None, [note, "shaded: evaluation passes (not training steps)"]))
     fig["layout"]["yaxis"]["range"] = [0, 105]
     fig["layout"]["yaxis2"] = {
         "title": {"text": "step time, ms"},
@@ -436,6 +494,31 @@ def _util_vs_steps(
         "showgrid": False,
     }
     return fig, note
+
+
+def _eval_bands(run: Run, t0: float, max_points: int) -> list[dict[str, Any]]:
+    """Shaded x-ranges for the lowest rank's evaluation passes (at most `max_points`)."""
+    from gpufeed.analyze.stats import evaluation_passes
+
+    evals = evaluation_passes(run)
+    if len(evals) == 0:
+        return []
+    lowest, _ = _lowest_rank(evals.assign(step=evals["start"]))
+    return [
+        {
+            "type": "rect",
+            "xref": "x",
+            "yref": "paper",
+            "x0": _clean([a - t0])[0],
+            "x1": _clean([b - t0])[0],
+            "y0": 0,
+            "y1": 1,
+            "fillcolor": _EVAL_COLOR,
+            "line": {"width": 0},
+            "layer": "below",
+        }
+        for a, b in lowest[["start", "end"]].to_numpy(dtype=float)[:max_points]
+    ]
 
 
 def _lowest_rank(steps: pd.DataFrame) -> tuple[pd.DataFrame, str]:
@@ -449,35 +532,51 @@ def _lowest_rank(steps: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 
 def _breakdown(steps: pd.DataFrame, max_points: int) -> tuple[dict[str, Any], str]:
+    """Stacked bars per step of the lowest rank: data wait, forward, backward, optimizer, other
+    where the hooks measured them, else data wait vs the rest; an unmeasured data wait is never
+    drawn as zero, it stays inside "other" and the note says so."""
+    from gpufeed.analyze.stats import PHASES
+
     rank, label = _lowest_rank(steps)
     n = len(rank)
     per = max(1, math.ceil(n / max_points))
     idx = np.arange(n) // per
     count = np.bincount(idx)
-    wait = np.bincount(idx, rank["data_wait"].fillna(0.0).to_numpy()) / count
-    dur = np.bincount(idx, rank["duration"].to_numpy()) / count
+    dur = rank["duration"].to_numpy(dtype=float)
+    wait = rank["data_wait"].to_numpy(dtype=float)
+    split = (
+        all(p in rank for p in PHASES[1:]) and np.isfinite(rank["forward"].to_numpy(float)).any()
+    )
+    parts: dict[str, np.ndarray] = {}
+    if split:
+        for p in PHASES[1:-1]:
+            parts[p] = np.nan_to_num(rank[p].to_numpy(dtype=float))
+    known_wait = np.nan_to_num(wait)
+    parts = {"data_wait": known_wait, **parts}
+    parts["other"] = np.maximum(dur - sum(parts.values()), 0.0)
     x = rank["step"].to_numpy()[::per]
     traces = [
         {
             "type": "bar",
-            "name": "data wait, ms",
+            "name": ("compute" if p == "other" and not split else p.replace("_", " ")) + ", ms",
             "x": _clean(x),
-            "y": _clean(1e3 * wait),
-            "marker": {"color": "#f59e0b"},
-        },
-        {
-            "type": "bar",
-            "name": "compute, ms",
-            "x": _clean(x),
-            "y": _clean(1e3 * (dur - wait)),
-            "marker": {"color": "#2563eb"},
-        },
+            "y": _clean(1e3 * np.bincount(idx, v) / count),
+            "marker": {"color": _PHASE_COLORS[p]},
+        }
+        for p, v in parts.items()
     ]
-    fig = _fig(traces, "Per-step breakdown: data wait vs compute", "step", "ms")
+    title = "Per-step phases" if split else "Per-step breakdown: data wait vs compute"
+    fig = _fig(traces, title, "step", "ms")
     fig["layout"] |= {"barmode": "stack", "bargap": 0}
     note = label
     if per > 1:
         note += f"; mean of every {per} steps"
+    unknown = int(np.isnan(wait).sum())
+    if unknown:
+        note += (
+            f"; data wait unknown for {unknown:,} of {n:,} steps (not measured for what fed the "
+            "loop): their wait is inside " + ('"other"' if split else '"compute"')
+        )
     return fig, note
 
 
@@ -531,7 +630,7 @@ def _ranks(steps: pd.DataFrame) -> dict[str, Any]:
     g = steps.groupby(["host", "rank"])
     multi = steps["host"].nunique() > 1
     labels = [_label(f"{h}:rank {r}" if multi else f"rank {r}") for h, r in g.groups]
-    wait = 1e3 * g["data_wait"].mean().fillna(0.0).to_numpy()
+    wait = 1e3 * g["data_wait"].mean().fillna(0.0).to_numpy()  # unknown waits stay in compute
     step = 1e3 * g["duration"].mean().to_numpy()
     traces = [
         {

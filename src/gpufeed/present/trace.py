@@ -1,7 +1,11 @@
-"""Chrome trace JSON (opens in Perfetto and chrome://tracing): per-rank step and data-wait spans, system counters.
+"""Chrome trace JSON (opens in Perfetto and chrome://tracing): per-rank step spans split into their
+phases, evaluation passes on their own track, system counters.
 
-Layout: one trace process per host; in it one thread per rank with "step N" spans and "data wait" spans
-nested at their start, and counter tracks for every system metric (one series per device) and for
+Layout: one trace process per host; in it one thread per rank with "step N" spans and, nested in each,
+"data wait" at its start and "forward", "backward", "optimizer" laid end to end against its end (the
+recorder keeps each phase's duration, not its start; the gap left is "other"); data wait is left out
+and marked "unknown" where it was not measured. Evaluation passes get a thread of their own per rank
+("rank N evaluation"). Counter tracks for every system metric (one series per device) and for
 CPU by process role. Times are microseconds (ns precision) from the run's start (or the window's):
 otherData.time_origin_unix_s. `present.kineto` adds these tracks to a torch.profiler trace.
 """
@@ -34,6 +38,7 @@ _UNITS = {
     "gpu.mem_total": 1e-9,
 }
 _UNIT_NAMES = {1e-6: "MB/s", 1e-9: "GB"}
+_EVAL_TID = 10_000  # evaluation threads sort after every rank's training thread
 
 
 class TraceError(GpufeedError, ValueError):
@@ -84,7 +89,7 @@ def build_trace(
     run: Run, start: float | None = None, end: float | None = None, max_mb: float = MAX_MB
 ) -> dict[str, Any]:
     """The trace as a dict ({"traceEvents": [...], ...}); raises TraceError past `max_mb` (estimated)."""
-    from gpufeed.analyze.stats import run_span
+    from gpufeed.analyze.stats import evaluation_passes, run_span
 
     t0, t1 = run_span(run)
     if not math.isfinite(t0):
@@ -97,6 +102,8 @@ def build_trace(
     steps = steps[(steps["end"] >= lo) & (steps["start"] <= hi)]
     system = run.system[(run.system["time"] >= lo) & (run.system["time"] <= hi)]
     procs = run.processes[(run.processes["time"] >= lo) & (run.processes["time"] <= hi)]
+    evals = evaluation_passes(run)
+    evals = evals[(evals["end"] >= lo) & (evals["start"] <= hi)]
     info = {
         "run": str(run.path),
         "name": run.meta.get("name"),
@@ -104,12 +111,25 @@ def build_trace(
         "window_end_s": round(hi - t0, 3),
         "run_seconds": round(t1 - t0, 3),
         "time_origin_unix_s": lo,
+        "training_steps_s": round(
+            float(steps.groupby(["host", "rank"])["duration"].sum().mean()), 3
+        )
+        if len(steps)
+        else 0.0,
+        "evaluation_s": round(float(evals.groupby(["host", "rank"])["duration"].sum().mean()), 3)
+        if len(evals)
+        else 0.0,
+        "evaluation_passes": len(evals),
     }
     estimate = (
-        2 * len(steps) + system.groupby(["host", "metric"]).ngroups * system["time"].nunique()
-        if len(system)
-        else 2 * len(steps)
-    ) + procs["time"].nunique()
+        len(evals)
+        + (
+            5 * len(steps) + system.groupby(["host", "metric"]).ngroups * system["time"].nunique()
+            if len(system)
+            else 5 * len(steps)
+        )
+        + procs["time"].nunique()
+    )
     if estimate * _BYTES_PER_EVENT > max_mb * 1e6:
         raise TraceError(_too_big(run, estimate * _BYTES_PER_EVENT / 1e6, max_mb, info))
     if len(steps) == 0 and len(system) == 0 and (start is not None or end is not None):
@@ -117,7 +137,9 @@ def build_trace(
             f"the window {lo - t0:g}-{hi - t0:g} s holds no data; the run spans 0-{t1 - t0:.1f} s"
         )
 
-    hosts = sorted({str(h) for h in [*steps["host"], *system["host"], *procs["host"]]})
+    hosts = sorted(
+        {str(h) for h in [*steps["host"], *evals["host"], *system["host"], *procs["host"]]}
+    )
     pid_of = {h: i + 1 for i, h in enumerate(hosts)}
     events: list[dict[str, Any]] = []
     for host, pid in pid_of.items():
@@ -137,52 +159,56 @@ def build_trace(
 
     for (host, rank), g in steps.groupby(["host", "rank"], sort=True):
         pid, tid = pid_of[str(host)], int(rank) + 1
-        events.append(
-            _meta(pid, tid, "thread_name", f"rank {int(rank)} (pid {int(g['pid'].iloc[0])})")
-        )
-        events.append(
-            {
-                "ph": "M",
-                "pid": pid,
-                "tid": tid,
-                "name": "thread_sort_index",
-                "args": {"sort_index": tid},
-            }
-        )
+        events += _thread(pid, tid, f"rank {int(rank)} (pid {int(g['pid'].iloc[0])})")
         # Ends are rounded like starts and durations derived from them, so that a step's span never
         # reaches into the next one's (rounding ts and dur separately can overlap them by 0.1 µs).
         ts, ends = us(g["start"]), us(g["end"])
         dur = np.round(ends - ts, 3)
-        wait = np.round(g["data_wait"].fillna(0.0).to_numpy(dtype=float) * 1e6, 3)
+        wait = np.round(g["data_wait"].to_numpy(dtype=float) * 1e6, 3)
+        parts = {
+            p: np.round(g[p].to_numpy(dtype=float) * 1e6, 3) if p in g else np.full(len(g), np.nan)
+            for p in ("forward", "backward", "optimizer")
+        }
         samples = g["samples"].to_numpy(dtype=float)
         for i, step in enumerate(g["step"].to_numpy()):
-            args: dict[str, Any] = {"step": int(step), "data_wait_ms": round(wait[i] / 1e3, 3)}
+            args: dict[str, Any] = {
+                "step": int(step),
+                "data_wait_ms": round(wait[i] / 1e3, 3) if math.isfinite(wait[i]) else "unknown",
+            }
+            for p, v in parts.items():
+                if math.isfinite(v[i]):
+                    args[f"{p}_ms"] = round(v[i] / 1e3, 3)
             if math.isfinite(samples[i]):
                 args["samples"] = int(samples[i])
+            events.append(_span(f"step {int(step)}", "step", ts[i], dur[i], pid, tid, args))
+            if math.isfinite(wait[i]) and wait[i] > 0:
+                events.append(_span("data wait", "data", ts[i], min(wait[i], dur[i]), pid, tid))
+            # The hooks keep durations only: lay the model's phases back from the step's end (the
+            # end of its optimizer step), never before the data wait.
+            floor = ts[i] + (min(wait[i], dur[i]) if math.isfinite(wait[i]) else 0.0)
+            at = ends[i]
+            for p in ("optimizer", "backward", "forward"):
+                length = parts[p][i]
+                if not math.isfinite(length) or length <= 0:
+                    continue
+                begin = max(floor, np.round(at - length, 3))
+                if at > begin:
+                    events.append(_span(p, "phase", begin, np.round(at - begin, 3), pid, tid))
+                at = begin
+
+    for (host, rank), g in evals.groupby(["host", "rank"], sort=True):
+        pid, tid = pid_of[str(host)], _EVAL_TID + int(rank)
+        events += _thread(pid, tid, f"rank {int(rank)} evaluation")
+        ts, ends = us(g["start"]), us(g["end"])
+        for i, row in enumerate(g.itertuples()):
+            args = {"batches": _int_or_none(row.batches), "samples": _int_or_none(row.samples)}
+            if math.isfinite(float(row.data_wait)):
+                args["data_wait_ms"] = round(float(row.data_wait) * 1e3, 3)
             events.append(
-                {
-                    "name": f"step {int(step)}",
-                    "cat": "step",
-                    "ph": "X",
-                    "ts": ts[i],
-                    "dur": dur[i],
-                    "pid": pid,
-                    "tid": tid,
-                    "args": args,
-                }
-            )
-            if wait[i] > 0:
-                events.append(
-                    {
-                        "name": "data wait",
-                        "cat": "data",
-                        "ph": "X",
-                        "ts": ts[i],
-                        "dur": min(wait[i], dur[i]),
-                        "pid": pid,
-                        "tid": tid,
-                    }
+                _span(
+                    "evaluation", "evaluation", ts[i], np.round(ends[i] - ts[i], 3), pid, tid, args
                 )
+            )
 
     for (host, metric), g in system.groupby(["host", "metric"], sort=True):
         scale = next((v for k, v in _UNITS.items() if str(metric).startswith(k)), 1.0)
@@ -220,6 +246,26 @@ def build_trace(
             if key in e:
                 e[key] = float(e[key])
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": info}
+
+
+def _thread(pid: int, tid: int, name: str) -> list[dict[str, Any]]:
+    """A track's name and its place (tracks sort by tid)."""
+    sort = {"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index"}
+    return [_meta(pid, tid, "thread_name", name), {**sort, "args": {"sort_index": tid}}]
+
+
+def _span(
+    name: str, cat: str, ts: Any, dur: Any, pid: int, tid: int, args: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    event = {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": dur, "pid": pid, "tid": tid}
+    if args is not None:
+        event["args"] = args
+    return event
+
+
+def _int_or_none(value: Any) -> int | None:
+    v = float(value)
+    return int(v) if math.isfinite(v) else None
 
 
 def _meta(pid: int, tid: int, kind: str, name: str) -> dict[str, Any]:
