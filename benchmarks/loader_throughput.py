@@ -1,7 +1,7 @@
 """Loader throughput: gpufeed vs the classic per-image Pillow DataLoader, and vs the decode-only limit.
 
 Same machine, same images (the embedded photo-like set), same output: 224×224 float32, normalized.
-1. baseline: torch DataLoader over `gpufeed.bench.naive.NaiveImageFolder` (per-image Pillow
+1. baseline: torch DataLoader over `gpufeed.advise.naive.NaiveImageFolder` (per-image Pillow
    decode, random-resized crop, L × (hflip, vflip, rotation), to-tensor, normalize); num_workers = cores;
 2. gpufeed Loader on shards packed as-is, and packed with --resize 256;
 3. decode-only limit: libjpeg-turbo full-size decode of the stored images on all cores.
@@ -29,12 +29,12 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from gpufeed.bench.naive import NaiveImageFolder
-from gpufeed.bench.synth import make_image_folder
+from gpufeed.advise.naive import NaiveImageFolder
 from gpufeed.data.augment import Augment
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.loader import Loader
 from gpufeed.data.pack import pack
+from gpufeed.demo.synth import make_image_folder
 
 BATCH = 64
 SIZE = 224

@@ -371,7 +371,7 @@ def demo_cmd(
     out: str = typer.Option("gpufeed-demo", "--out", "-o", help="Work dir; data is cached here."),
 ) -> None:
     """Profile a naive training pipeline, show its bottleneck, then fix it with the gpufeed loader."""
-    from gpufeed.bench.demo import demo_config, run_demo
+    from gpufeed.demo.compare import demo_config, run_demo
 
     run_demo(demo_config(tiny, images, steps, model, batch_size, image_size), out)
 
@@ -404,7 +404,7 @@ def diagnose_cmd(
     ),
 ) -> None:
     """Input-bound or compute-bound? Measure the loader alone, the model alone and both together."""
-    from gpufeed.bench.diagnose import diagnose
+    from gpufeed.advise.diagnose import diagnose
 
     check_seconds("--seconds", seconds)
     check_count("--workers", workers, 0)
@@ -442,7 +442,7 @@ def tune_cmd(
     repeats: int = typer.Option(3, "--repeats", help="Measurements per trial (median, spread)."),
 ) -> None:
     """Search loader workers, prefetch, CPU/GPU preprocessing (and batch size) by measured trials."""
-    from gpufeed.bench.tune import tune
+    from gpufeed.advise.tune import tune
 
     check_seconds("--seconds", seconds)
     check_count("--batch-size", batch_size, 1)

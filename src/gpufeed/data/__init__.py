@@ -12,13 +12,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gpufeed.data.dataset import ShardDataset
     from gpufeed.data.loader import Loader
+    from gpufeed.data.settings import load_settings
 
 from gpufeed.data.pack import pack
 
-__all__ = ["Loader", "ShardDataset", "pack"]
+__all__ = ["Loader", "ShardDataset", "load_settings", "pack"]
 _WHERE = {
     "ShardDataset": "gpufeed.data.dataset",
     "Loader": "gpufeed.data.loader",
+    "load_settings": "gpufeed.data.settings",
 }
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpufeed.bench.measure import (
+from gpufeed.advise.measure import (
     MeasureError,
     Rate,
     TrainSettings,
@@ -154,7 +154,7 @@ def resolve_data(data: str) -> DataSpec:
 def default_workers(device: str = "cpu") -> int:
     """Loader workers assumed for an image folder or shards when `--workers` is not given: every
     usable core but the training process's on CUDA; half of them on a CPU, which also trains."""
-    from gpufeed.bench.hardware import usable_cores
+    from gpufeed.data.budget import usable_cores
 
     cores = usable_cores()
     return max(1, cores - 1 if device == "cuda" else cores // 2)
@@ -170,7 +170,7 @@ def make_pipeline(
         desc = f"your loader ({spec.where}" + (f", num_workers={nw})" if nw is not None else ")")
         return desc, spec.loader
     if spec.kind == "folder":
-        from gpufeed.bench.naive import naive_loader
+        from gpufeed.advise.naive import naive_loader
 
         try:
             loader = naive_loader(spec.where, batch_size, workers, image_size)
@@ -196,7 +196,7 @@ def _gpufeed_loader(
             num_workers=workers,
             preprocess=preprocess,
             device=device,
-            # the naive baseline's recipe (bench.naive), so both pipelines do the same work
+            # the naive baseline's recipe (advise.naive), so both pipelines do the same work
             augment=Augment.load_factor(1, size=(image_size, image_size)),
         )
     except (ShardError, ValueError) as e:
@@ -256,7 +256,7 @@ def alternatives(
     """Measured alternatives for an input-bound job (only those that apply to this data)."""
     import torch
 
-    from gpufeed.bench.hardware import usable_cores
+    from gpufeed.data.budget import usable_cores
 
     cores = usable_cores()
     plans: list[tuple[str, Callable[[], Any]]] = []
@@ -265,7 +265,7 @@ def alternatives(
         if faster is not None:
             plans.append((f"your loader with num_workers={cores}", lambda: faster))
     elif spec.kind == "folder":
-        from gpufeed.bench.naive import naive_loader
+        from gpufeed.advise.naive import naive_loader
 
         if cores > workers:
             plans.append(
@@ -390,9 +390,9 @@ def diagnose(
                 spec, loader, workers, batch_size, image_size, device, seconds, Path(tmp), note
             )
     print_diagnosis(console, result)
-    # --- offload to a Ray cluster's CPU nodes: would more cores help? (bench/offload.py) ---
-    from gpufeed.bench.hardware import usable_cores
-    from gpufeed.bench.offload import offload_advice
+    # --- offload to a Ray cluster's CPU nodes: would more cores help? (advise/offload.py) ---
+    from gpufeed.advise.offload import offload_advice
+    from gpufeed.data.budget import usable_cores
 
     rates, hw = (loader_rate.images_per_s, nw, model_rate.images_per_s), loader_rate.batch_shape
     console.print(offload_advice(*rates, max(1, usable_cores() - 1), tuple(hw[-2:])).text())
