@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufeed.advise.inputs import SAMPLE_IMAGES, DataSpec, pack_sample, resolve_data
 from gpufeed.advise.measure import (
     MeasureError,
     Rate,
@@ -25,19 +26,16 @@ from gpufeed.advise.measure import (
     build_model,
     check_device,
     cpu_threads_beside,
-    load_object,
     measure_loader,
     measure_model,
     measure_together,
     model_classes,
 )
-from gpufeed.data.shards import has_index
 from gpufeed.devices import default_device
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-SAMPLE_IMAGES = 512  # images packed for the pre-resized alternative
 WAITING = 0.1  # together, steps blocked on the loader this share of the time or more: input-bound
 
 
@@ -118,39 +116,6 @@ class Diagnosis:
         }
 
 
-@dataclass
-class DataSpec:
-    """What `--data` named: an image folder, a shard directory, or a `module:function` loader."""
-
-    kind: str  # "folder" | "shards" | "function"
-    where: str
-    loader: Iterable[Any] | None = None  # the user's own loader (kind "function")
-
-
-def resolve_data(data: str) -> DataSpec:
-    """Classify `--data`; MeasureError naming the path or function when it is unusable."""
-    path = Path(data)
-    if path.is_dir():
-        return DataSpec("shards" if has_index(path) else "folder", str(path))
-    if path.exists():
-        raise MeasureError(
-            f"--data {data}: is a file; give an image folder (ROOT/<class>/<image>), a directory "
-            "of shards made by `gpufeed pack`, or module:function returning your DataLoader"
-        )
-    if ":" in data:
-        loader = load_object(data, "--data")
-        if not hasattr(loader, "__iter__"):
-            raise MeasureError(
-                f"--data {data} returned a {type(loader).__name__}, which cannot be iterated: "
-                "return your DataLoader (or any iterable of (images, labels) batches)"
-            )
-        return DataSpec("function", data, loader)
-    raise MeasureError(
-        f"--data {data}: no such directory; give an image folder, a shard directory "
-        "or module:function returning your DataLoader"
-    )
-
-
 def default_workers(device: str = "cpu") -> int:
     """Loader workers assumed for an image folder or shards when `--workers` is not given: every
     usable core but the training process's on CUDA; half of them on a CPU, which also trains."""
@@ -201,26 +166,6 @@ def _gpufeed_loader(
         )
     except (ShardError, ValueError) as e:
         raise MeasureError(f"--data {shards}: {e}") from None
-
-
-def pack_sample(folder: str, dst: Path, image_size: int, n: int = SAMPLE_IMAGES) -> Path:
-    """Pack up to `n` images of an image folder (an even sample), pre-resized for `image_size`."""
-    import warnings
-
-    from gpufeed.data.pack import PackError, list_inputs, pack
-
-    try:
-        items, classes, _ = list_inputs(folder)
-        step = max(1, len(items) // n)
-        lst = dst / "sample.txt"
-        dst.mkdir(parents=True, exist_ok=True)
-        lst.write_text("".join(f"{it.path}\t{classes[it.label]}\n" for it in items[::step][:n]))
-        with warnings.catch_warnings():  # a sample is far below the 1-128 MB shard advice
-            warnings.simplefilter("ignore")
-            pack(lst, dst / "shards", resize=math.ceil(image_size * 1.15), progress=False)
-    except PackError as e:
-        raise MeasureError(f"--data {folder}: {e}") from None
-    return dst / "shards"
 
 
 def _more_workers(loader: Any, workers: int) -> Any | None:

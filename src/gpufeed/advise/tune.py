@@ -126,7 +126,7 @@ def tune(
     """Run the trials, print them as a table and write the winner to `out` (None: don't write)."""
     from rich.console import Console
 
-    from gpufeed.advise.diagnose import pack_sample, resolve_data
+    from gpufeed.advise.inputs import pack_sample, resolve_data
     from gpufeed.data.budget import usable_cores
 
     console = console or Console()
