@@ -12,7 +12,7 @@ Efficiency = together ÷ min(loader alone, consumer alone): 1.0 means the consum
 for data, epoch boundaries included.
 
 Pipelines: the gpufeed `Loader` and, as the baseline, the classic torch DataLoader over
-`gpufeed.bench.naive.NaiveImageFolder` (per-image Pillow, persistent_workers=True,
+`gpufeed.advise.naive.NaiveImageFolder` (per-image Pillow, persistent_workers=True,
 drop_last=True), each with its own loader-alone rate and a consumer at 75% of it. Data variants:
 shards packed as-is (full-size JPEGs) and pre-resized (`pack(..., resize=256)`); the baseline
 reads the same JPEG bytes from an image folder (the resized variant is written out of the
@@ -39,12 +39,12 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from gpufeed.bench.naive import NaiveImageFolder
-from gpufeed.bench.synth import make_image_folder
+from gpufeed.advise.naive import NaiveImageFolder
 from gpufeed.data.augment import Augment
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.loader import Loader
 from gpufeed.data.pack import pack
+from gpufeed.demo.synth import make_image_folder
 
 SIZE = 224
 CONSUMER_FRACTION = 0.75  # the consumer alone runs at this fraction of the loader-alone rate

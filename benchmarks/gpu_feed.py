@@ -40,7 +40,7 @@ def _write_images(args: tuple[str, int, int, int, int]) -> int:
     import numpy as np
     import simplejpeg
 
-    from gpufeed.bench.synth import _image, _pink_bank
+    from gpufeed.demo.synth import _image, _pink_bank
 
     root, start, stop, classes, quality = args
     rng = np.random.default_rng(start)

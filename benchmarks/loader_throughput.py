@@ -1,7 +1,7 @@
 """Loader throughput: gpufeed vs the classic per-image Pillow DataLoader, and vs the decode-only limit.
 
 Same machine, same images (the embedded photo-like set), same output: 224×224 float32, normalized.
-1. baseline: torch DataLoader over `gpufeed.bench.naive.NaiveImageFolder` (per-image Pillow
+1. baseline: torch DataLoader over `gpufeed.advise.naive.NaiveImageFolder` (per-image Pillow
    decode, random-resized crop, L × (hflip, vflip, rotation), to-tensor, normalize); num_workers = cores;
 2. gpufeed Loader on shards packed as-is, and packed with --resize 256;
 3. decode-only limit: libjpeg-turbo full-size decode of the stored images on all cores.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
+import math
 import multiprocessing as mp
 import os
 import platform
@@ -20,7 +21,7 @@ import resource
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,13 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from gpufeed.bench.naive import NaiveImageFolder
-from gpufeed.bench.synth import make_image_folder
+from gpufeed.advise.naive import NaiveImageFolder
 from gpufeed.data.augment import Augment
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.loader import Loader
 from gpufeed.data.pack import pack
+from gpufeed.data.rate import measure_loader
+from gpufeed.demo.synth import make_image_folder
 
 BATCH = 64
 SIZE = 224
@@ -49,26 +51,21 @@ def _cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def _time(make: Callable[[], Iterable[Any]], workers: int) -> tuple[float, float]:
+def _time(make: Callable[[], Any], workers: int) -> tuple[float, float]:
     """(images/s in steady state, CPU ms per image) over one pass of the loader `make()` returns.
     The clock starts when every worker has delivered its first batch; the CPU time covers the
     whole pass, start-up and worker shutdown included."""
-    n, total, t0, seen = 0, 0, None, 0
     cpu = _cpu_seconds()
     batches = make()
-    for images, _ in batches:  # type: ignore[attr-defined]
-        assert images.shape[1:] == (3, SIZE, SIZE) and images.dtype == torch.float32
-        seen += 1
-        total += len(images)
-        if t0 is None:
-            if seen >= max(1, workers):
-                t0 = time.perf_counter()
-            continue
-        n += len(images)
-    rate = n / (time.perf_counter() - t0)
+    warmup = max(1, workers)
+    rate = measure_loader(
+        batches, seconds=math.inf, max_batches=len(batches) - warmup, warmup=warmup
+    )
+    assert rate.batch_shape[1:] == (3, SIZE, SIZE)
+    total = len(batches.dataset)  # one pass delivers every image
     del batches  # joins the workers (gpufeed's persist until their Loader goes), so their
     gc.collect()  # CPU time is counted here
-    return rate, 1e3 * (_cpu_seconds() - cpu) / total
+    return rate.images_per_s, 1e3 * (_cpu_seconds() - cpu) / total
 
 
 def baseline(root: Path, load: int, workers: int) -> tuple[float, float]:

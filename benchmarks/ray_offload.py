@@ -30,11 +30,11 @@ use_loopback()
 
 import torch  # noqa: E402
 
-from gpufeed.bench.hardware import describe, hardware  # noqa: E402
-from gpufeed.bench.synth import make_image_folder  # noqa: E402
 from gpufeed.data.augment import Augment  # noqa: E402
 from gpufeed.data.loader import Loader  # noqa: E402
 from gpufeed.data.pack import pack  # noqa: E402
+from gpufeed.demo.synth import make_image_folder  # noqa: E402
+from gpufeed.hardware import describe, hardware  # noqa: E402
 
 BATCH = 32
 AUG = Augment(size=(224, 224), load=2)

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.bench.synth import make_image_folder
 from gpufeed.data.pack import pack
 from gpufeed.data.shards import INDEX_NAME, LEGACY_INDEX_NAME, Index
+from gpufeed.demo.synth import make_image_folder
 from gpufeed.profile.session import steps_store_path, system_store_path, write_meta
 from gpufeed.profile.store import Store
 

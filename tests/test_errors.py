@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import pytest
 
+from gpufeed.advise.measure import MeasureError
 from gpufeed.analyze.config import ConfigError
 from gpufeed.analyze.run import RunError
-from gpufeed.bench.demo import DemoError, DemoOptionError
-from gpufeed.bench.measure import MeasureError
-from gpufeed.bench.tune import TuneError
 from gpufeed.bench.workload import BenchError
 from gpufeed.data.batch import CorruptSampleError
 from gpufeed.data.decode import CorruptImage
 from gpufeed.data.pack import PackError
+from gpufeed.data.settings import SettingsError
 from gpufeed.data.shards import ShardError
 from gpufeed.data.workers import LoaderWorkerError
+from gpufeed.demo.compare import DemoError, DemoOptionError
 from gpufeed.errors import GpufeedError
 from gpufeed.extras import MissingExtra
 from gpufeed.present.kineto import KinetoError
@@ -29,7 +29,7 @@ ERRORS = {
     DemoError: RuntimeError,
     DemoOptionError: ValueError,
     MeasureError: ValueError,
-    TuneError: ValueError,
+    SettingsError: ValueError,
     BenchError: ValueError,
     CorruptSampleError: ValueError,
     CorruptImage: ValueError,

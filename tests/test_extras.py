@@ -25,8 +25,8 @@ sys.meta_path.insert(0, _Blocked())
 
 @pytest.fixture
 def shards(tmp_path: Path) -> Path:
-    from gpufeed.bench.synth import make_image_folder
     from gpufeed.data.pack import pack
+    from gpufeed.demo.synth import make_image_folder
 
     images = make_image_folder(tmp_path / "images", 8, 2, short_side=(40, 48))
     pack(images, tmp_path / "shards", workers=1, progress=False)

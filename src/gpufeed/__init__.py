@@ -6,7 +6,13 @@ Public API (kept small on purpose):
 - ``gpufeed.step(samples=None)``: mark a training step where autopatching cannot see one.
 - ``gpufeed.load(path) -> Run``: a run directory as pandas frames.
 - ``gpufeed.analyze(run) -> list[Finding]``: the built-in bottleneck rules.
-- ``gpufeed.data``: ``pack``, ``ShardDataset``, ``Loader``.
+- ``gpufeed.data``: ``pack``, ``ShardDataset``, ``Loader``, ``load_settings``.
+
+Packages: ``profile`` (COLLECT), ``analyze`` (UNDERSTAND), ``present`` (SHOW), ``data`` (FEED),
+``advise`` (diagnose, tune), ``demo``, ``train`` (MODEL), ``bench`` (EVIDENCE: experiments),
+``integrations`` (trainer callbacks). Shared helpers: ``errors`` (GpufeedError), ``atomic``
+(atomic file writes), ``devices`` (default device), ``hardware`` (the machine, for results),
+``extras`` (optional dependencies).
 """
 
 from __future__ import annotations

@@ -1,22 +1,36 @@
 """Thin command line: every command parses its options and calls one function in a module below.
 
-Implementation modules are imported inside each command so that `gpufeed --help` stays instant.
+Options default to the library's own defaults (read from the function signatures, never restated).
+The heavy parts (torch, pandas) are imported inside each command so that `gpufeed --help` stays fast.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import click
 import typer
 from typer.core import TyperGroup
 
+from gpufeed.advise.diagnose import diagnose
+from gpufeed.advise.tune import tune
+from gpufeed.data.pack import pack
+from gpufeed.demo.compare import DEFAULT_WORK_DIR, GPU_IMAGE_SIZE, DemoConfig
 from gpufeed.errors import GpufeedError
+from gpufeed.present.trace import MAX_MB
+from gpufeed.profile.launch import profile_command
+
+
+def default(function: Callable[..., Any], parameter: str) -> Any:
+    """The library's default for `parameter` of `function`, so the CLI never restates it."""
+    return inspect.signature(function).parameters[parameter].default
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    """Print a one-line error in red to stderr and return the Exit to raise."""
+    """Print a one-line error in red to stderr and return the Exit to raise (the one handler's)."""
     typer.secho(f"gpufeed: error: {message}", err=True, fg=typer.colors.RED)
     return typer.Exit(code)
 
@@ -60,13 +74,13 @@ def written(error: OSError, *targets: str | None) -> str:
 def check_seconds(option: str, value: float | None) -> None:
     """Refuse a duration that is not a finite number of seconds above 0."""
     if value is not None and not 0 < value < math.inf:
-        raise fail(f"{option} {value:g}: give a number of seconds above 0, e.g. {option} 4")
+        raise GpufeedError(f"{option} {value:g}: give a number of seconds above 0, e.g. {option} 4")
 
 
 def check_count(option: str, value: int | None, least: int) -> None:
     """Refuse a count below `least`."""
     if value is not None and value < least:
-        raise fail(f"{option} {value}: must be {least} or more")
+        raise GpufeedError(f"{option} {value}: must be {least} or more")
 
 
 # --- COLLECT: profile, show, ls ---------------------------------------------------------------
@@ -90,11 +104,9 @@ def profile_cmd(
     ] = None,
     interval: Annotated[
         float, typer.Option("--interval", "-i", help="system sampling interval, 0.05-60 s")
-    ] = 0.2,
+    ] = default(profile_command, "interval"),
 ) -> None:
     """Run COMMAND under the profiler: `gpufeed profile -- python train.py`. Exit code is COMMAND's."""
-    from gpufeed.profile.launch import profile_command
-
     code, _ = profile_command(command or [], out=out, name=name, interval=interval)
     raise typer.Exit(code)
 
@@ -120,7 +132,7 @@ def ls_cmd(
     from gpufeed.present.terminal import list_runs
 
     if os.path.exists(out) and not os.path.isdir(out):
-        raise fail(f"{out} is a file, not a folder of runs: pass the folder given to --out")
+        raise GpufeedError(f"{out} is a file, not a folder of runs: pass the folder given to --out")
     list_runs(out)
 
 
@@ -153,7 +165,7 @@ def report_cmd(
     from gpufeed.present.terminal import print_findings
 
     if watch is not None and not 0 < watch < math.inf:
-        raise fail(f"--watch {watch:g}: give the seconds between rewrites, e.g. --watch 10")
+        raise GpufeedError(f"--watch {watch:g}: give the seconds between rewrites, e.g. --watch 10")
     try:
         write_report(
             runs,
@@ -166,7 +178,7 @@ def report_cmd(
             on_findings=print_findings,
         )
     except OSError as e:
-        raise fail(f"cannot write {written(e, out, json_out)}: {e.strerror}") from None
+        raise GpufeedError(f"cannot write {written(e, out, json_out)}: {e.strerror}") from None
 
 
 @app.command("trace")
@@ -183,7 +195,7 @@ def trace_cmd(
     ] = None,
     max_mb: Annotated[
         float, typer.Option("--max-mb", help="refuse traces larger than this")
-    ] = 200.0,
+    ] = MAX_MB,
     merge: Annotated[
         str | None,
         typer.Option(
@@ -198,7 +210,7 @@ def trace_cmd(
     try:
         write_trace(runs, out, start=start, end=end, max_mb=max_mb, echo=typer.echo, merge=merge)
     except OSError as e:
-        raise fail(f"cannot write {written(e, out)}: {e.strerror}") from None
+        raise GpufeedError(f"cannot write {written(e, out)}: {e.strerror}") from None
 
 
 @app.command("export")
@@ -213,11 +225,11 @@ def export_cmd(
     from gpufeed.present.tensorboard import export_tensorboard
 
     if tensorboard is None:
-        raise fail("say what to export: --tensorboard DIR")
+        raise GpufeedError("say what to export: --tensorboard DIR")
     try:
         export_tensorboard(runs, tensorboard, echo=typer.echo)
     except OSError as e:
-        raise fail(f"cannot write {e.filename}: {e.strerror}") from None
+        raise GpufeedError(f"cannot write {e.filename}: {e.strerror}") from None
 
 
 @app.command("rules")
@@ -233,29 +245,38 @@ def rules_cmd() -> None:
 
 @app.command("pack")
 def pack_cmd(
-    src: str = typer.Argument(
-        ..., help="Image folder (SRC/<class>/<image>) or list file (PATH LABEL per line)."
-    ),
-    dst: str = typer.Argument(..., help="Output directory or s3://bucket/prefix."),
-    shard_size: str = typer.Option(
-        "64MB", "--shard-size", help="Target bytes per shard (1-128 MB is the useful range)."
-    ),
-    resize: int | None = typer.Option(
-        None, "--resize", help="Pre-resize to this short side (and re-encode at --quality)."
-    ),
-    quality: int = typer.Option(90, "--quality", help="JPEG quality for re-encoded images."),
-    workers: int | None = typer.Option(
-        None, "--workers", help="Worker processes (default: all cores)."
-    ),
-    verify: bool = typer.Option(
-        False, "--verify", help="Decode every image; skip the ones that fail."
-    ),
-    seed: int = typer.Option(0, "--seed", help="Seed for the sample order across shards."),
+    src: Annotated[
+        str,
+        typer.Argument(
+            help="Image folder (SRC/<class>/<image>) or list file (PATH LABEL per line)."
+        ),
+    ],
+    dst: Annotated[str, typer.Argument(help="Output directory or s3://bucket/prefix.")],
+    shard_size: Annotated[
+        str,
+        typer.Option("--shard-size", help="Target bytes per shard (1-128 MB is the useful range)."),
+    ] = default(pack, "shard_size"),
+    resize: Annotated[
+        int | None,
+        typer.Option(
+            "--resize", help="Pre-resize to this short side (and re-encode at --quality)."
+        ),
+    ] = default(pack, "resize"),
+    quality: Annotated[
+        int, typer.Option("--quality", help="JPEG quality for re-encoded images.")
+    ] = default(pack, "quality"),
+    workers: Annotated[
+        int | None, typer.Option("--workers", help="Worker processes (default: all cores).")
+    ] = default(pack, "workers"),
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Decode every image; skip the ones that fail.")
+    ] = default(pack, "verify"),
+    seed: Annotated[
+        int, typer.Option("--seed", help="Seed for the sample order across shards.")
+    ] = default(pack, "seed"),
 ) -> None:
     """Pack images into tar shards (WebDataset layout) plus gpufeed-index.json, locally or on S3."""
     import warnings
-
-    from gpufeed.data.pack import pack
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -302,37 +323,55 @@ def index_cmd(
 
 @app.command("bench")
 def bench_cmd(
-    name: str = typer.Argument(
-        ...,
-        help="augload (CPU vs GPU preprocessing × augmentation load × model), "
-        "workers (1 vs cores-1 loader workers, resized vs not), batch (small vs large batch).",
-    ),
-    out: str | None = typer.Option(
-        None, "--out", "-o", help="Results directory (default ./gpufeed-runs/bench-NAME)."
-    ),
-    full: bool | None = typer.Option(
-        None,
-        "--full/--reduced",
-        help="Full GPU grid or the reduced CPU grid (default: full iff CUDA).",
-    ),
-    data: str | None = typer.Option(
-        None, "--data", help="Your image folder (class/image.jpg) instead of the generated one."
-    ),
-    budget: float | None = typer.Option(
-        None, "--budget", help="Stop starting new configurations after this many seconds."
-    ),
-    steps: int | None = typer.Option(None, "--steps", help="Steps per configuration."),
-    repeats: int | None = typer.Option(
-        None, "--repeats", help="augload: interleaved repeats of the grid (medians reported)."
-    ),
-    images: int | None = typer.Option(None, "--images", help="Images to generate."),
-    batch_size: int | None = typer.Option(
-        None, "--batch-size", help="Batch size (augload, workers)."
-    ),
-    workers: int | None = typer.Option(None, "--workers", help="Loader workers (default cores-1)."),
-    cache: str | None = typer.Option(
-        None, "--cache", help="Where generated images and shards are kept (./.gpufeed-cache/bench)."
-    ),
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="augload (CPU vs GPU preprocessing × augmentation load × model), "
+            "workers (1 vs cores-1 loader workers, resized vs not), batch (small vs large batch).",
+        ),
+    ],
+    out: Annotated[
+        str | None,
+        typer.Option("--out", "-o", help="Results directory (default ./gpufeed-runs/bench-NAME)."),
+    ] = None,
+    full: Annotated[
+        bool | None,
+        typer.Option(
+            "--full/--reduced",
+            help="Full GPU grid or the reduced CPU grid (default: full iff CUDA).",
+        ),
+    ] = None,
+    data: Annotated[
+        str | None,
+        typer.Option(
+            "--data", help="Your image folder (class/image.jpg) instead of the generated one."
+        ),
+    ] = None,
+    budget: Annotated[
+        float | None,
+        typer.Option("--budget", help="Stop starting new configurations after this many seconds."),
+    ] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Steps per configuration.")] = None,
+    repeats: Annotated[
+        int | None,
+        typer.Option(
+            "--repeats", help="augload: interleaved repeats of the grid (medians reported)."
+        ),
+    ] = None,
+    images: Annotated[int | None, typer.Option("--images", help="Images to generate.")] = None,
+    batch_size: Annotated[
+        int | None, typer.Option("--batch-size", help="Batch size (augload, workers).")
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option("--workers", help="Loader workers (default cores-1).")
+    ] = None,
+    cache: Annotated[
+        str | None,
+        typer.Option(
+            "--cache",
+            help="Where generated images and shards are kept (./.gpufeed-cache/bench).",
+        ),
+    ] = None,
 ) -> None:
     """Run an experiment; write results.csv/.json/.md and results.png with the hardware.
 
@@ -356,56 +395,94 @@ def bench_cmd(
 # demo, diagnose, tune (the main job)
 
 
+DEMO = DemoConfig()
+
+
 @app.command("demo")
 def demo_cmd(
-    tiny: bool = typer.Option(
-        False, "--tiny", help="A few hundred images, seconds (what CI runs)."
-    ),
-    images: int | None = typer.Option(None, "--images", help="Images to generate (default 1200)."),
-    steps: int | None = typer.Option(None, "--steps", help="Training steps per run (default 100)."),
-    model: str | None = typer.Option(None, "--model", help="resnet18 (default), resnet50, ..."),
-    batch_size: int | None = typer.Option(None, "--batch-size", help="Batch size (default 64)."),
-    image_size: int | None = typer.Option(
-        None, "--image-size", help="Training image size (default 32 on CPU, 224 with a GPU)."
-    ),
-    out: str = typer.Option("gpufeed-demo", "--out", "-o", help="Work dir; data is cached here."),
+    tiny: Annotated[
+        bool, typer.Option("--tiny", help="A few hundred images, seconds (what CI runs).")
+    ] = False,
+    images: Annotated[
+        int | None,
+        typer.Option("--images", help=f"Images to generate (default {DEMO.images})."),
+    ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option("--steps", help=f"Training steps per run (default {DEMO.steps})."),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help=f"{DEMO.model} (default), resnet50, ..."),
+    ] = None,
+    batch_size: Annotated[
+        int | None,
+        typer.Option("--batch-size", help=f"Batch size (default {DEMO.batch_size})."),
+    ] = None,
+    image_size: Annotated[
+        int | None,
+        typer.Option(
+            "--image-size",
+            help=f"Training image size (default {DEMO.image_size} on CPU, {GPU_IMAGE_SIZE} with a GPU).",
+        ),
+    ] = None,
+    out: Annotated[
+        str, typer.Option("--out", "-o", help="Work dir; data is cached here.")
+    ] = DEFAULT_WORK_DIR,
 ) -> None:
     """Profile a naive training pipeline, show its bottleneck, then fix it with the gpufeed loader."""
-    from gpufeed.bench.demo import demo_config, run_demo
+    from gpufeed.demo.compare import demo_config, run_demo
 
     run_demo(demo_config(tiny, images, steps, model, batch_size, image_size), out)
 
 
 @app.command("diagnose")
 def diagnose_cmd(
-    data: str = typer.Option(
-        ..., "--data", help="Image folder, shard directory, or module:function returning a loader."
+    data: Annotated[
+        str,
+        typer.Option(
+            "--data",
+            help="Image folder, shard directory, or module:function returning a loader.",
+        ),
+    ],
+    model: Annotated[
+        str, typer.Option("--model", help="resnet18, resnet50, resnet152 or module:function.")
+    ] = default(diagnose, "model"),
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", help="Batch size (folder and shards).")
+    ] = default(diagnose, "batch_size"),
+    device: Annotated[
+        str | None, typer.Option("--device", help="cpu or cuda (default: cuda if any).")
+    ] = default(diagnose, "device"),
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers", help="Loader workers for a folder or shards (default: half the cores)."
+        ),
+    ] = default(diagnose, "workers"),
+    image_size: Annotated[int, typer.Option("--image-size", help="Training image size.")] = default(
+        diagnose, "image_size"
     ),
-    model: str = typer.Option(
-        "resnet18", "--model", help="resnet18, resnet50, resnet152 or module:function."
+    seconds: Annotated[float, typer.Option("--seconds", help="Seconds per measurement.")] = default(
+        diagnose, "seconds"
     ),
-    batch_size: int = typer.Option(64, "--batch-size", help="Batch size (folder and shards)."),
-    device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda if any)."),
-    workers: int | None = typer.Option(
-        None, "--workers", help="Loader workers for a folder or shards (default: half the cores)."
-    ),
-    image_size: int = typer.Option(224, "--image-size", help="Training image size."),
-    seconds: float = typer.Option(4.0, "--seconds", help="Seconds per measurement."),
-    precision: str = typer.Option(
-        "auto",
-        "--precision",
-        help="bf16, fp16 or fp32 autocast (default: bf16 on CUDA, else fp32).",
-    ),
-    channels_last: bool | None = typer.Option(
-        None, "--channels-last/--no-channels-last", help="Memory format (default: on with CUDA)."
-    ),
-    compile: bool = typer.Option(
-        False, "--compile", help="torch.compile the model, as the job does."
-    ),
+    precision: Annotated[
+        str,
+        typer.Option(
+            "--precision", help="bf16, fp16 or fp32 autocast (default: bf16 on CUDA, else fp32)."
+        ),
+    ] = default(diagnose, "precision"),
+    channels_last: Annotated[
+        bool | None,
+        typer.Option(
+            "--channels-last/--no-channels-last", help="Memory format (default: on with CUDA)."
+        ),
+    ] = default(diagnose, "channels_last"),
+    compile: Annotated[
+        bool, typer.Option("--compile", help="torch.compile the model, as the job does.")
+    ] = default(diagnose, "compile"),
 ) -> None:
     """Input-bound or compute-bound? Measure the loader alone, the model alone and both together."""
-    from gpufeed.bench.diagnose import diagnose
-
     check_seconds("--seconds", seconds)
     check_count("--workers", workers, 0)
     check_count("--batch-size", batch_size, 1)
@@ -427,23 +504,37 @@ def diagnose_cmd(
 
 @app.command("tune")
 def tune_cmd(
-    data: str = typer.Option(..., "--data", help="Shard directory (or an image folder)."),
-    model: str | None = typer.Option(
-        None, "--model", help="Stop once the loader outruns this model (name or module:function)."
+    data: Annotated[str, typer.Option("--data", help="Shard directory (or an image folder).")],
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", help="Stop once the loader outruns this model (name or module:function)."
+        ),
+    ] = default(tune, "model"),
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Batch size.")] = default(
+        tune, "batch_size"
     ),
-    batch_size: int = typer.Option(64, "--batch-size", help="Batch size."),
-    device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda if any)."),
-    image_size: int = typer.Option(224, "--image-size", help="Training image size."),
-    allow_batch_change: bool = typer.Option(
-        False, "--allow-batch-change", help="Also try half and double the batch size."
+    device: Annotated[
+        str | None, typer.Option("--device", help="cpu or cuda (default: cuda if any).")
+    ] = default(tune, "device"),
+    image_size: Annotated[int, typer.Option("--image-size", help="Training image size.")] = default(
+        tune, "image_size"
     ),
-    out: str = typer.Option("gpufeed-tune.json", "--out", "-o", help="Where to write the winner."),
-    seconds: float = typer.Option(2.5, "--seconds", help="Seconds per measurement."),
-    repeats: int = typer.Option(3, "--repeats", help="Measurements per trial (median, spread)."),
+    allow_batch_change: Annotated[
+        bool,
+        typer.Option("--allow-batch-change", help="Also try half and double the batch size."),
+    ] = default(tune, "allow_batch_change"),
+    out: Annotated[str, typer.Option("--out", "-o", help="Where to write the winner.")] = default(
+        tune, "out"
+    ),
+    seconds: Annotated[float, typer.Option("--seconds", help="Seconds per measurement.")] = default(
+        tune, "seconds"
+    ),
+    repeats: Annotated[
+        int, typer.Option("--repeats", help="Measurements per trial (median, spread).")
+    ] = default(tune, "repeats"),
 ) -> None:
     """Search loader workers, prefetch, CPU/GPU preprocessing (and batch size) by measured trials."""
-    from gpufeed.bench.tune import tune
-
     check_seconds("--seconds", seconds)
     check_count("--batch-size", batch_size, 1)
     check_count("--image-size", image_size, 1)

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufeed.bench.experiments import run_bench
-from gpufeed.bench.hardware import usable_cores
 from gpufeed.cli import app
+from gpufeed.data.budget import usable_cores
 
 TINY = {"images": 32, "steps": 2, "batch_size": 8, "repeats": 1, "progress": False}
 

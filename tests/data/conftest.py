@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.bench.synth import make_image_folder
 from gpufeed.data.pack import pack
+from gpufeed.demo.synth import make_image_folder
 
 N_IMAGES = 48
 

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import gpufeed
-from gpufeed.bench.synth import make_image_folder
 from gpufeed.data.shards import has_index
+from gpufeed.demo.synth import make_image_folder
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_resnet.py"
 

@@ -1,1 +1,3 @@
-"""UNDERSTAND: load a run into pandas, statistics, bottleneck rules."""
+"""UNDERSTAND: a run directory as pandas frames (run, combine for multi-host runs), statistics
+(stats: percentiles, phases), the bottleneck rules (rules/, one file per rule, their registry) with
+thresholds from gpufeed.toml (config), and what a rule concludes (finding). `api` holds `load`/`analyze`."""

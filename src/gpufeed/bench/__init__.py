@@ -1,1 +1,3 @@
-"""EVIDENCE: embedded demo data, experiments, diagnose, tune, demo."""
+"""EVIDENCE: `gpufeed bench` experiments that reproduce published findings on input-bound training
+(experiments, their workload and training runs), result tables (results), charts (plots), and a
+local Ray cluster for the offload benchmark (raycluster)."""

@@ -55,7 +55,7 @@ def run_bench(
 
 
 def _start(cfg: BenchConfig, out_dir: Path, name: str, **params: Any) -> ResultSet:
-    from gpufeed.bench.hardware import hardware
+    from gpufeed.hardware import hardware
 
     res = ResultSet(out_dir, name, {**params, **cfg.params()}, hardware())
     if not cfg.full:
@@ -96,7 +96,7 @@ def _release_device_memory() -> None:
 
 
 def _hardware_line(res: ResultSet) -> str:
-    from gpufeed.bench.hardware import describe
+    from gpufeed.hardware import describe
 
     return describe(res.hardware)
 
@@ -341,7 +341,7 @@ def _profiled(
 def workers(cfg: BenchConfig, out_dir: Path) -> ResultSet:
     """Images/s and utilization with 1 vs cores-1 loader workers, on full-size images resized on
     every read vs images pre-resized at pack time."""
-    from gpufeed.bench.hardware import usable_cores
+    from gpufeed.data.budget import usable_cores
 
     many = max(2, usable_cores() - 1)
     model = "resnet50" if cfg.full else "resnet18"

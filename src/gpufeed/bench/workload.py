@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpufeed.bench.hardware import usable_cores
+from gpufeed.data.budget import usable_cores
 from gpufeed.data.shards import has_index
 from gpufeed.errors import GpufeedError
 
@@ -122,7 +122,7 @@ def image_folder(cfg: BenchConfig) -> Path:
                 "(resized and not): pass the image folder they came from"
             )
         return cfg.data
-    from gpufeed.bench.synth import make_image_folder
+    from gpufeed.demo.synth import make_image_folder
 
     lo, hi = cfg.short_side
     root = cfg.cache / f"images-{cfg.images}-{cfg.classes}c-{lo}-{hi}"

@@ -9,6 +9,7 @@ decode on the GPU, in a side stream) → the training loop, which only waits on 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.device import CANVAS_ELEMENTS, DeviceStage, decoder_name
 from gpufeed.data.feeder import Feeder
 from gpufeed.data.plan import BatchPlan, Position
+from gpufeed.data.rate import measure_loader
 from gpufeed.data.remote import RayPool, cluster_option, default_remote_workers
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
@@ -231,7 +233,9 @@ class Loader:
                 max_host_bytes=self.max_host_bytes,
             )
             try:
-                rates[mode] = measure_rate(trial, batches=6)
+                rates[mode] = measure_loader(
+                    trial, seconds=math.inf, max_batches=6, warmup=3
+                ).images_per_s
             finally:
                 trial.close()
         best = max(rates, key=rates.__getitem__)
@@ -472,22 +476,3 @@ class _EpochIterator(_IterBase):  # type: ignore[misc,valid-type]
 
     if _IterBase is object:  # pragma: no cover
         __next__ = _next_data
-
-
-def measure_rate(loader: Loader, batches: int = 8, warmup: int = 2) -> float:
-    """Images per second the loader delivers on its own (model removed), after `warmup` batches
-    (worker start, first decode); synchronizes the device, so the rate includes device work."""
-    it = iter(loader)
-    n, t = 0, 0.0
-    for i, (_, labels) in enumerate(it):
-        if i == warmup:
-            if loader.device.type == "cuda":
-                torch.cuda.synchronize(loader.device)
-            t = time.perf_counter()
-        elif i > warmup:
-            n += len(labels)
-        if i >= warmup + batches:
-            break
-    if loader.device.type == "cuda":
-        torch.cuda.synchronize(loader.device)
-    return n / (time.perf_counter() - t) if n and t else 0.0

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from gpufeed.bench.hardware import describe, hardware, usable_cores
+from gpufeed.hardware import describe, hardware, usable_cores
 
 
 def test_records_cpu_cores_memory_gpus_and_versions() -> None:

@@ -59,7 +59,7 @@ class DemoConfig:
         return max(8, math.ceil(self.image_size * 1.25))
 
     def loader_workers(self) -> int:
-        from gpufeed.bench.hardware import usable_cores
+        from gpufeed.data.budget import usable_cores
 
         return self.workers if self.workers is not None else max(1, usable_cores() - 1)
 
@@ -214,7 +214,7 @@ def demo_images(
     watcher thread, since the generator has no callback)."""
     import threading
 
-    from gpufeed.bench.synth import make_image_folder
+    from gpufeed.demo.synth import make_image_folder
 
     lo, hi = cfg.short_side
     root = work / "data" / f"images-{cfg.images}x{cfg.classes}-{lo}-{hi}"
@@ -252,7 +252,7 @@ def train_command(pipeline: str, data: Path, cfg: DemoConfig, result: Path) -> l
     """The plain training script's command line for one pipeline."""
     workers = cfg.naive_workers if pipeline == "naive" else cfg.loader_workers()
     return [
-        sys.executable, "-m", "gpufeed.bench.demo_train", "--pipeline", pipeline,
+        sys.executable, "-m", "gpufeed.demo.train", "--pipeline", pipeline,
         "--data", str(data), "--model", cfg.model, "--steps", str(cfg.steps),
         "--batch-size", str(cfg.batch_size), "--image-size", str(cfg.image_size),
         "--workers", str(workers), "--result", str(result),
@@ -362,7 +362,7 @@ def run_demo(
         TimeElapsedColumn,
     )
 
-    from gpufeed.bench.hardware import describe, hardware
+    from gpufeed.hardware import describe, hardware
     from gpufeed.present.terminal import print_findings
 
     console = console or Console()

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpufeed.bench.synth import make_image_folder
 from gpufeed.data.decode import decode, image_size
+from gpufeed.demo.synth import make_image_folder
 
 
 def test_writes_an_image_folder_with_varied_photo_like_jpegs(tmp_path: Path):

@@ -1,5 +1,6 @@
-"""Short measurements shared by `diagnose` and `tune`: a loader alone, a model alone, and the user's
-own objects named as `module:function` (or `path/to/file.py:function`)."""
+"""Short measurements shared by `diagnose` and `tune`: a model alone, a model trained on a loader,
+and the user's own objects named as `module:function` (or `path/to/file.py:function`). A loader
+alone is measured by `gpufeed.data.rate.measure_loader`, re-exported here."""
 
 from __future__ import annotations
 
@@ -8,91 +9,15 @@ import importlib.util
 import math
 import os
 import sys
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufeed.errors import GpufeedError
+from gpufeed.data.rate import MeasureError, Rate, guarded, images_of, measure_loader
 
-
-class MeasureError(GpufeedError, ValueError):
-    """Bad user input (a path, a `module:function`, a model name); the message says what to do."""
-
-
-@dataclass
-class Rate:
-    """Images delivered (or trained) per second after the warm-up, and the batch shape seen."""
-
-    images: int
-    seconds: float
-    batch_shape: tuple[int, ...] = ()
-    data_wait_share: float = math.nan  # training on a loader: share of step time blocked on it
-
-    @property
-    def images_per_s(self) -> float:
-        return self.images / self.seconds if self.seconds > 0 else math.nan
-
-
-def measure_loader(
-    loader: Iterable[Any], seconds: float = 4.0, max_batches: int = 200, warmup: int = 1
-) -> Rate:
-    """Iterate `loader` with nothing else running: images/s after `warmup` batches (worker start,
-    first decode), for `seconds` or `max_batches` batches, starting new epochs as needed (their
-    start-up counts, as it does in training)."""
-    shape: tuple[int, ...] = ()
-    images = batches = 0
-    t0 = None
-    while True:
-        try:
-            it = iter(loader)
-        except Exception as e:
-            raise MeasureError(f"the data loader failed to start: {type(e).__name__}: {e}") from e
-        got = False
-        try:
-            for batch in _guarded(it):
-                got = True
-                x = _images(batch)
-                shape = tuple(x.shape)
-                if t0 is None:
-                    warmup -= 1
-                    if warmup <= 0:
-                        t0 = time.perf_counter()
-                    continue
-                images += int(x.shape[0])
-                batches += 1
-                if batches >= max_batches or time.perf_counter() - t0 >= seconds:
-                    return Rate(images, time.perf_counter() - t0, shape)
-        finally:
-            if hasattr(it, "close"):  # a generator (gpufeed Loader): stops its workers now
-                it.close()
-        if not got:
-            raise MeasureError("the data loader yielded no batch: give it data or a smaller batch")
-
-
-def _guarded(it: Iterator[Any]) -> Iterator[Any]:
-    """The loader's batches; an exception inside the loader becomes a MeasureError saying so."""
-    while True:
-        try:
-            batch = next(it)
-        except StopIteration:
-            return
-        except Exception as e:
-            raise MeasureError(f"the data loader raised {type(e).__name__}: {e}") from e
-        yield batch
-
-
-def _images(batch: Any) -> Any:
-    if isinstance(batch, dict) and "images" in batch:
-        return batch["images"]
-    if isinstance(batch, (tuple, list)) and batch and hasattr(batch[0], "shape"):
-        return batch[0]
-    raise MeasureError(
-        f"the data loader yielded a {type(batch).__name__}; it must yield (images, labels) "
-        "pairs or dicts with 'images' and 'labels'"
-    )
+__all__ = ["MeasureError", "Rate", "measure_loader", "measure_model", "measure_together"]
 
 
 def measure_model(
@@ -141,9 +66,9 @@ def measure_together(
             it = iter(loader)
             got = False
             try:
-                for batch in _guarded(it):
+                for batch in guarded(it):
                     got = True
-                    x, y = _images(batch), _labels(batch)
+                    x, y = images_of(batch), _labels(batch)
                     shape[:] = [tuple(x.shape)]
                     if classes is None:
                         classes = model_classes(model, x.shape[-2], x.shape[-1], device)
@@ -253,7 +178,7 @@ def _labels(batch: Any) -> Any:
 
     y = batch.get("labels") if isinstance(batch, dict) else (batch[1:2] or [None])[0]
     if y is None or not hasattr(y, "shape"):
-        n = int(_images(batch).shape[0])
+        n = int(images_of(batch).shape[0])
         return torch.zeros(n, dtype=torch.long)
     return y
 
@@ -265,7 +190,7 @@ def cpu_threads_beside(loader_workers: int, device: str) -> Iterator[int]:
     many times. Yields the thread count; restores torch's setting afterwards."""
     import torch
 
-    from gpufeed.bench.hardware import usable_cores
+    from gpufeed.data.budget import usable_cores
 
     before = torch.get_num_threads()
     if device == "cpu":

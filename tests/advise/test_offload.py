@@ -9,8 +9,8 @@ from rich.console import Console
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from gpufeed.bench.diagnose import diagnose
-from gpufeed.bench.offload import offload_advice
+from gpufeed.advise.diagnose import diagnose
+from gpufeed.advise.offload import offload_advice
 
 THIS = __file__
 

@@ -1,7 +1,7 @@
 """A plain training script for the demo: a ResNet on an image folder (naive pipeline) or on shards
 (gpufeed loader). It knows nothing of the profiler; `gpufeed demo` runs it under `gpufeed profile`.
 
-    python -m gpufeed.bench.demo_train --pipeline naive --data IMAGES --steps 40 --result r.json
+    python -m gpufeed.demo.train --pipeline naive --data IMAGES --steps 40 --result r.json
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class _Announced:
 def build_loader(args: argparse.Namespace) -> Any:
     """The naive DataLoader over the image folder, or the gpufeed Loader over the shards."""
     if args.pipeline == "naive":
-        from gpufeed.bench.naive import naive_loader
+        from gpufeed.advise.naive import naive_loader
 
         return naive_loader(args.data, args.batch_size, args.workers, args.image_size)
     from gpufeed.data.augment import Augment
@@ -51,7 +51,7 @@ def build_loader(args: argparse.Namespace) -> Any:
         num_workers=args.workers,
         prefetch=args.prefetch,
         preprocess=args.preprocess,
-        # the naive baseline's recipe (bench.naive), so both pipelines do the same work
+        # the naive baseline's recipe (advise.naive), so both pipelines do the same work
         augment=Augment.load_factor(1, size=(args.image_size, args.image_size)),
     )
 

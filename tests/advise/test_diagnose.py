@@ -12,10 +12,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from typer.testing import CliRunner
 
-from gpufeed.bench.diagnose import diagnose
-from gpufeed.bench.measure import MeasureError
-from gpufeed.bench.synth import make_image_folder
+from gpufeed.advise.diagnose import diagnose
+from gpufeed.advise.measure import MeasureError
 from gpufeed.cli import app
+from gpufeed.demo.synth import make_image_folder
 
 THIS = __file__  # the user objects below are named as THIS:function, like a user's train.py
 
@@ -116,7 +116,7 @@ def test_an_image_folder_is_measured_with_pre_resized_shards_as_an_alternative(p
 def test_shards_are_measured_with_the_gpufeed_loader(photos: Path, tmp_path: Path):
     import warnings
 
-    from gpufeed.bench.hardware import usable_cores
+    from gpufeed.data.budget import usable_cores
     from gpufeed.data.pack import pack
 
     with warnings.catch_warnings():

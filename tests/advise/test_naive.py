@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpufeed.bench.naive import NaiveImageFolder, naive_loader
-from gpufeed.bench.synth import make_image_folder
+from gpufeed.advise.naive import NaiveImageFolder, naive_loader
+from gpufeed.demo.synth import make_image_folder
 
 
 @pytest.fixture(scope="module")

@@ -18,26 +18,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpufeed.bench.measure import (
+from gpufeed.advise.inputs import SAMPLE_IMAGES, DataSpec, pack_sample, resolve_data
+from gpufeed.advise.measure import (
     MeasureError,
     Rate,
     TrainSettings,
     build_model,
     check_device,
     cpu_threads_beside,
-    load_object,
     measure_loader,
     measure_model,
     measure_together,
     model_classes,
 )
-from gpufeed.data.shards import has_index
 from gpufeed.devices import default_device
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-SAMPLE_IMAGES = 512  # images packed for the pre-resized alternative
 WAITING = 0.1  # together, steps blocked on the loader this share of the time or more: input-bound
 
 
@@ -118,43 +116,10 @@ class Diagnosis:
         }
 
 
-@dataclass
-class DataSpec:
-    """What `--data` named: an image folder, a shard directory, or a `module:function` loader."""
-
-    kind: str  # "folder" | "shards" | "function"
-    where: str
-    loader: Iterable[Any] | None = None  # the user's own loader (kind "function")
-
-
-def resolve_data(data: str) -> DataSpec:
-    """Classify `--data`; MeasureError naming the path or function when it is unusable."""
-    path = Path(data)
-    if path.is_dir():
-        return DataSpec("shards" if has_index(path) else "folder", str(path))
-    if path.exists():
-        raise MeasureError(
-            f"--data {data}: is a file; give an image folder (ROOT/<class>/<image>), a directory "
-            "of shards made by `gpufeed pack`, or module:function returning your DataLoader"
-        )
-    if ":" in data:
-        loader = load_object(data, "--data")
-        if not hasattr(loader, "__iter__"):
-            raise MeasureError(
-                f"--data {data} returned a {type(loader).__name__}, which cannot be iterated: "
-                "return your DataLoader (or any iterable of (images, labels) batches)"
-            )
-        return DataSpec("function", data, loader)
-    raise MeasureError(
-        f"--data {data}: no such directory; give an image folder, a shard directory "
-        "or module:function returning your DataLoader"
-    )
-
-
 def default_workers(device: str = "cpu") -> int:
     """Loader workers assumed for an image folder or shards when `--workers` is not given: every
     usable core but the training process's on CUDA; half of them on a CPU, which also trains."""
-    from gpufeed.bench.hardware import usable_cores
+    from gpufeed.data.budget import usable_cores
 
     cores = usable_cores()
     return max(1, cores - 1 if device == "cuda" else cores // 2)
@@ -170,7 +135,7 @@ def make_pipeline(
         desc = f"your loader ({spec.where}" + (f", num_workers={nw})" if nw is not None else ")")
         return desc, spec.loader
     if spec.kind == "folder":
-        from gpufeed.bench.naive import naive_loader
+        from gpufeed.advise.naive import naive_loader
 
         try:
             loader = naive_loader(spec.where, batch_size, workers, image_size)
@@ -196,31 +161,11 @@ def _gpufeed_loader(
             num_workers=workers,
             preprocess=preprocess,
             device=device,
-            # the naive baseline's recipe (bench.naive), so both pipelines do the same work
+            # the naive baseline's recipe (advise.naive), so both pipelines do the same work
             augment=Augment.load_factor(1, size=(image_size, image_size)),
         )
     except (ShardError, ValueError) as e:
         raise MeasureError(f"--data {shards}: {e}") from None
-
-
-def pack_sample(folder: str, dst: Path, image_size: int, n: int = SAMPLE_IMAGES) -> Path:
-    """Pack up to `n` images of an image folder (an even sample), pre-resized for `image_size`."""
-    import warnings
-
-    from gpufeed.data.pack import PackError, list_inputs, pack
-
-    try:
-        items, classes, _ = list_inputs(folder)
-        step = max(1, len(items) // n)
-        lst = dst / "sample.txt"
-        dst.mkdir(parents=True, exist_ok=True)
-        lst.write_text("".join(f"{it.path}\t{classes[it.label]}\n" for it in items[::step][:n]))
-        with warnings.catch_warnings():  # a sample is far below the 1-128 MB shard advice
-            warnings.simplefilter("ignore")
-            pack(lst, dst / "shards", resize=math.ceil(image_size * 1.15), progress=False)
-    except PackError as e:
-        raise MeasureError(f"--data {folder}: {e}") from None
-    return dst / "shards"
 
 
 def _more_workers(loader: Any, workers: int) -> Any | None:
@@ -256,7 +201,7 @@ def alternatives(
     """Measured alternatives for an input-bound job (only those that apply to this data)."""
     import torch
 
-    from gpufeed.bench.hardware import usable_cores
+    from gpufeed.data.budget import usable_cores
 
     cores = usable_cores()
     plans: list[tuple[str, Callable[[], Any]]] = []
@@ -265,7 +210,7 @@ def alternatives(
         if faster is not None:
             plans.append((f"your loader with num_workers={cores}", lambda: faster))
     elif spec.kind == "folder":
-        from gpufeed.bench.naive import naive_loader
+        from gpufeed.advise.naive import naive_loader
 
         if cores > workers:
             plans.append(
@@ -390,9 +335,9 @@ def diagnose(
                 spec, loader, workers, batch_size, image_size, device, seconds, Path(tmp), note
             )
     print_diagnosis(console, result)
-    # --- offload to a Ray cluster's CPU nodes: would more cores help? (bench/offload.py) ---
-    from gpufeed.bench.hardware import usable_cores
-    from gpufeed.bench.offload import offload_advice
+    # --- offload to a Ray cluster's CPU nodes: would more cores help? (advise/offload.py) ---
+    from gpufeed.advise.offload import offload_advice
+    from gpufeed.data.budget import usable_cores
 
     rates, hw = (loader_rate.images_per_s, nw, model_rate.images_per_s), loader_rate.batch_shape
     console.print(offload_advice(*rates, max(1, usable_cores() - 1), tuple(hw[-2:])).text())

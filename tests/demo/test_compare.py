@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.bench.demo import DemoResult, PipelineResult, demo_config, next_step
 from gpufeed.data.shards import INDEX_NAME
+from gpufeed.demo.compare import DemoResult, PipelineResult, demo_config, next_step
 
 
 @pytest.mark.slow
@@ -74,7 +74,7 @@ def test_bad_model_on_the_command_line_exits_2_with_a_clear_message(tmp_path: Pa
 
 
 def test_the_data_set_is_generated_once_and_reused(tmp_path: Path):
-    from gpufeed.bench.demo import demo_images, demo_shards
+    from gpufeed.demo.compare import demo_images, demo_shards
 
     cfg = replace(demo_config(tiny=True), images=8, classes=2, short_side=(64, 80), batch_size=2)
     seen: list[int] = []

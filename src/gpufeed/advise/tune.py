@@ -1,0 +1,337 @@
+"""`gpufeed tune`: find the `Loader` settings that feed a model fastest, by short measured trials.
+
+The first trial is the Loader's defaults; then loader workers, prefetch depth, CPU vs GPU
+preprocessing (GPU only where CUDA exists) and, if allowed, the batch size, each varied around the
+best so far. Each trial is measured `repeats` times (median kept, spread shown); one that a limit
+refuses (a memory cap, say) is skipped and the reason noted. With a model, its images/s alone is
+measured first and each trial trains it on the loader's batches (end to end): the search stops as
+soon as training no longer waits for data (more loader speed would only idle). The winner is
+written as JSON:
+
+    from gpufeed.data import Loader, load_settings
+    loader = Loader("shards/", **load_settings("gpufeed-tune.json"))
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpufeed.advise.measure import (
+    MeasureError,
+    TrainSettings,
+    build_model,
+    check_device,
+    measure_loader,
+    measure_together,
+    model_classes,
+)
+from gpufeed.data.settings import SETTING_KEYS
+from gpufeed.devices import default_device
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+DEFAULT_OUT = "gpufeed-tune.json"
+WAITING = 0.1  # end to end, steps waiting for data less than this share: the loader keeps up
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One loader configuration (Loader keyword arguments) and its measured images/s."""
+
+    batch_size: int
+    num_workers: int
+    prefetch: int
+    preprocess: str
+    images_per_s: float = math.nan
+    note: str = ""
+    spread: float = math.nan  # (max - min) / median of the repeats
+    data_wait_share: float = math.nan  # end to end with a model: share of step time waiting
+
+    def settings(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in SETTING_KEYS}
+
+
+@dataclass
+class TuneResult:
+    """Every trial in order (the default first), the winner, and the model's rate if measured."""
+
+    data: str
+    device: str
+    image_size: int
+    trials: list[Trial]
+    model: str | None = None
+    model_images_per_s: float | None = None
+    stopped_early: bool = False
+    out: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def default(self) -> Trial:
+        return self.trials[0]
+
+    @property
+    def best(self) -> Trial:
+        return max(self.trials, key=lambda t: t.images_per_s)
+
+    def to_json(self) -> str:
+        from gpufeed.hardware import describe, hardware
+
+        return json.dumps(
+            {
+                "loader": self.best.settings(),
+                "images_per_s": self.best.images_per_s,
+                "default_images_per_s": self.default.images_per_s,
+                "model": self.model,
+                "model_images_per_s": self.model_images_per_s,
+                "stopped_early": self.stopped_early,
+                "data": self.data,
+                "device": self.device,
+                "image_size": self.image_size,
+                "hardware": describe(hardware()),
+                "trials": [asdict(t) for t in self.trials],
+            },
+            indent=2,
+        )
+
+
+def _worker_counts(cores: int) -> list[int]:
+    counts = {0, 1, cores, max(1, cores - 1)}
+    n = 2
+    while n < cores:
+        counts.add(n)
+        n *= 2
+    return sorted(counts)
+
+
+def tune(
+    data: str,
+    model: str | None = None,
+    batch_size: int = 64,
+    device: str | None = None,
+    image_size: int = 224,
+    allow_batch_change: bool = False,
+    out: str | os.PathLike[str] | None = DEFAULT_OUT,
+    seconds: float = 2.5,
+    console: Console | None = None,
+    repeats: int = 3,
+) -> TuneResult:
+    """Run the trials, print them as a table and write the winner to `out` (None: don't write)."""
+    from rich.console import Console
+
+    from gpufeed.advise.inputs import pack_sample, resolve_data
+    from gpufeed.data.budget import usable_cores
+
+    console = console or Console()
+    device = check_device(device or default_device())
+    if batch_size < 1 or image_size < 16:
+        raise MeasureError("--batch-size must be at least 1 and --image-size at least 16")
+    if repeats < 1:
+        raise MeasureError(f"--repeats must be at least 1, got {repeats}")
+    if ":" in data and not Path(data).is_dir():
+        raise MeasureError(
+            f"--data {data}: tune searches the gpufeed Loader's settings; give shards "
+            "(`gpufeed pack`) or an image folder, not your own loader (use `gpufeed diagnose`)"
+        )
+    if out is not None and not Path(out).parent.is_dir():
+        raise MeasureError(f"--out {out}: the folder {Path(out).parent} does not exist")
+    spec = resolve_data(data)
+    net = build_model(model) if model else None
+    with tempfile.TemporaryDirectory(prefix="gpufeed-tune-") as tmp:
+        shards = spec.where
+        notes = []
+        if spec.kind == "folder":
+            console.print("[dim]  an image folder: packing a pre-resized sample to tune on …[/]")
+            shards = str(pack_sample(spec.where, Path(tmp), image_size))
+            notes.append("tuned on a pre-resized sample of the image folder; pack it to use them")
+        result = TuneResult(data, device, image_size, [], model, notes=notes)
+        if net is not None:
+            from gpufeed.advise.measure import cpu_threads_beside, measure_model
+
+            console.print(f"[dim]  measuring the model alone: {model} on {device} …[/]")
+            shape = (batch_size, 3, image_size, image_size)
+            train = TrainSettings.for_device(device)
+            with cpu_threads_beside(max(1, usable_cores() - 1), device):
+                result.model_images_per_s = measure_model(
+                    net, shape, device, seconds, settings=train
+                ).images_per_s
+        _search(
+            result, shards, batch_size, allow_batch_change, usable_cores(), seconds, console, net,
+            repeats,
+        )  # fmt: skip
+        if not result.trials:
+            raise MeasureError("every trial was skipped: " + "; ".join(result.notes))
+    if out is not None:
+        result.out = Path(out)
+        result.out.write_text(result.to_json() + "\n")
+    print_trials(console, result)
+    # --- offload to a Ray cluster's CPU nodes: would more cores help? (advise/offload.py) ---
+    best = result.best
+    if result.model_images_per_s and best.preprocess == "cpu" and best.images_per_s > 0:
+        from gpufeed.advise.offload import offload_advice
+
+        rates = (best.images_per_s, best.num_workers, result.model_images_per_s)
+        hw = (image_size, image_size)
+        console.print(offload_advice(*rates, max(1, usable_cores() - 1), hw).text())
+    return result
+
+
+def _search(
+    result: TuneResult,
+    shards: str,
+    batch_size: int,
+    allow_batch_change: bool,
+    cores: int,
+    seconds: float,
+    console: Console,
+    net: Any = None,
+    repeats: int = 3,
+) -> None:
+    """Coordinate search from the defaults: workers, then prefetch, preprocess, batch size."""
+    import torch
+
+    from gpufeed.data.augment import Augment
+    from gpufeed.data.loader import Loader, default_workers
+
+    def run(trial: Trial) -> bool:
+        """Measure a trial; True when the search should stop (the loader outruns the model)."""
+        if any(t.settings() == trial.settings() for t in result.trials):
+            return False
+        console.print(
+            f"[dim]  trial {len(result.trials) + 1}: {trial.num_workers} workers, prefetch "
+            f"{trial.prefetch}, {trial.preprocess}, batch {trial.batch_size} …[/]"
+        )
+        try:
+            loader = Loader(
+                shards,
+                trial.batch_size,
+                num_workers=trial.num_workers,
+                prefetch=trial.prefetch,
+                preprocess=trial.preprocess,
+                device=result.device,
+                augment=Augment(size=(result.image_size, result.image_size)),
+            )
+        except ValueError as e:  # e.g. a memory cap this trial does not fit: skip it, say why
+            result.notes.append(
+                f"skipped {trial.num_workers} workers, prefetch {trial.prefetch}, "
+                f"{trial.preprocess}, batch {trial.batch_size}: {e}"
+            )
+            return False
+        rates, waits = [], []
+        try:
+            for _ in range(repeats):
+                if net is None:
+                    rates.append(measure_loader(loader, seconds=seconds).images_per_s)
+                else:
+                    train = TrainSettings.for_device(result.device)
+                    size = result.image_size
+                    rate = measure_together(
+                        net,
+                        loader,
+                        result.device,
+                        seconds,
+                        settings=train,
+                        classes=model_classes(net, size, size, result.device),
+                    )
+                    rates.append(rate.images_per_s)
+                    waits.append(rate.data_wait_share)
+        except MeasureError as e:  # a limit met while running (memory cap, device): skip, say why
+            result.notes.append(
+                f"skipped {trial.num_workers} workers, prefetch {trial.prefetch}, "
+                f"{trial.preprocess}, batch {trial.batch_size}: {e}"
+            )
+            return False
+        finally:
+            loader.close()  # its worker processes, before the next trial starts its own
+        median = statistics.median(rates)
+        result.trials.append(
+            Trial(
+                **trial.settings(),
+                images_per_s=median,
+                note=trial.note,
+                spread=(max(rates) - min(rates)) / median if median > 0 else math.nan,
+                data_wait_share=statistics.median(waits) if waits else math.nan,
+            )
+        )
+        if net is not None and waits and statistics.median(waits) < WAITING:
+            result.stopped_early = True  # training no longer waits for data: nothing to gain
+            return True
+        return False
+
+    base = Trial(batch_size, default_workers(), 2, "cpu", note="Loader defaults")
+    if run(base):
+        return
+    for n in _worker_counts(cores):
+        if run(Trial(batch_size, n, 2, "cpu")):
+            return
+    best = result.best if result.trials else base
+    for depth in (4, 8):
+        if run(Trial(batch_size, best.num_workers, depth, "cpu")):
+            return
+    if torch.cuda.is_available() and result.device == "cuda":
+        best = result.best if result.trials else base
+        if run(Trial(batch_size, best.num_workers, best.prefetch, "gpu")):
+            return
+    if allow_batch_change:
+        best = result.best if result.trials else base
+        for b in (batch_size // 2, batch_size * 2):
+            if b >= 1 and run(Trial(b, best.num_workers, best.prefetch, best.preprocess)):
+                return
+
+
+def print_trials(console: Console, result: TuneResult) -> None:
+    """The trials as a table (the winner in bold), the early stop, and where the settings went."""
+    from rich.table import Table
+
+    best = result.best
+    table = Table(title=f"gpufeed tune: {result.data}", title_justify="left")
+    cols = (
+        "#",
+        "workers",
+        "prefetch",
+        "preprocess",
+        "batch",
+        "images/s",
+        "spread",
+        "vs default",
+        "",
+    )
+    for col in cols:
+        table.add_column(col, justify="right" if col not in ("preprocess", "") else "left")
+    for i, t in enumerate(result.trials, 1):
+        style = "bold green" if t is best else None
+        table.add_row(
+            str(i),
+            str(t.num_workers),
+            str(t.prefetch),
+            t.preprocess,
+            str(t.batch_size),
+            f"{t.images_per_s:,.1f}",
+            f"±{t.spread / 2:.0%}" if math.isfinite(t.spread) else "–",
+            f"×{t.images_per_s / result.default.images_per_s:.2f}",
+            t.note + (" ← best" if t is best else ""),
+            style=style,
+        )
+    console.print(table)
+    if result.model_images_per_s is not None:
+        state = (
+            "stopped early: trained end to end, the model no longer waits for data"
+            if result.stopped_early
+            else "trained end to end, the model waits for data in every trial: still input-bound "
+            f"(best: waiting {best.data_wait_share:.0%} of the time)"
+        )
+        console.print(
+            f"model alone: {result.model_images_per_s:,.1f} images/s; images/s above are end to "
+            f"end; {state}"
+        )
+    for n in result.notes:
+        console.print(f"[dim]{n}[/]")
+    if result.out is not None:
+        console.print(f"settings written to {result.out}: Loader(data, **load_settings(path))")

@@ -1,0 +1,56 @@
+"""Loader settings written by `gpufeed tune`, read back as `Loader` keyword arguments.
+
+from gpufeed.data import Loader, load_settings
+loader = Loader("shards/", **load_settings("gpufeed-tune.json"))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from gpufeed.errors import GpufeedError
+
+__all__ = ["SETTING_KEYS", "SettingsError", "load_settings"]
+
+SETTING_KEYS = ("batch_size", "num_workers", "prefetch", "preprocess")
+
+
+class SettingsError(GpufeedError, ValueError):
+    """A settings file that cannot be used; the message names the file and the key."""
+
+
+def load_settings(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The winning Loader keyword arguments from a `gpufeed tune` file: `Loader(data, **them)`."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise SettingsError(f"{p}: no such settings file; write one with `gpufeed tune`") from None
+    except (OSError, ValueError) as e:
+        raise SettingsError(
+            f"{p}: not a readable JSON settings file ({e}); run `gpufeed tune` again"
+        ) from None
+    loader = doc.get("loader") if isinstance(doc, dict) else None
+    if not isinstance(loader, dict):
+        raise SettingsError(
+            f"{p}: no 'loader' object; this is not a file written by `gpufeed tune`"
+        )
+    missing = [k for k in SETTING_KEYS if k not in loader]
+    unknown = sorted(set(loader) - set(SETTING_KEYS))
+    if missing or unknown:
+        raise SettingsError(
+            f"{p}: 'loader' has "
+            + (f"missing keys {missing}" if missing else f"unknown keys {unknown}")
+            + f"; expected exactly {list(SETTING_KEYS)}"
+        )
+    for key in ("batch_size", "num_workers", "prefetch"):
+        if not isinstance(loader[key], int) or loader[key] < (1 if key != "num_workers" else 0):
+            raise SettingsError(f"{p}: loader.{key} = {loader[key]!r} is not a valid count")
+    if loader["preprocess"] not in ("cpu", "gpu", "auto"):
+        raise SettingsError(
+            f"{p}: loader.preprocess = {loader['preprocess']!r}: use cpu, gpu or auto"
+        )
+    return {k: loader[k] for k in SETTING_KEYS}

@@ -1,0 +1,2 @@
+"""DEMO: `gpufeed demo` profiles a naive and a gpufeed training run on an embedded photo-like data
+set and compares them: the comparison (compare), the training script it runs (train), the data (synth)."""

@@ -1,0 +1,46 @@
+"""Measuring a loader: images/s after the warm-up, over as many epochs as the limit needs; a loader
+that fails, yields nothing or yields the wrong thing is refused saying so."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpufeed.data.augment import Augment
+from gpufeed.data.loader import Loader
+from gpufeed.data.rate import MeasureError, measure_loader
+
+
+def test_a_real_loader_is_measured_after_its_warm_up_across_epochs(shards: Path):
+    loader = Loader(shards, 8, num_workers=1, augment=Augment(size=(16, 16)))
+    try:
+        per_epoch = len(loader)
+        rate = measure_loader(loader, seconds=math.inf, max_batches=per_epoch + 2, warmup=2)
+    finally:
+        loader.close()
+    assert rate.batch_shape[1:] == (3, 16, 16)
+    # one epoch holds only per_epoch - 2 batches after the warm-up: the count ran on into the next
+    assert 8 * (per_epoch - 2) < rate.images <= 8 * (per_epoch + 2)
+    assert rate.images_per_s > 0
+
+
+def test_batches_that_are_not_images_and_labels_are_refused():
+    with pytest.raises(MeasureError, match="it must yield \\(images, labels\\) pairs"):
+        measure_loader([{"x": 1}, {"x": 2}], seconds=1.0)
+
+
+def test_a_loader_that_yields_nothing_is_refused():
+    with pytest.raises(MeasureError, match="yielded no batch"):
+        measure_loader([], seconds=1.0)
+
+
+def test_a_loader_that_raises_is_named_with_its_error():
+    def broken():
+        yield torch.zeros(2, 3, 4, 4), torch.zeros(2)
+        raise OSError("disk gone")
+
+    with pytest.raises(MeasureError, match="the data loader raised OSError: disk gone"):
+        measure_loader(broken(), seconds=1.0, warmup=1)

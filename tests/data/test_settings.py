@@ -1,0 +1,55 @@
+"""Loader settings files: what `gpufeed tune` writes is read back as Loader keyword arguments;
+a bad file is refused naming the file and the key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpufeed.data import load_settings
+from gpufeed.data.settings import SettingsError
+
+GOOD = {"batch_size": 8, "num_workers": 1, "prefetch": 2, "preprocess": "cpu"}
+
+
+def test_a_settings_file_reads_back_as_loader_arguments(tmp_path: Path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"loader": GOOD, "trials": []}))
+    assert load_settings(path) == GOOD
+
+
+def test_the_old_import_path_still_works_and_says_where_it_moved(tmp_path: Path):
+    from gpufeed.bench.tune import load_settings as old
+
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"loader": GOOD}))
+    with pytest.warns(DeprecationWarning, match=r"use gpufeed\.data\.load_settings"):
+        assert old(path) == GOOD
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such settings file"),
+        ("{not json", "not a readable JSON settings file"),
+        ('{"x": 1}', "no 'loader' object"),
+        ('{"loader": {"batch_size": 8}}', "missing keys"),
+        (
+            '{"loader": {"batch_size": 8, "num_workers": -1, "prefetch": 2, "preprocess": "cpu"}}',
+            "loader.num_workers = -1",
+        ),
+        (
+            '{"loader": {"batch_size": 8, "num_workers": 1, "prefetch": 2, "preprocess": "tpu"}}',
+            "loader.preprocess = 'tpu'",
+        ),
+    ],
+)
+def test_a_bad_settings_file_is_refused_naming_the_file(tmp_path: Path, content, message):
+    path = tmp_path / "s.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SettingsError, match=message) as e:
+        load_settings(path)
+    assert str(path) in str(e.value)
