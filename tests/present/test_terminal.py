@@ -6,7 +6,8 @@ import subprocess
 
 from rich.console import Console
 
-from gpufeed.present.terminal import list_runs, show
+from gpufeed.commands.show import show
+from gpufeed.present.terminal import list_runs
 
 
 def _text(fn, *args) -> str:

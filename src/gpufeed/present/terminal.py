@@ -1,4 +1,4 @@
-"""Terminal output with rich: `gpufeed show RUN` (a run's summary), `gpufeed ls` (runs in a folder)
+"""Terminal output with rich: a run's summary (`gpufeed show RUN`), `gpufeed ls` (runs in a folder)
 and findings (severity, title, evidence, recommendation)."""
 
 from __future__ import annotations
@@ -44,14 +44,11 @@ _UNITS: dict[str, tuple[str, float, int]] = {
 }
 
 
-def show(run: Run | str | os.PathLike[str] | list[str], console: Console | None = None) -> Run:
+def print_run(run: Run, findings: list[Finding], console: Console | None = None) -> None:
     """Print a run's summary: what ran, phases, step throughput, a percentile table per metric, and
-    the findings of the built-in rules."""
-    from gpufeed.analyze.run import load
+    the given findings."""
     from gpufeed.analyze.stats import phases, step_summary
 
-    if not hasattr(run, "steps"):
-        run = load(run)  # type: ignore[arg-type]
     console = console or Console()
     meta = run.meta
     # Everything from the run (paths, argv, host and GPU names, store strings) is shown as text,
@@ -122,10 +119,7 @@ def show(run: Run | str | os.PathLike[str] | list[str], console: Console | None 
         _print_processes(run, console)
 
     _print_metrics(run, console)
-    from gpufeed.analyze.rules import run_rules
-
-    print_findings(run_rules(run), console)
-    return run
+    print_findings(findings, console)
 
 
 def _print_metrics(run: Run, console: Console) -> None:
