@@ -9,7 +9,7 @@ Public API (kept small on purpose):
 - ``gpufeed.data``: ``pack``, ``ShardDataset``, ``Loader``, ``load_settings``.
 
 Packages: ``profile`` (COLLECT), ``analyze`` (UNDERSTAND), ``present`` (SHOW: renders only),
-``commands`` (load → analyze → render → write for show/report/trace/export), ``data`` (FEED),
+``commands`` (load → analyze → render → write: show, ls, report, trace, export), ``data`` (FEED),
 ``advise`` (diagnose, tune), ``demo``, ``train`` (MODEL), ``bench`` (EVIDENCE: experiments),
 ``integrations`` (trainer callbacks). Shared helpers: ``errors`` (GpufeedError), ``atomic``
 (atomic file writes), ``devices`` (default device), ``hardware`` (the machine, for results),

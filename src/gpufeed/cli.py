@@ -129,7 +129,7 @@ def ls_cmd(
     """List the runs under a folder (default ./gpufeed-runs), latest start first."""
     import os
 
-    from gpufeed.present.terminal import list_runs
+    from gpufeed.commands.ls import list_runs
 
     if os.path.exists(out) and not os.path.isdir(out):
         raise GpufeedError(f"{out} is a file, not a folder of runs: pass the folder given to --out")

@@ -6,8 +6,8 @@ import subprocess
 
 from rich.console import Console
 
+from gpufeed.commands.ls import list_runs
 from gpufeed.commands.show import show
-from gpufeed.present.terminal import list_runs
 
 
 def _text(fn, *args) -> str:
