@@ -40,6 +40,7 @@ import torch
 import torch.utils.data
 
 from gpufeed.advise.naive import NaiveImageFolder
+from gpufeed.atomic import write_atomic
 from gpufeed.data.augment import Augment
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.loader import Loader
@@ -369,8 +370,7 @@ def main() -> None:
     print()
     print(text)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        write_atomic(args.out, text, make_parents=True)
 
 
 if __name__ == "__main__":

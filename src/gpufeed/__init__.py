@@ -8,7 +8,8 @@ Public API (kept small on purpose):
 - ``gpufeed.analyze(run) -> list[Finding]``: the built-in bottleneck rules.
 - ``gpufeed.data``: ``pack``, ``ShardDataset``, ``Loader``, ``load_settings``.
 
-Packages: ``profile`` (COLLECT), ``analyze`` (UNDERSTAND), ``present`` (SHOW), ``data`` (FEED),
+Packages: ``profile`` (COLLECT), ``analyze`` (UNDERSTAND), ``present`` (SHOW: renders only),
+``commands`` (load → analyze → render → write: show, ls, report, trace, export), ``data`` (FEED),
 ``advise`` (diagnose, tune), ``demo``, ``train`` (MODEL), ``bench`` (EVIDENCE: experiments),
 ``integrations`` (trainer callbacks). Shared helpers: ``errors`` (GpufeedError), ``atomic``
 (atomic file writes), ``devices`` (default device), ``hardware`` (the machine, for results),

@@ -117,7 +117,7 @@ RUNS_HELP = "a run directory; several (one per host of a multi-node job) are rea
 @app.command("show")
 def show_cmd(runs: Annotated[list[str], typer.Argument(help=RUNS_HELP)]) -> None:
     """Print a run's summary (phases, steps/s, data wait, percentiles of every metric) and findings."""
-    from gpufeed.present.terminal import show
+    from gpufeed.commands.show import show
 
     show(runs)
 
@@ -129,7 +129,7 @@ def ls_cmd(
     """List the runs under a folder (default ./gpufeed-runs), latest start first."""
     import os
 
-    from gpufeed.present.terminal import list_runs
+    from gpufeed.commands.ls import list_runs
 
     if os.path.exists(out) and not os.path.isdir(out):
         raise GpufeedError(f"{out} is a file, not a folder of runs: pass the folder given to --out")
@@ -161,7 +161,7 @@ def report_cmd(
     ] = None,
 ) -> None:
     """Write a self-contained HTML report: summary, findings with evidence and fixes, charts."""
-    from gpufeed.present.html import write_report
+    from gpufeed.commands.report import write_report
     from gpufeed.present.terminal import print_findings
 
     if watch is not None and not 0 < watch < math.inf:
@@ -205,7 +205,7 @@ def trace_cmd(
     ] = None,
 ) -> None:
     """Write a Chrome/Perfetto trace: step and data-wait spans per rank, system metric counters."""
-    from gpufeed.present.trace import write_trace
+    from gpufeed.commands.trace import write_trace
 
     try:
         write_trace(runs, out, start=start, end=end, max_mb=max_mb, echo=typer.echo, merge=merge)
@@ -222,7 +222,7 @@ def export_cmd(
     ] = None,
 ) -> None:
     """Export a run for other tools: step time, data wait, throughput and system metrics."""
-    from gpufeed.present.tensorboard import export_tensorboard
+    from gpufeed.commands.export import export_tensorboard
 
     if tensorboard is None:
         raise GpufeedError("say what to export: --tensorboard DIR")

@@ -172,3 +172,31 @@ def test_a_function_that_returns_no_loader_is_refused():
 
 def time_is_not_a_loader() -> float:
     return 3.0
+
+
+def test_a_diagnosis_prints_itself_with_rich():
+    """What `gpufeed diagnose` prints at the end is the returned Diagnosis, rendered by itself."""
+    from rich.console import Console
+
+    from gpufeed.advise.diagnose import Alternative, Diagnosis
+    from gpufeed.advise.measure import Rate
+    from gpufeed.advise.offload import offload_advice
+
+    shape = (64, 3, 224, 224)
+    d = Diagnosis(
+        "data-dir",
+        "gpufeed Loader, 1 worker",
+        "resnet18",
+        "cpu",
+        Rate(1000, 2.0, shape),
+        Rate(2000, 2.0, shape),
+        alternatives=[Alternative("pre-resized shards", 3000.0)],
+        together=Rate(900, 2.0, shape, 0.3),
+        offload=offload_advice(500, 1, 1000, host_cores=7),
+    )
+    console = Console(record=True, width=200)
+    console.print(d)
+    out = console.export_text()
+    assert "gpufeed diagnose: data-dir" in out and "INPUT-BOUND" in out
+    assert "pre-resized shards" in out and "×6.00" in out  # loader alone: 500 images/s
+    assert "offload to CPU nodes:" in out

@@ -116,3 +116,18 @@ def test_bad_input_exits_2_naming_the_option(args: list[str], message: str):
     res = CliRunner().invoke(app, ["tune", *args])
     assert res.exit_code == 2, res.output
     assert message in res.output.replace("\n", "")
+
+
+def test_a_tune_result_prints_itself_with_rich():
+    """What `gpufeed tune` prints at the end is the returned TuneResult, rendered by itself."""
+    from rich.console import Console
+
+    from gpufeed.advise.tune import Trial, TuneResult
+
+    trials = [Trial(64, 1, 2, "cpu", 100.0, "default"), Trial(64, 4, 2, "cpu", 300.0)]
+    r = TuneResult("data-dir", "cpu", 224, trials, out=Path("gpufeed-tune.json"))
+    console = Console(record=True, width=200)
+    console.print(r)
+    out = console.export_text()
+    assert "gpufeed tune: data-dir" in out and "← best" in out and "×3.00" in out
+    assert "settings written to gpufeed-tune.json" in out

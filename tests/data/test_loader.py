@@ -94,6 +94,12 @@ def _planned(data: Path, epoch: int, batch_size: int, workers: int, **ds: Any) -
     return out
 
 
+def _cpu_batch(samples: list[RawSample], epoch: int, j: int, dtype: torch.dtype) -> tuple:
+    """What the CPU path's `build_batch` makes of batch j of `epoch` (seed 1, rank 0, AUG)."""
+    gen = batch_generator(1, epoch, 0, j)
+    return build_batch(samples, AUG, gen, dtype=dtype, channels_last=False, strict=True)
+
+
 # --- what the training loop gets ----------------------------------------------------------------
 
 
@@ -417,14 +423,7 @@ def test_batches_are_the_cpu_path_batches_keyed_by_batch_index(
     planned = _planned(shards, 1, 8, num_workers, seed=1)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     for j, (images, labels) in enumerate(loader):
-        want, want_labels, _ = build_batch(
-            planned[j],
-            AUG,
-            batch_generator(1, 1, 0, j),
-            dtype=torch.float32,
-            channels_last=False,
-            strict=True,
-        )
+        want, want_labels, _ = _cpu_batch(planned[j], 1, j, torch.float32)
         assert torch.equal(labels, want_labels)
         assert images.dtype == torch.float32 and images.is_contiguous(memory_format=fmt)
         assert (images - want).abs().max() <= UINT8_TOL
@@ -435,14 +434,7 @@ def test_uint8_output_is_exactly_the_uint8_batch_of_the_cpu_path(shards: Path, m
     loader = make(shards, 8, num_workers=2, augment=AUG, seed=1, dtype=torch.uint8)
     planned = _planned(shards, 0, 8, 2, seed=1)
     for j, (images, _) in enumerate(loader):
-        want, _, _ = build_batch(
-            planned[j],
-            AUG,
-            batch_generator(1, 0, 0, j),
-            dtype=torch.uint8,
-            channels_last=False,
-            strict=True,
-        )
+        want, _, _ = _cpu_batch(planned[j], 0, j, torch.uint8)
         assert torch.equal(images, want)
 
 
@@ -479,10 +471,7 @@ def test_gpu_preprocess_on_cpu_gives_the_batches_of_the_cpu_path(
     assert decoders["cpu"] == "libjpeg-turbo (CPU workers)"
     # the encoded path does not round: it is the float batch of build_batch
     planned = _planned(shards, 2, 8, num_workers, seed=1)
-    gen = batch_generator(1, 2, 0, 3)
-    want, _, _ = build_batch(
-        planned[3], AUG, gen, dtype=torch.float32, channels_last=False, strict=True
-    )
+    want, _, _ = _cpu_batch(planned[3], 2, 3, torch.float32)
     torch.testing.assert_close(out["gpu"][3][0], want, atol=1e-5, rtol=0)
 
 

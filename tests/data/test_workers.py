@@ -15,6 +15,7 @@ import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -142,12 +143,17 @@ def test_waiting_stops_when_asked(shards: Path, make_pool):
         pool.get(Position(0, 0), stop)
 
 
+def _kill(worker: Any) -> Any:
+    """SIGKILLs a pool's worker process and waits until it is gone; returns it."""
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(timeout=30)
+    return worker
+
+
 @pytest.mark.timeout(60)
 def test_a_dead_worker_is_named_with_its_pid_and_signal(shards: Path, make_pool):
     _, _, pool = make_pool(shards, workers=2)
-    victim = pool.processes[1]
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.join(timeout=30)
+    victim = _kill(pool.processes[1])
     with pytest.raises(
         LoaderWorkerError, match=rf"loader worker 1 \(pid {victim.pid}\) was killed by signal 9"
     ):
@@ -157,9 +163,7 @@ def test_a_dead_worker_is_named_with_its_pid_and_signal(shards: Path, make_pool)
 @pytest.mark.timeout(60)
 def test_starting_a_pool_with_a_dead_worker_names_it(shards: Path, make_pool):
     _, _, pool = make_pool(shards, workers=2)
-    victim = pool.processes[1]
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.join(timeout=30)
+    victim = _kill(pool.processes[1])
     with pytest.raises(LoaderWorkerError, match=rf"loader worker 1 \(pid {victim.pid}\)"):
         pool.start(Position(0, 0))
         pool.get(Position(0, 1), NEVER)

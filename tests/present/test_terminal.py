@@ -6,7 +6,8 @@ import subprocess
 
 from rich.console import Console
 
-from gpufeed.present.terminal import list_runs, show
+from gpufeed.commands.ls import list_runs
+from gpufeed.commands.show import show
 
 
 def _text(fn, *args) -> str:

@@ -9,7 +9,9 @@ import io
 import pytest
 from rich.console import Console
 
-from gpufeed.present.terminal import list_runs, print_findings, show
+from gpufeed.commands.ls import list_runs
+from gpufeed.commands.show import show
+from gpufeed.present.terminal import print_findings
 
 HOSTILE = ["[/x]", "[link=http://evil.example]y[/link]", "\x1b[31mred\x1b[0m", "[bold]b[/bold]"]
 

@@ -212,10 +212,8 @@ def lock_how(tmp_path) -> str:
     return how
 
 
-# Trains, locks its own run directory after a few recorded steps, trains on, exits 3.
-LOCKS_ITSELF = (
-    LOCK
-    + """
+# Trains a few steps, then waits until the recorder has flushed some (shared by the scripts below).
+TRAIN_UNTIL_FLUSHED = """
 import glob, sys, time, torch
 from gpufeed.profile.store import read_store
 
@@ -241,7 +239,13 @@ while time.monotonic() < deadline:  # until the recorder has flushed some steps
     except Exception:
         pass
     time.sleep(0.05)
-lock(run_dir, sys.argv[1])
+"""
+
+# Trains, locks its own run directory after a few recorded steps, trains on, exits 3.
+LOCKS_ITSELF = (
+    LOCK
+    + TRAIN_UNTIL_FLUSHED
+    + """lock(run_dir, sys.argv[1])
 print("LOCKED", flush=True)
 train(60)  # > 1 s: several flushes of the recorder and the sampler fail
 print("done", flush=True)
@@ -341,33 +345,8 @@ def fill(d):
 FILLS_THE_DISK = (
     "import os\n"
     + FILL
-    + """
-import glob, sys, time, torch
-from gpufeed.profile.store import read_store
-
-run_dir = os.environ["GPUFEED_RUN_DIR"]
-model = torch.nn.Linear(8, 2)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-x = torch.randn(4, 8)
-
-def train(n):
-    for _ in range(n):
-        model(x).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        time.sleep(0.02)
-
-train(10)
-deadline = time.monotonic() + 60
-while time.monotonic() < deadline:  # until the recorder has flushed some steps
-    stores = glob.glob(os.path.join(run_dir, "steps-*.db"))
-    try:
-        if stores and len(read_store(stores[0])["steps"]) >= 5:
-            break
-    except Exception:
-        pass
-    time.sleep(0.05)
-fill(os.path.dirname(run_dir))
+    + TRAIN_UNTIL_FLUSHED
+    + """fill(os.path.dirname(run_dir))
 print("FULL", flush=True)
 train(60)
 print("done", flush=True)

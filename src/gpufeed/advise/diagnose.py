@@ -34,7 +34,9 @@ from gpufeed.advise.measure import (
 from gpufeed.devices import default_device
 
 if TYPE_CHECKING:
-    from rich.console import Console
+    from rich.console import Console, Group
+
+    from gpufeed.advise.offload import OffloadAdvice
 
 WAITING = 0.1  # together, steps blocked on the loader this share of the time or more: input-bound
 
@@ -61,6 +63,11 @@ class Diagnosis:
     threads: int | None = None  # torch threads of the model measurement on a CPU device
     together: Rate | None = None  # the model trained on the loader's batches
     settings: TrainSettings = field(default_factory=TrainSettings)
+    offload: OffloadAdvice | None = None  # would a Ray cluster's CPU nodes help (advise/offload.py)
+
+    def __rich__(self) -> Group:
+        """The two measurements, the verdict, the alternatives as a table and the offload advice."""
+        return _render(self)
 
     @property
     def end_to_end(self) -> float:
@@ -334,20 +341,23 @@ def diagnose(
             result.alternatives = alternatives(
                 spec, loader, workers, batch_size, image_size, device, seconds, Path(tmp), note
             )
-    print_diagnosis(console, result)
     # --- offload to a Ray cluster's CPU nodes: would more cores help? (advise/offload.py) ---
     from gpufeed.advise.offload import offload_advice
     from gpufeed.data.budget import usable_cores
 
     rates, hw = (loader_rate.images_per_s, nw, model_rate.images_per_s), loader_rate.batch_shape
-    console.print(offload_advice(*rates, max(1, usable_cores() - 1), tuple(hw[-2:])).text())
+    result.offload = offload_advice(*rates, max(1, usable_cores() - 1), tuple(hw[-2:]))
+    console.print(result)
     return result
 
 
-def print_diagnosis(console: Console, d: Diagnosis) -> None:
-    """The two measurements, the verdict, and the alternatives as a table."""
+def _render(d: Diagnosis) -> Group:
+    """`Diagnosis.__rich__`: what `gpufeed diagnose` prints at the end."""
+    from rich.console import Group
     from rich.markup import escape
     from rich.table import Table
+
+    parts: list[Any] = []
 
     shape = "×".join(str(x) for x in d.loader.batch_shape)
     table = Table(title=f"gpufeed diagnose: {escape(d.data)}", title_justify="left")
@@ -362,7 +372,7 @@ def print_diagnosis(console: Console, d: Diagnosis) -> None:
     )
     if d.together is not None:
         table.add_row("both together (end to end)", f"{d.together.images_per_s:,.1f}")
-    console.print(table)
+    parts.append(table)
     color = "red" if d.input_bound else "green"
     accel = "GPU" if d.device == "cuda" else "accelerator"
     if d.input_bound:
@@ -379,7 +389,7 @@ def print_diagnosis(console: Console, d: Diagnosis) -> None:
         text = (
             f"training reaches {d.ceiling_share:.0%} of the model's ceiling: the model is the limit"
         )
-    console.print(
+    parts.append(
         f"[bold {color}]{d.verdict.upper()}[/]: {text}"
         + (f"; the {accel} idles about {d.gpu_idle_share:.0%} of the time" if d.input_bound else "")
     )
@@ -397,6 +407,9 @@ def print_diagnosis(console: Console, d: Diagnosis) -> None:
                 f"×{a.images_per_s / d.loader.images_per_s:.2f}",
                 then,
             )
-        console.print(alt)
+        parts.append(alt)
     elif d.input_bound:
-        console.print("  no alternative applies to this loader")
+        parts.append("  no alternative applies to this loader")
+    if d.offload is not None:
+        parts.append(d.offload.text())
+    return Group(*parts)

@@ -36,7 +36,9 @@ from gpufeed.data.settings import SETTING_KEYS
 from gpufeed.devices import default_device
 
 if TYPE_CHECKING:
-    from rich.console import Console
+    from rich.console import Console, Group
+
+    from gpufeed.advise.offload import OffloadAdvice
 
 DEFAULT_OUT = "gpufeed-tune.json"
 WAITING = 0.1  # end to end, steps waiting for data less than this share: the loader keeps up
@@ -72,6 +74,12 @@ class TuneResult:
     stopped_early: bool = False
     out: Path | None = None
     notes: list[str] = field(default_factory=list)
+    offload: OffloadAdvice | None = None  # would a Ray cluster's CPU nodes help (advise/offload.py)
+
+    def __rich__(self) -> Group:
+        """The trials as a table (the winner in bold), the early stop, where the settings went and
+        the offload advice."""
+        return _render(self)
 
     @property
     def default(self) -> Trial:
@@ -171,7 +179,6 @@ def tune(
     if out is not None:
         result.out = Path(out)
         result.out.write_text(result.to_json() + "\n")
-    print_trials(console, result)
     # --- offload to a Ray cluster's CPU nodes: would more cores help? (advise/offload.py) ---
     best = result.best
     if result.model_images_per_s and best.preprocess == "cpu" and best.images_per_s > 0:
@@ -179,7 +186,8 @@ def tune(
 
         rates = (best.images_per_s, best.num_workers, result.model_images_per_s)
         hw = (image_size, image_size)
-        console.print(offload_advice(*rates, max(1, usable_cores() - 1), hw).text())
+        result.offload = offload_advice(*rates, max(1, usable_cores() - 1), hw)
+    console.print(result)
     return result
 
 
@@ -286,9 +294,12 @@ def _search(
                 return
 
 
-def print_trials(console: Console, result: TuneResult) -> None:
-    """The trials as a table (the winner in bold), the early stop, and where the settings went."""
+def _render(result: TuneResult) -> Group:
+    """`TuneResult.__rich__`: what `gpufeed tune` prints at the end."""
+    from rich.console import Group
     from rich.table import Table
+
+    parts: list[Any] = []
 
     best = result.best
     table = Table(title=f"gpufeed tune: {result.data}", title_justify="left")
@@ -319,7 +330,7 @@ def print_trials(console: Console, result: TuneResult) -> None:
             t.note + (" ← best" if t is best else ""),
             style=style,
         )
-    console.print(table)
+    parts.append(table)
     if result.model_images_per_s is not None:
         state = (
             "stopped early: trained end to end, the model no longer waits for data"
@@ -327,11 +338,14 @@ def print_trials(console: Console, result: TuneResult) -> None:
             else "trained end to end, the model waits for data in every trial: still input-bound "
             f"(best: waiting {best.data_wait_share:.0%} of the time)"
         )
-        console.print(
+        parts.append(
             f"model alone: {result.model_images_per_s:,.1f} images/s; images/s above are end to "
             f"end; {state}"
         )
     for n in result.notes:
-        console.print(f"[dim]{n}[/]")
+        parts.append(f"[dim]{n}[/]")
     if result.out is not None:
-        console.print(f"settings written to {result.out}: Loader(data, **load_settings(path))")
+        parts.append(f"settings written to {result.out}: Loader(data, **load_settings(path))")
+    if result.offload is not None:
+        parts.append(result.offload.text())
+    return Group(*parts)

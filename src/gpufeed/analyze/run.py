@@ -349,21 +349,11 @@ def _read_store_readonly(path: Path) -> dict[str, Any]:
 
 def _read_uri(uri: str) -> dict[str, Any]:
     """What `read_store` returns, from a SQLite URI (read-only modes)."""
-    import json
-
-    from gpufeed.profile.store import TABLES
+    from gpufeed.profile.store import read_tables
 
     db = sqlite3.connect(uri, uri=True, timeout=5.0)
     try:
-        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        out: dict[str, Any] = {"info": {}}
-        if "info" in tables:
-            out["info"] = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM info")}
-        for table, cols in TABLES.items():
-            quoted = ",".join(f'"{c}"' for c in cols)
-            rows = db.execute(f"SELECT {quoted} FROM {table}") if table in tables else []
-            out[table] = list(rows)
-        return out
+        return read_tables(db)
     finally:
         db.close()
 

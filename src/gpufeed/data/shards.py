@@ -670,13 +670,7 @@ def _check_members(buf: bytes, shard: str, *, end: bool) -> None:
         if fast is not None:
             q += 512 + _padded(fast[1])
             continue
-        try:
-            info = tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
-        except tarfile.HeaderError as e:
-            raise ShardError(
-                f"shard {shard}: no valid tar header where the next member should start "
-                f"({e}); the shard is corrupt or the index does not belong to this shard"
-            ) from e
+        info = _parse_header(block, shard, "where the next member should start")
         if info.type not in _REGULAR:  # extension headers, links, ...: let tarfile read them
             _check_with_tarfile_only(buf[q:], shard, end=end)
             return
@@ -716,18 +710,23 @@ def _read_exactly(fileobj: BinaryIO, n: int, shard: str, entry: ShardEntry, i: i
     return data
 
 
+def _parse_header(block: bytes, shard: str, where: str) -> tarfile.TarInfo:
+    """The tar header in `block`, or a ShardError saying there is none `where` one should be."""
+    try:
+        return tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
+    except tarfile.HeaderError as e:
+        raise ShardError(
+            f"shard {shard}: no valid tar header {where} ({e}); the shard is corrupt or the index "
+            "does not belong to this shard"
+        ) from e
+
+
 def _check_image_header(block: bytes, name: str, size: int, shard: str) -> None:
     fast = _check_regular_header(block, shard)
     if fast is not None:
         _check_agrees(fast[0], fast[1], name, size, shard)
         return
-    try:
-        info = tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
-    except tarfile.HeaderError as e:
-        raise ShardError(
-            f"shard {shard}: no valid tar header in front of {name!r} ({e}); the shard is "
-            "corrupt or the index does not belong to this shard"
-        ) from e
+    info = _parse_header(block, shard, f"in front of {name!r}")
     _check_member(info, shard)
     _check_agrees(info.name, info.size, name, size, shard)
 

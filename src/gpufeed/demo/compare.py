@@ -326,7 +326,7 @@ def summarize(pipeline: str, run_dir: Path, figures: dict[str, Any]) -> Pipeline
     """Load the profiled run, run the rules, write its HTML report and collect the table's figures."""
     from gpufeed.analyze.api import analyze
     from gpufeed.analyze.run import load
-    from gpufeed.present.html import write_report
+    from gpufeed.commands.report import write_report
 
     run = load(run_dir)
     findings = analyze(run)

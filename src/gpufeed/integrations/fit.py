@@ -31,7 +31,7 @@ class ProfiledFit:
 
     def _end(self, failed: bool = False, write_report: bool = True) -> None:
         """Stop profiling and, on the process that should, write RUN/report.html."""
-        from gpufeed.present.html import write_report as write
+        from gpufeed.commands.report import write_report as write
 
         self._profile.stop(exit_code=1 if failed else 0)
         if not (self._write_report and write_report and self.run_dir is not None):

@@ -11,10 +11,7 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
 import shlex
-import time
-from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpufeed.analyze.stats import device_key
-from gpufeed.atomic import write_atomic
 from gpufeed.present.numbers import number
 
 if TYPE_CHECKING:
@@ -52,52 +48,6 @@ _LAYOUT = {
     "plot_bgcolor": "#ffffff",
     "legend": {"orientation": "h", "y": -0.2},
 }
-
-
-def write_report(
-    run_path: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
-    out: str | os.PathLike[str] | None = None,
-    json_out: str | os.PathLike[str] | None = None,
-    config: str | os.PathLike[str] | None = None,
-    sets: Iterable[str] = (),
-    watch: float | None = None,
-    echo: Callable[[str], None] = print,
-    on_findings: Callable[[list[Finding]], None] | None = None,
-) -> Path:
-    """Analyze a run directory and write the report (default RUN/report.html), optionally the findings as
-    JSON; thresholds from `config` (or ./gpufeed.toml) and `sets` ("RULE.param=value"); with `watch`,
-    rewrite both every `watch` seconds until the run finishes or Ctrl-C. `on_findings` gets the
-    findings of the last rewrite (e.g. to print them in the terminal)."""
-    from gpufeed.analyze.combine import run_paths
-    from gpufeed.analyze.config import resolve
-    from gpufeed.analyze.rules import run_rules
-    from gpufeed.analyze.run import load
-
-    overrides = resolve(config, sets)
-    target = Path(out) if out is not None else run_paths(run_path)[0] / "report.html"
-    while True:
-        run = load(run_path)
-        findings = run_rules(run, **overrides)
-        page = render_html(run, findings, checks=rule_checks(findings, overrides))
-        write_atomic(target, page, make_parents=True)
-        if json_out is not None:
-            write_atomic(json_out, findings_json(run, findings), make_parents=True)
-        done = bool(run.meta.get("finished"))
-        stamp = datetime.now().strftime("%H:%M:%S")
-        echo(
-            f"gpufeed: report written to {target}"
-            + (f" and findings to {json_out}" if json_out is not None else "")
-            + (f" ({stamp}, run still in progress)" if watch and not done else "")
-        )
-        if not watch or done:
-            break
-        try:
-            time.sleep(watch)
-        except KeyboardInterrupt:
-            break
-    if on_findings is not None:
-        on_findings(findings)
-    return target
 
 
 def findings_json(run: Run, findings: list[Finding]) -> str:

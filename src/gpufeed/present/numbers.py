@@ -14,3 +14,9 @@ def number(value: float | None, digits: int = 0, unit: str = "", missing: str = 
     if value is None or not math.isfinite(value):
         return missing
     return f"{value:,.{digits}f}{unit}"
+
+
+def finite(value: object) -> float | None:
+    """A value read from a file (meta.json) as a float where it is a finite number, else None."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None

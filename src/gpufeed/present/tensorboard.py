@@ -9,9 +9,6 @@ TensorBoard's "relative" and "wall" axes line up with the training's own logs.
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,37 +28,8 @@ class ExportError(GpufeedError, ValueError):
     """The export cannot be written (a missing extra, nothing to write); the message says what to do."""
 
 
-def export_tensorboard(
-    run_path: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
-    out: str | os.PathLike[str],
-    echo: Callable[[str], None] = print,
-) -> Path:
-    """Write the run (one or several run directories) as TensorBoard event files under `out`."""
-    from gpufeed.analyze.run import load
-
-    writer_class = _summary_writer()
-    run = load(run_path)
-    if len(run.steps) == 0 and len(run.system) == 0:
-        raise ExportError(f"{run.path} holds no steps and no system samples: nothing to export")
-    target = Path(out)
-    scalars = 0
-    for name, series in tensorboard_scalars(run).items():
-        writer = writer_class(log_dir=str(target / name))
-        try:
-            for tag, step, value, wall in series:
-                writer.add_scalar(tag, value, global_step=step, walltime=wall)
-                scalars += 1
-        finally:
-            writer.close()
-    echo(
-        f"gpufeed: TensorBoard events written to {target} ({scalars:,} scalars): "
-        f"tensorboard --logdir {target}"
-    )
-    return target
-
-
 def tensorboard_scalars(run: Run) -> dict[str, list[tuple[str, int, float, float]]]:
-    """(tag, step, value, wall time) per TensorBoard run name; what `export_tensorboard` writes."""
+    """(tag, step, value, wall time) per TensorBoard run name; what `gpufeed export --tensorboard` writes."""
     out: dict[str, list[tuple[str, int, float, float]]] = {}
     steps = run.steps[np.isfinite(run.steps["end"].to_numpy(dtype=float))]
     for (host, rank), g in steps.groupby(["host", "rank"], sort=True):
@@ -108,7 +76,8 @@ def _safe(text: Any) -> str:
     return file_safe(str(text))
 
 
-def _summary_writer() -> Any:
+def summary_writer() -> Any:
+    """torch's SummaryWriter class, or an ExportError saying how to install the tensorboard extra."""
     try:
         require("tensorboard")
     except MissingExtra as e:

@@ -1,11 +1,9 @@
-"""Terminal output with rich: `gpufeed show RUN` (a run's summary), `gpufeed ls` (runs in a folder)
+"""Terminal output with rich: a run's summary (`gpufeed show RUN`), `gpufeed ls` (runs in a folder)
 and findings (severity, title, evidence, recommendation)."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
 import time
 from pathlib import Path
@@ -16,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gpufeed.present.numbers import number
+from gpufeed.present.numbers import finite, number
 
 if TYPE_CHECKING:
     from gpufeed.analyze.finding import Finding
@@ -44,14 +42,11 @@ _UNITS: dict[str, tuple[str, float, int]] = {
 }
 
 
-def show(run: Run | str | os.PathLike[str] | list[str], console: Console | None = None) -> Run:
+def print_run(run: Run, findings: list[Finding], console: Console | None = None) -> None:
     """Print a run's summary: what ran, phases, step throughput, a percentile table per metric, and
-    the findings of the built-in rules."""
-    from gpufeed.analyze.run import load
+    the given findings."""
     from gpufeed.analyze.stats import phases, step_summary
 
-    if not hasattr(run, "steps"):
-        run = load(run)  # type: ignore[arg-type]
     console = console or Console()
     meta = run.meta
     # Everything from the run (paths, argv, host and GPU names, store strings) is shown as text,
@@ -122,10 +117,7 @@ def show(run: Run | str | os.PathLike[str] | list[str], console: Console | None 
         _print_processes(run, console)
 
     _print_metrics(run, console)
-    from gpufeed.analyze.rules import run_rules
-
-    print_findings(run_rules(run), console)
-    return run
+    print_findings(findings, console)
 
 
 def _print_metrics(run: Run, console: Console) -> None:
@@ -194,34 +186,25 @@ def print_findings(
         console.print(f"    → {_m(d['recommendation'], True)}", soft_wrap=True, emoji=False)
 
 
-def list_runs(out: str | os.PathLike[str], console: Console | None = None) -> list[Path]:
-    """Print the run directories under `out`, latest start time first; returns them."""
-    from gpufeed.profile.session import META_FILE
-
+def print_runs(
+    base: Path, metas: dict[Path, dict[str, Any]], console: Console | None = None
+) -> None:
+    """Print run directories (`gpufeed ls`) in the order given, each with its meta.json dict."""
     console = console or Console()
-    base = Path(out)
-    metas = {p.parent: _read_json(p) for p in base.glob(f"*/{META_FILE}")}
-    # By when each run started; a meta.json without a start time sorts by when it was written.
-    runs = sorted(
-        metas,
-        key=lambda d: _number(metas[d].get("start_time")) or os.path.getmtime(d / META_FILE),
-        reverse=True,
-    )
-    if not runs:
+    if not metas:
         console.print(
             f"No runs under {_m(base)}/ (create one with `gpufeed profile -- COMMAND`).",
             emoji=False,
         )
-        return []
+        return
     table = Table(title=_text(f"Runs in {base}"), title_justify="left")
     table.add_column("run", no_wrap=True)
     table.add_column("started", no_wrap=True)
     table.add_column("duration", justify="right")
     table.add_column("exit", justify="right")
     table.add_column("command", overflow="ellipsis", no_wrap=True)
-    for run_dir in runs:
-        meta = metas[run_dir]
-        start, end = _number(meta.get("start_time")), _number(meta.get("end_time"))
+    for run_dir, meta in metas.items():
+        start, end = finite(meta.get("start_time")), finite(meta.get("end_time"))
         started = _clock(start)
         duration = _seconds(end - start) if start and end else "[yellow]unfinished[/yellow]"
         code = meta.get("exit_code")
@@ -233,7 +216,6 @@ def list_runs(out: str | os.PathLike[str], console: Console | None = None) -> li
             _text(_visible(_command_line(meta))[:60]),
         )
     console.print(table)
-    return runs
 
 
 def _command_line(meta: dict[str, Any]) -> str:
@@ -276,26 +258,11 @@ def _gpu_name(gpu: Any) -> str:
     return str(gpu.get("name", "?")) if isinstance(gpu, dict) else str(gpu)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    """A meta.json as a dict; {} where it is unreadable or not an object (one damaged run must not
-    stop `ls` from listing the others)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _clock(epoch: float | None) -> str:
     try:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch)) if epoch else "?"
     except (OverflowError, OSError, ValueError):
         return "?"
-
-
-def _number(value: Any) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
 
 
 def _percent(share: float) -> str:

@@ -14,14 +14,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufeed.atomic import write_atomic
 from gpufeed.errors import GpufeedError
 
 if TYPE_CHECKING:
@@ -45,29 +41,17 @@ class TraceError(GpufeedError, ValueError):
     """The trace cannot be written as asked (too large, empty window); the message says what to do."""
 
 
-def write_trace(
-    run_path: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
-    out: str | os.PathLike[str] | None = None,
+def render_trace(
+    run: Run,
     start: float | None = None,
     end: float | None = None,
     max_mb: float = MAX_MB,
-    echo: Callable[[str], None] = print,
-    merge: str | os.PathLike[str] | None = None,
-) -> Path:
-    """Write the run's timeline (default RUN/trace.json); `start`/`end` are seconds from the run's
-    start. With `merge` (a torch.profiler trace), gpufeed's tracks are added to that trace, over its
-    time span (default RUN/trace-merged.json)."""
-    from gpufeed.analyze.run import load
-    from gpufeed.analyze.stats import run_span
-    from gpufeed.present.kineto import KinetoError, merge_into, merge_window, read_kineto
+    kineto: dict[str, Any] | None = None,
+) -> tuple[str, int]:
+    """The trace as JSON text and its event count; with `kineto` (a torch.profiler trace, already
+    read and windowed), gpufeed's tracks added to it. Raises TraceError past `max_mb`."""
+    from gpufeed.present.kineto import merge_into
 
-    run = load(run_path)
-    try:
-        kineto = read_kineto(merge) if merge is not None else None
-        if kineto is not None:
-            start, end = merge_window(kineto, *run_span(run), start, end)
-    except KinetoError as e:
-        raise TraceError(str(e)) from None
     trace = build_trace(run, start=start, end=end, max_mb=max_mb)
     if kineto is not None:
         trace = merge_into(kineto, trace)
@@ -75,14 +59,7 @@ def write_trace(
     if len(text) > max_mb * 1e6:
         info = trace.get("otherData", trace.get("gpufeed"))
         raise TraceError(_too_big(run, len(text) / 1e6, max_mb, info))
-    default = "trace-merged.json" if merge is not None else "trace.json"
-    target = Path(out) if out is not None else run.path / default
-    write_atomic(target, text, make_parents=True)
-    echo(
-        f"gpufeed: trace written to {target} ({len(text) / 1e6:.1f} MB, "
-        f"{len(trace['traceEvents']):,} events): open it in https://ui.perfetto.dev or chrome://tracing"
-    )
-    return target
+    return text, len(trace["traceEvents"])
 
 
 def build_trace(

@@ -93,19 +93,24 @@ def read_store(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     db = _open_for_reading(Path(path))
     try:
-        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        out: dict[str, Any] = {"info": {}}
-        if "info" in tables:
-            out["info"] = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM info")}
-        for table, cols in TABLES.items():
-            if table in tables:
-                quoted = ",".join(f'"{c}"' for c in cols)
-                out[table] = db.execute(f"SELECT {quoted} FROM {table}").fetchall()
-            else:
-                out[table] = []
-        return out
+        return read_tables(db)
     finally:
         db.close()
+
+
+def read_tables(db: sqlite3.Connection) -> dict[str, Any]:
+    """What `read_store` returns, from an open store connection (however it was opened)."""
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    out: dict[str, Any] = {"info": {}}
+    if "info" in tables:
+        out["info"] = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM info")}
+    for table, cols in TABLES.items():
+        if table in tables:
+            quoted = ",".join(f'"{c}"' for c in cols)
+            out[table] = db.execute(f"SELECT {quoted} FROM {table}").fetchall()
+        else:
+            out[table] = []
+    return out
 
 
 def _open_for_reading(path: Path) -> sqlite3.Connection:

@@ -40,6 +40,10 @@ class CPUBottleneck(Rule):
         "process while it waits) is saturated; 'GPU underused' cannot be evaluated"
     )
 
+    def warning(self, **fields: Any) -> Finding:
+        """A warning of this rule: every case below is one, with its own title and evidence."""
+        return Finding(rule=self.id, severity="warning", **fields)
+
     def check(self, ctx: Context, p: dict[str, Any]) -> Iterator[Finding]:
         if len(ctx.steps) == 0:
             return
@@ -78,9 +82,7 @@ class CPUBottleneck(Rule):
                 if free >= 1
                 else f"no cores are left: cut the CPU cost per sample ({ctx.cut_cost()})"
             )
-            yield Finding(
-                rule=self.id,
-                severity="warning",
+            yield self.warning(
                 title=f"CPU-bound loader workers: {round(workers)} at {wcpu:.0f}% CPU each",
                 evidence=evidence,
                 recommendation=(
@@ -102,9 +104,7 @@ class CPUBottleneck(Rule):
                 if np.isfinite(computing)
                 else "n/a",
             }
-            yield Finding(
-                rule=self.id,
-                severity="warning",
+            yield self.warning(
                 title="CPU-bound training process: it decodes and augments the data itself",
                 evidence=evidence,
                 recommendation=(
@@ -122,9 +122,7 @@ class CPUBottleneck(Rule):
         main = ctx.main_cpu
         if not waiting and saturated(main):
             evidence |= {"role": "main", "main_cpu_pct": round(main, 1)}
-            yield Finding(
-                rule=self.id,
-                severity="warning",
+            yield self.warning(
                 title="CPU-bound training process: Python and kernel-launch overhead starve the GPU",
                 evidence=evidence,
                 recommendation=(
@@ -143,9 +141,7 @@ class CPUBottleneck(Rule):
                 "run_cores": round(ours, 2),
                 "host_busy_cores": round(busy_cores, 2),
             }
-            yield Finding(
-                rule=self.id,
-                severity="warning",
+            yield self.warning(
                 title="CPU saturated by processes outside the training run",
                 evidence=evidence,
                 recommendation=(

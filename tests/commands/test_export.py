@@ -80,7 +80,8 @@ def test_export_without_a_target_says_what_to_give(run_dir, gpufeed_cli):
 
 
 def test_an_empty_run_is_refused_by_name(make_run, tmp_path):
-    from gpufeed.present.tensorboard import ExportError, export_tensorboard
+    from gpufeed.commands.export import export_tensorboard
+    from gpufeed.present.tensorboard import ExportError
 
     empty = make_run()
     with pytest.raises(ExportError, match="nothing to export"):

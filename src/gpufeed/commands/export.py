@@ -1,0 +1,37 @@
+"""`gpufeed export`: load a run and write it for other tools (TensorBoard event files)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+
+def export_tensorboard(
+    run_path: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    echo: Callable[[str], None] = print,
+) -> Path:
+    """Write the run (one or several run directories) as TensorBoard event files under `out`."""
+    from gpufeed.analyze.run import load
+    from gpufeed.present.tensorboard import ExportError, summary_writer, tensorboard_scalars
+
+    writer_class = summary_writer()
+    run = load(run_path)
+    if len(run.steps) == 0 and len(run.system) == 0:
+        raise ExportError(f"{run.path} holds no steps and no system samples: nothing to export")
+    target = Path(out)
+    scalars = 0
+    for name, series in tensorboard_scalars(run).items():
+        writer = writer_class(log_dir=str(target / name))
+        try:
+            for tag, step, value, wall in series:
+                writer.add_scalar(tag, value, global_step=step, walltime=wall)
+                scalars += 1
+        finally:
+            writer.close()
+    echo(
+        f"gpufeed: TensorBoard events written to {target} ({scalars:,} scalars): "
+        f"tensorboard --logdir {target}"
+    )
+    return target

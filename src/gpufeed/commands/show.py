@@ -1,0 +1,22 @@
+"""`gpufeed show`: load a run, run the built-in rules and print the summary with the findings."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from gpufeed.analyze.run import Run
+
+
+def show(runs: str | os.PathLike[str] | list[str], console: Console | None = None) -> Run:
+    """Print the summary of a run (one or several run directories read as one) and its findings."""
+    from gpufeed.analyze.rules import run_rules
+    from gpufeed.analyze.run import load
+    from gpufeed.present.terminal import print_run
+
+    run = load(runs)
+    print_run(run, run_rules(run), console)
+    return run
