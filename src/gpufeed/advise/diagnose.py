@@ -123,13 +123,13 @@ class Diagnosis:
         }
 
 
-def default_workers(device: str = "cpu") -> int:
-    """Loader workers assumed for an image folder or shards when `--workers` is not given: every
-    usable core but the training process's on CUDA; half of them on a CPU, which also trains."""
+def assumed_workers(device: str = "cpu") -> int:
+    """Loader workers assumed for an image folder or shards when `--workers` is not given: the
+    Loader's own default on CUDA; half the usable cores on a CPU, which also trains."""
     from gpufeed.data.budget import usable_cores
+    from gpufeed.data.loader import default_workers
 
-    cores = usable_cores()
-    return max(1, cores - 1 if device == "cuda" else cores // 2)
+    return default_workers() if device == "cuda" else max(1, usable_cores() // 2)
 
 
 def make_pipeline(
@@ -302,7 +302,7 @@ def diagnose(
     settings = TrainSettings.for_device(device, precision, channels_last, compile)
     net = build_model(model)  # fail early on a bad model, before measuring anything
     spec = resolve_data(data)
-    workers = default_workers(device) if workers is None else workers
+    workers = assumed_workers(device) if workers is None else workers
 
     def note(text: str) -> None:
         console.print(f"[dim]  {text}[/]")

@@ -177,12 +177,17 @@ class Loader:
             host_final=mode == "cpu" and self.device.type != "cuda" and self.cluster is None,
         )
 
+    def _slot_layout(self, prefetch: int) -> tuple[int, int]:
+        """(workers, slots per worker) of the host buffers: each local worker runs `prefetch`
+        batches ahead; inline loading and a Ray cluster (whose batches wait in its object stores)
+        take two slots in turn."""
+        if self.num_workers > 0 and self.cluster is None:
+            return self.num_workers, prefetch + 1
+        return 1, 2
+
     def host_bytes_bound(self, prefetch: int) -> int:
         """Most host memory the loader's buffers can hold with this prefetch depth."""
-        local = self.num_workers > 0 and self.cluster is None  # else: two slots, taken in turn
-        workers = self.num_workers if local else 1
-        per_worker = prefetch + 1 if local else 2
-        return host_bytes(self.spec(), self.dataset, workers, per_worker)
+        return host_bytes(self.spec(), self.dataset, *self._slot_layout(prefetch))
 
     def _bound_prefetch(self, prefetch: int) -> int:
         prefetch = max(1, prefetch)
@@ -271,14 +276,10 @@ class Loader:
     def _running_feeder(self) -> Feeder:
         if self._feeder is None:
             spec = self.spec()
-            workers = self.num_workers
-            if self.cluster is None:
-                self._slots = Slots(spec, workers, self.prefetch + 1 if workers > 0 else 2)
-            else:  # batches wait in the cluster's object stores; here two slots in turn
-                self._slots = Slots(spec, 1, 2)
+            self._slots = Slots(spec, *self._slot_layout(self.prefetch))
             if self.cluster is not None:
                 self._pool = RayPool(self.plan, self._slots, self.cluster, depth=self.prefetch + 1)
-            elif workers > 0:
+            elif self.num_workers > 0:
                 self._pool = WorkerPool(self.plan, self._slots, nice=self.worker_nice)
             else:
                 self._pool = InlinePool(self.plan, self._slots)
