@@ -44,7 +44,7 @@ from gpufeed.atomic import write_atomic
 from gpufeed.data.augment import Augment
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.loader import Loader
-from gpufeed.data.pack import pack
+from gpufeed.data.packing import pack
 from gpufeed.demo.synth import make_image_folder
 
 SIZE = 224

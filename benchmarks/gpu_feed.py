@@ -58,7 +58,7 @@ def _write_images(args: tuple[str, int, int, int, int]) -> int:
 
 def make_data(cache: Path, n: int, quality: int) -> tuple[Path, Path, Path]:
     """(image folder, full-size shards, shards pre-resized to 256), made once in parallel."""
-    from gpufeed.data.pack import pack
+    from gpufeed.data.packing import pack
 
     root = cache / f"images-{n}-q{quality}"
     done = root / ".complete"

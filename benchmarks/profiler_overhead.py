@@ -79,8 +79,8 @@ def recorder_cost(n: int = 50_000) -> tuple[float, float]:
     """Microseconds per recorded batch (real tensors) and per optimizer-step hook call (real optimizer)."""
     import torch
 
-    from gpufeed.profile import autopatch
-    from gpufeed.profile.session import ENV_RUN_DIR
+    from gpufeed.profiler import autopatch
+    from gpufeed.profiler.session import ENV_RUN_DIR
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     batch = (torch.zeros(128, 256), torch.zeros(128))
@@ -106,8 +106,8 @@ def forward_hook_cost(n: int = 20_000) -> float:
     (forward pre/post hooks, the autograd hook on its output and the end-of-backward callback)."""
     import torch
 
-    from gpufeed.profile import autopatch
-    from gpufeed.profile.session import ENV_RUN_DIR
+    from gpufeed.profiler import autopatch
+    from gpufeed.profiler.session import ENV_RUN_DIR
 
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -134,7 +134,7 @@ def forward_hook_cost(n: int = 20_000) -> float:
 
 def flush_cost(steps_per_flush: int = 200, flushes: int = 50) -> float:
     """Milliseconds of CPU the background thread spends writing one flush of `steps_per_flush` steps."""
-    from gpufeed.profile.steps import Recorder
+    from gpufeed.profiler.steps import Recorder
 
     with tempfile.TemporaryDirectory() as d:
         rec = Recorder(Path(d) / "s.db", {"host": "bench"}, flush_interval=3600)
@@ -153,7 +153,7 @@ def flush_cost(steps_per_flush: int = 200, flushes: int = 50) -> float:
 
 def sampler_cost(ticks: int = 100) -> float:
     """Milliseconds of CPU per sampler tick (host metrics + a process tree of one training process)."""
-    from gpufeed.profile.sampler import Sampler
+    from gpufeed.profiler.sampler import Sampler
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -184,7 +184,7 @@ def main() -> None:
 
     import torch
 
-    from gpufeed.profile.session import cpu_model
+    from gpufeed.profiler.session import cpu_model
 
     threads = args.threads or torch.get_num_threads()
     print(

@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 from gpufeed.data.augment import Augment  # noqa: E402
 from gpufeed.data.loader import Loader  # noqa: E402
-from gpufeed.data.pack import pack  # noqa: E402
+from gpufeed.data.packing import pack  # noqa: E402
 from gpufeed.demo.synth import make_image_folder  # noqa: E402
 from gpufeed.hardware import describe, hardware  # noqa: E402
 

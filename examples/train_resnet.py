@@ -19,7 +19,7 @@ import torch.distributed
 
 from gpufeed.data.augment import Augment
 from gpufeed.data.loader import Loader
-from gpufeed.data.pack import pack
+from gpufeed.data.packing import pack
 from gpufeed.data.shards import has_index
 from gpufeed.train import (
     MODELS,

@@ -78,8 +78,8 @@ def make_run(tmp_path: Path) -> Callable[..., Path]:
     system: rows (time, metric, device, value); ranks: {rank: [(step, start, end, data_wait, samples,
     gpu_time), ...]}; processes: rows (time, pid, role, cpu, rss); meta: merged over a finished default.
     """
-    from gpufeed.profile.session import steps_store_path, system_store_path, write_meta
-    from gpufeed.profile.store import Store
+    from gpufeed.profiler.session import steps_store_path, system_store_path, write_meta
+    from gpufeed.profiler.store import Store
 
     counter = iter(range(1_000_000))
 

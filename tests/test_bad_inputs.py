@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.data.pack import pack
+from gpufeed.data.packing import pack
 from gpufeed.data.shards import INDEX_NAME, LEGACY_INDEX_NAME, Index
 from gpufeed.demo.synth import make_image_folder
-from gpufeed.profile.session import steps_store_path, system_store_path, write_meta
-from gpufeed.profile.store import Store
+from gpufeed.profiler.session import steps_store_path, system_store_path, write_meta
+from gpufeed.profiler.store import Store
 
 CLI = [sys.executable, "-m", "gpufeed.cli"]
 

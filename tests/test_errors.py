@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from gpufeed.advise.measure import MeasureError
-from gpufeed.analyze.config import ConfigError
-from gpufeed.analyze.run import RunError
+from gpufeed.analysis.config import ConfigError
+from gpufeed.analysis.run import RunError
 from gpufeed.bench.workload import BenchError
 from gpufeed.data.batch import CorruptSampleError
 from gpufeed.data.decode import CorruptImage
-from gpufeed.data.pack import PackError
+from gpufeed.data.packing import PackError
 from gpufeed.data.settings import SettingsError
 from gpufeed.data.shards import ShardError
 from gpufeed.data.workers import LoaderWorkerError
@@ -21,7 +21,7 @@ from gpufeed.extras import MissingExtra
 from gpufeed.present.kineto import KinetoError
 from gpufeed.present.tensorboard import ExportError
 from gpufeed.present.trace import TraceError
-from gpufeed.profile.session import ProfileError
+from gpufeed.profiler.session import ProfileError
 
 ERRORS = {
     ConfigError: ValueError,

@@ -25,7 +25,7 @@ sys.meta_path.insert(0, _Blocked())
 
 @pytest.fixture
 def shards(tmp_path: Path) -> Path:
-    from gpufeed.data.pack import pack
+    from gpufeed.data.packing import pack
     from gpufeed.demo.synth import make_image_folder
 
     images = make_image_folder(tmp_path / "images", 8, 2, short_side=(40, 48))

@@ -8,7 +8,7 @@ Public API (kept small on purpose):
 - ``gpufeed.analyze(run) -> list[Finding]``: the built-in bottleneck rules.
 - ``gpufeed.data``: ``pack``, ``ShardDataset``, ``Loader``, ``load_settings``.
 
-Packages: ``profile`` (COLLECT), ``analyze`` (UNDERSTAND), ``present`` (SHOW: renders only),
+Packages: ``profiler`` (COLLECT), ``analysis`` (UNDERSTAND), ``present`` (SHOW: renders only),
 ``commands`` (load → analyze → render → write: show, ls, report, trace, export), ``data`` (FEED),
 ``advise`` (diagnose, tune), ``demo``, ``train`` (MODEL), ``bench`` (EVIDENCE: experiments),
 ``integrations`` (trainer callbacks). Shared helpers: ``errors`` (GpufeedError), ``atomic``
@@ -18,14 +18,8 @@ Packages: ``profile`` (COLLECT), ``analyze`` (UNDERSTAND), ``present`` (SHOW: re
 
 from __future__ import annotations
 
-# The sub-packages `profile` and `analyze` share their names with public functions. Import the
-# packages first so that later submodule imports never rebind `gpufeed.profile`/`gpufeed.analyze`
-# to the package; then bind the functions. Internal code therefore always uses
-# `from gpufeed.profile.x import y`, never `import gpufeed.profile.x as y`.
-import gpufeed.analyze as _analyze_pkg  # noqa: F401
-import gpufeed.profile as _profile_pkg  # noqa: F401
-from gpufeed.analyze.api import analyze, load
-from gpufeed.profile.api import profile, step
+from gpufeed.analysis.api import analyze, load
+from gpufeed.profiler.api import profile, step
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "analyze", "load", "profile", "step"]

@@ -17,11 +17,11 @@ from typer.core import TyperGroup
 
 from gpufeed.advise.diagnose import diagnose
 from gpufeed.advise.tune import tune
-from gpufeed.data.pack import pack
+from gpufeed.data.packing import pack
 from gpufeed.demo.compare import DEFAULT_WORK_DIR, GPU_IMAGE_SIZE, DemoConfig
 from gpufeed.errors import GpufeedError
 from gpufeed.present.trace import MAX_MB
-from gpufeed.profile.launch import profile_command
+from gpufeed.profiler.launch import profile_command
 
 
 def default(function: Callable[..., Any], parameter: str) -> Any:
@@ -235,7 +235,7 @@ def export_cmd(
 @app.command("rules")
 def rules_cmd() -> None:
     """List the bottleneck rules with their parameters and defaults."""
-    from gpufeed.analyze.rules import describe
+    from gpufeed.analysis.rules import describe
 
     typer.echo(describe())
 

@@ -10,7 +10,7 @@ from importlib import metadata
 from typing import Any
 
 from gpufeed.data.budget import usable_cores
-from gpufeed.profile.session import machine_meta
+from gpufeed.profiler.session import machine_meta
 
 __all__ = ["hardware", "usable_cores"]
 

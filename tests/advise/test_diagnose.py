@@ -117,7 +117,7 @@ def test_shards_are_measured_with_the_gpufeed_loader(photos: Path, tmp_path: Pat
     import warnings
 
     from gpufeed.data.budget import usable_cores
-    from gpufeed.data.pack import pack
+    from gpufeed.data.packing import pack
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tiny shards, below the 1-128 MB advice

@@ -18,7 +18,7 @@ from gpufeed.data import load_settings
 from gpufeed.data.augment import Augment
 from gpufeed.data.budget import usable_cores
 from gpufeed.data.loader import Loader, default_workers
-from gpufeed.data.pack import pack
+from gpufeed.data.packing import pack
 from gpufeed.demo.synth import make_image_folder
 
 THIS = __file__

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.data.pack import pack
+from gpufeed.data.packing import pack
 from gpufeed.demo.synth import make_image_folder
 
 N_IMAGES = 48

@@ -21,7 +21,7 @@ from indexes import index_doc, read_index_doc
 
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.loader import Loader
-from gpufeed.data.pack import pack
+from gpufeed.data.packing import pack
 from gpufeed.data.shards import INDEX_NAME, Index, ShardError, ShardWriter
 from gpufeed.data.source import filesystem
 

@@ -17,7 +17,7 @@ import pytest
 from gpufeed.data.augment import Augment
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.loader import Loader
-from gpufeed.data.pack import PackError, pack
+from gpufeed.data.packing import PackError, pack
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.shards import ShardError
 from gpufeed.data.source import Destination, Source, filesystem

@@ -16,7 +16,7 @@ import pytest
 from test_html import chromium, needs_chromium
 
 import gpufeed
-from gpufeed.analyze.stats import step_summary
+from gpufeed.analysis.stats import step_summary
 from gpufeed.present.html import render_html
 from gpufeed.present.trace import build_trace
 

@@ -18,8 +18,8 @@ import plotly.offline
 import pytest
 
 import gpufeed
-from gpufeed.analyze.rules import RULES
-from gpufeed.analyze.run import Run
+from gpufeed.analysis.rules import RULES
+from gpufeed.analysis.run import Run
 from gpufeed.present.html import render_html, rule_checks
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"

@@ -7,8 +7,8 @@ import re
 
 import gpufeed
 from gpufeed.present.html import render_html
-from gpufeed.profile.session import steps_store_path
-from gpufeed.profile.store import Store
+from gpufeed.profiler.session import steps_store_path
+from gpufeed.profiler.store import Store
 
 
 def _figures(html: str) -> dict:

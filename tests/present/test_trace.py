@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import gpufeed
-from gpufeed.analyze.run import Run
+from gpufeed.analysis.run import Run
 from gpufeed.present.trace import TraceError, build_trace
 
 T0 = 1_700_000_000.0

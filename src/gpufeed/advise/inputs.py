@@ -52,7 +52,7 @@ def pack_sample(folder: str, dst: Path, image_size: int, n: int = SAMPLE_IMAGES)
     """Pack up to `n` images of an image folder (an even sample), pre-resized for `image_size`."""
     import warnings
 
-    from gpufeed.data.pack import PackError, list_inputs, pack
+    from gpufeed.data.packing import PackError, list_inputs, pack
 
     try:
         items, classes, _ = list_inputs(folder)

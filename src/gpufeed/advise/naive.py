@@ -30,7 +30,7 @@ class NaiveImageFolder:
     """
 
     def __init__(self, root: str | os.PathLike[str], image_size: int = 224, load: int = 1) -> None:
-        from gpufeed.data.pack import PackError, list_inputs
+        from gpufeed.data.packing import PackError, list_inputs
 
         try:
             items, classes, _ = list_inputs(root)

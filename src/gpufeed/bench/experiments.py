@@ -311,8 +311,8 @@ def _profiled(
     cfg: BenchConfig, res: ResultSet, name: str, model: str, data: Any, steps: int, batch_size: int
 ) -> dict[str, Any]:
     """Train under `gpufeed.profile` and read back throughput, utilization and the rules' findings."""
-    from gpufeed.analyze.api import analyze, load
-    from gpufeed.profile.api import profile
+    from gpufeed.analysis.api import analyze, load
+    from gpufeed.profiler.api import profile
 
     with profile(out=res.out_dir / "runs", name=name) as p:
         m = train(cfg, model, data, steps, batch_size)

@@ -133,7 +133,7 @@ def shards(cfg: BenchConfig, resize: int | None = None) -> Path:
     """Shards of the experiment's images, resized at pack time to short side ``resize`` if given."""
     if cfg.data is not None and resize is None and _is_shards(cfg.data):
         return cfg.data
-    from gpufeed.data.pack import pack
+    from gpufeed.data.packing import pack
 
     folder = image_folder(cfg)
     tag = hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:8]

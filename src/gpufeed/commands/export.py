@@ -13,7 +13,7 @@ def export_tensorboard(
     echo: Callable[[str], None] = print,
 ) -> Path:
     """Write the run (one or several run directories) as TensorBoard event files under `out`."""
-    from gpufeed.analyze.run import load
+    from gpufeed.analysis.run import load
     from gpufeed.present.tensorboard import ExportError, summary_writer, tensorboard_scalars
 
     writer_class = summary_writer()

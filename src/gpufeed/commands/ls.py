@@ -15,7 +15,7 @@ def list_runs(out: str | os.PathLike[str], console: Console | None = None) -> li
     """Print the run directories under `out`, latest start time first; returns them."""
     from gpufeed.present.numbers import finite
     from gpufeed.present.terminal import print_runs
-    from gpufeed.profile.session import META_FILE
+    from gpufeed.profiler.session import META_FILE
 
     base = Path(out)
     metas = {p.parent: _read_json(p) for p in base.glob(f"*/{META_FILE}")}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from gpufeed.atomic import write_atomic
 
 if TYPE_CHECKING:
-    from gpufeed.analyze.finding import Finding
+    from gpufeed.analysis.finding import Finding
 
 
 def write_report(
@@ -30,10 +30,10 @@ def write_report(
     JSON; thresholds from `config` (or ./gpufeed.toml) and `sets` ("RULE.param=value"); with `watch`,
     rewrite both every `watch` seconds until the run finishes or Ctrl-C. `on_findings` gets the
     findings of the last rewrite (e.g. to print them in the terminal)."""
-    from gpufeed.analyze.combine import run_paths
-    from gpufeed.analyze.config import resolve
-    from gpufeed.analyze.rules import run_rules
-    from gpufeed.analyze.run import load
+    from gpufeed.analysis.combine import run_paths
+    from gpufeed.analysis.config import resolve
+    from gpufeed.analysis.rules import run_rules
+    from gpufeed.analysis.run import load
     from gpufeed.present.html import findings_json, render_html, rule_checks
 
     overrides = resolve(config, sets)

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from gpufeed.analyze.run import Run
+    from gpufeed.analysis.run import Run
 
 
 def show(runs: str | os.PathLike[str] | list[str], console: Console | None = None) -> Run:
     """Print the summary of a run (one or several run directories read as one) and its findings."""
-    from gpufeed.analyze.rules import run_rules
-    from gpufeed.analyze.run import load
+    from gpufeed.analysis.rules import run_rules
+    from gpufeed.analysis.run import load
     from gpufeed.present.terminal import print_run
 
     run = load(runs)

@@ -23,8 +23,8 @@ def write_trace(
     """Write the run's timeline (default RUN/trace.json); `start`/`end` are seconds from the run's
     start. With `merge` (a torch.profiler trace), gpufeed's tracks are added to that trace, over its
     time span (default RUN/trace-merged.json)."""
-    from gpufeed.analyze.run import load
-    from gpufeed.analyze.stats import run_span
+    from gpufeed.analysis.run import load
+    from gpufeed.analysis.stats import run_span
     from gpufeed.present.kineto import KinetoError, merge_window, read_kineto
     from gpufeed.present.trace import TraceError, render_trace
 

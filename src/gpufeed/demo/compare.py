@@ -25,7 +25,7 @@ from gpufeed.errors import GpufeedError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from gpufeed.analyze.run import Run
+    from gpufeed.analysis.run import Run
 
 DEFAULT_WORK_DIR = "gpufeed-demo"
 
@@ -239,7 +239,7 @@ def demo_shards(images: Path, cfg: DemoConfig) -> Path:
     """The images packed into shards pre-resized for the training size, once (then reused)."""
     import warnings
 
-    from gpufeed.data.pack import pack
+    from gpufeed.data.packing import pack
 
     shards = images.parent / f"{images.name.replace('images-', 'shards-')}-r{cfg.pack_resize}"
     with warnings.catch_warnings():  # the demo set is far below the 1-128 MB shard advice
@@ -294,7 +294,7 @@ def profile_training(
 
 def training_window_means(run: Run) -> tuple[float, float]:
     """(mean CPU busy %, mean GPU utilization % or NaN without GPU rows) over the training phase."""
-    from gpufeed.analyze.stats import phases
+    from gpufeed.analysis.stats import phases
 
     ph = phases(run).set_index("phase")
     sysdf = run.system
@@ -324,8 +324,8 @@ def steady_rate(run: Run, skip: int = 3) -> tuple[float, float]:
 
 def summarize(pipeline: str, run_dir: Path, figures: dict[str, Any]) -> PipelineResult:
     """Load the profiled run, run the rules, write its HTML report and collect the table's figures."""
-    from gpufeed.analyze.api import analyze
-    from gpufeed.analyze.run import load
+    from gpufeed.analysis.api import analyze
+    from gpufeed.analysis.run import load
     from gpufeed.commands.report import write_report
 
     run = load(run_dir)

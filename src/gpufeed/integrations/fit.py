@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gpufeed.profile.session import DEFAULT_INTERVAL
+from gpufeed.profiler.session import DEFAULT_INTERVAL
 
 
 class ProfiledFit:
@@ -18,7 +18,7 @@ class ProfiledFit:
         interval: float = DEFAULT_INTERVAL,
         report: bool = True,
     ) -> None:
-        from gpufeed.profile.api import profile
+        from gpufeed.profiler.api import profile
 
         self._profile = profile(out=out, name=name, interval=interval)  # checks the interval now
         self._write_report = report

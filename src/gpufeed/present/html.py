@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufeed.analyze.stats import device_key
+from gpufeed.analysis.stats import device_key
 from gpufeed.present.numbers import number
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from gpufeed.analyze.finding import Finding
-    from gpufeed.analyze.run import Run
+    from gpufeed.analysis.finding import Finding
+    from gpufeed.analysis.run import Run
 
 MAX_POINTS = 1200
 _PLOTLY_MARK = "\x00gpufeed-plotly-js\x00"
@@ -69,7 +69,7 @@ def rule_checks(
 ) -> list[dict[str, str]]:
     """Every built-in rule with what it checks and its verdict on this run: "passed", the severity
     of what it found, or "disabled" (by `--set RULE.enabled=false` or a config file)."""
-    from gpufeed.analyze.rules import RULES, validate
+    from gpufeed.analysis.rules import RULES, validate
 
     checked = validate(overrides or {})
     worst: dict[str, str] = {}
@@ -100,8 +100,8 @@ def render_html(
     import plotly.offline
 
     from gpufeed import __version__
-    from gpufeed.analyze.stats import run_span
-    from gpufeed.profile.redact import redact_argv, redact_value
+    from gpufeed.analysis.stats import run_span
+    from gpufeed.profiler.redact import redact_argv, redact_value
 
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("gpufeed.present", "templates"),
@@ -164,7 +164,7 @@ def render_html(
 
 
 def _summary(run: Run, t0: float, t1: float) -> list[dict[str, str]]:
-    from gpufeed.analyze.stats import phases, step_summary
+    from gpufeed.analysis.stats import phases, step_summary
 
     s = step_summary(run)
     ph = {r.phase: r.duration for r in phases(run).itertuples()}
@@ -234,8 +234,8 @@ def _summary(run: Run, t0: float, t1: float) -> list[dict[str, str]]:
 
 
 def _healthy_text(run: Run) -> str:
-    from gpufeed.analyze.rules import RULES
-    from gpufeed.analyze.stats import step_summary
+    from gpufeed.analysis.rules import RULES
+    from gpufeed.analysis.stats import step_summary
 
     s = step_summary(run)
     if not s["steps"]:
@@ -256,7 +256,7 @@ def _healthy_text(run: Run) -> str:
 
 
 def _percentiles(run: Run) -> tuple[list[str], list[list[str]]]:
-    from gpufeed.analyze.stats import percentile_table
+    from gpufeed.analysis.stats import percentile_table
 
     table = percentile_table(run, by_host=len(run.meta.get("hosts") or []) > 1)
     names = list(table.index.names)
@@ -284,7 +284,7 @@ def _metric_value(metric: str, value: float, column: str) -> str:
 def _step_phases(run: Run) -> list[dict[str, str]]:
     """Rows (phase, share of step time, mean per step) for the parts of a training step; "unknown"
     where a part was not measured (data wait outside a DataLoader, phases of an older run)."""
-    from gpufeed.analyze.stats import PHASES, step_summary
+    from gpufeed.analysis.stats import PHASES, step_summary
 
     steps = run.steps[np.isfinite(run.steps["duration"].to_numpy(dtype=float))]
     if len(steps) == 0:
@@ -448,7 +448,7 @@ def _util_vs_steps(
 
 def _eval_bands(run: Run, t0: float, max_points: int) -> list[dict[str, Any]]:
     """Shaded x-ranges for the lowest rank's evaluation passes (at most `max_points`)."""
-    from gpufeed.analyze.stats import evaluation_passes
+    from gpufeed.analysis.stats import evaluation_passes
 
     evals = evaluation_passes(run)
     if len(evals) == 0:
@@ -485,7 +485,7 @@ def _breakdown(steps: pd.DataFrame, max_points: int) -> tuple[dict[str, Any], st
     """Stacked bars per step of the lowest rank: data wait, forward, backward, optimizer, other
     where the hooks measured them, else data wait vs the rest; an unmeasured data wait is never
     drawn as zero, it stays inside "other" and the note says so."""
-    from gpufeed.analyze.stats import PHASES
+    from gpufeed.analysis.stats import PHASES
 
     rank, label = _lowest_rank(steps)
     n = len(rank)

@@ -17,7 +17,7 @@ from gpufeed.errors import GpufeedError
 from gpufeed.extras import MissingExtra, require
 
 if TYPE_CHECKING:
-    from gpufeed.analyze.run import Run
+    from gpufeed.analysis.run import Run
 
 # Scale and unit per metric prefix, so that tags read in familiar units.
 _SCALE = {"mem.": (1e-9, "GB"), "gpu.mem_used": (1e-9, "GB"), "gpu.mem_total": (1e-9, "GB")}
@@ -71,7 +71,7 @@ def _unit(metric: str) -> tuple[float, str]:
 
 
 def _safe(text: Any) -> str:
-    from gpufeed.profile.session import file_safe
+    from gpufeed.profiler.session import file_safe
 
     return file_safe(str(text))
 

@@ -17,8 +17,8 @@ from rich.text import Text
 from gpufeed.present.numbers import finite, number
 
 if TYPE_CHECKING:
-    from gpufeed.analyze.finding import Finding
-    from gpufeed.analyze.run import Run
+    from gpufeed.analysis.finding import Finding
+    from gpufeed.analysis.run import Run
 
 # How each metric's values are printed: (unit label, scale divisor, decimals).
 _UNITS: dict[str, tuple[str, float, int]] = {
@@ -45,7 +45,7 @@ _UNITS: dict[str, tuple[str, float, int]] = {
 def print_run(run: Run, findings: list[Finding], console: Console | None = None) -> None:
     """Print a run's summary: what ran, phases, step throughput, a percentile table per metric, and
     the given findings."""
-    from gpufeed.analyze.stats import phases, step_summary
+    from gpufeed.analysis.stats import phases, step_summary
 
     console = console or Console()
     meta = run.meta
@@ -122,7 +122,7 @@ def print_run(run: Run, findings: list[Finding], console: Console | None = None)
 
 def _print_metrics(run: Run, console: Console) -> None:
     """Percentiles of every system metric, one row per metric and device."""
-    from gpufeed.analyze.stats import PERCENTILES, percentile_table
+    from gpufeed.analysis.stats import PERCENTILES, percentile_table
 
     pt = percentile_table(run)
     if len(pt) == 0:
@@ -221,7 +221,7 @@ def print_runs(
 def _command_line(meta: dict[str, Any]) -> str:
     """The run's command as one line, secrets redacted (again: meta.json of older gpufeed versions
     may hold what today's redaction hides)."""
-    from gpufeed.profile.redact import redact_argv, redact_value
+    from gpufeed.profiler.redact import redact_argv, redact_value
 
     command = meta.get("command") or []
     if isinstance(command, list):

@@ -21,7 +21,7 @@ import numpy as np
 from gpufeed.errors import GpufeedError
 
 if TYPE_CHECKING:
-    from gpufeed.analyze.run import Run
+    from gpufeed.analysis.run import Run
 
 MAX_MB = 200.0
 _BYTES_PER_EVENT = 150  # measured average of the events below, rounded up
@@ -66,7 +66,7 @@ def build_trace(
     run: Run, start: float | None = None, end: float | None = None, max_mb: float = MAX_MB
 ) -> dict[str, Any]:
     """The trace as a dict ({"traceEvents": [...], ...}); raises TraceError past `max_mb` (estimated)."""
-    from gpufeed.analyze.stats import evaluation_passes, run_span
+    from gpufeed.analysis.stats import evaluation_passes, run_span
 
     t0, t1 = run_span(run)
     if not math.isfinite(t0):

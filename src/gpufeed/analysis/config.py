@@ -1,0 +1,102 @@
+"""Rule thresholds from `gpufeed.toml` and `--set RULE.param=value`, checked against the rule registry.
+
+```toml
+[rules.warmup]
+steps = 10
+
+[rules.DataLoaderBottleneck]
+threshold = 0.3
+
+[rules.StepOutlier]
+enabled = false
+```
+`--set` wins over the file; unknown rules or parameters are errors that name them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from gpufeed.errors import GpufeedError
+
+DEFAULT_FILE = "gpufeed.toml"
+
+
+class ConfigError(GpufeedError, ValueError):
+    """A bad threshold override: the message names the file or option, the key, and what to do."""
+
+
+def load_file(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The `[rules.*]` tables of a TOML file, validated ({section: {param: value}})."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    toml = _toml()
+    try:
+        data = toml.loads(text)
+    except toml.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    rules = data.get("rules", {})
+    if not isinstance(rules, dict):
+        raise ConfigError(f"{path}: 'rules' must be a table like [rules.DataLoaderBottleneck]")
+    for key, value in rules.items():
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"{path}: rules.{key} = {value!r} is not a table; write it as "
+                f"[rules.RULE] with param = value lines (see `gpufeed rules`)"
+            )
+    return _validated(rules, where=str(path))
+
+
+def parse_sets(items: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """`RULE.param=value` strings (from `--set`), validated."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not section or not name or not value.strip():
+            raise ConfigError(
+                f"--set {item!r}: expected RULE.param=value, e.g. DataLoaderBottleneck.threshold=0.3"
+            )
+        out.setdefault(section, {})[name.strip()] = value.strip()
+    return _validated(out, where="--set")
+
+
+def resolve(
+    config: str | Path | None = None, sets: Iterable[str] = ()
+) -> dict[str, dict[str, Any]]:
+    """Overrides for `run_rules`: `config` (else ./gpufeed.toml if present), then `--set` on top."""
+    if config is None and Path(DEFAULT_FILE).is_file():
+        config = DEFAULT_FILE
+    merged = load_file(config) if config is not None else {}
+    for section, values in parse_sets(sets).items():
+        merged.setdefault(section, {}).update(values)
+    return merged
+
+
+def _validated(raw: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    from gpufeed.analysis.rules import validate
+
+    try:
+        return validate(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc} (see `gpufeed rules`)") from None
+
+
+def _toml() -> Any:
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib
+    try:
+        import tomli
+    except ImportError:
+        raise ConfigError(
+            "reading gpufeed.toml needs Python 3.11+ or the 'tomli' package (pip install tomli)"
+        ) from None
+    return tomli

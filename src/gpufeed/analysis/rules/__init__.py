@@ -1,0 +1,11 @@
+"""The built-in bottleneck rules, one module per rule; the registry (`RULES`, `run_rules`, the
+`--set` parameters) lives in `registry`, re-exported here so `gpufeed.analysis.rules` is the import path.
+"""
+
+from __future__ import annotations
+
+from gpufeed.analysis.rules.base import Param, Rule
+from gpufeed.analysis.rules.context import Context
+from gpufeed.analysis.rules.registry import RULES, describe, run_rules, settings, validate
+
+__all__ = ["RULES", "Context", "Param", "Rule", "describe", "run_rules", "settings", "validate"]

@@ -1,0 +1,378 @@
+"""`Context`: the post-warm-up view of a run that every rule reads, computed once per analysis.
+
+Warm-up: per rank, the first `warmup.steps` steps and the steps that start within `warmup.seconds` of the
+rank's first step are skipped (compilation, cuDNN autotuning, worker start-up, page cache filling), but
+never more than half of a rank's steps, so that a 2-minute job still gets a diagnosis. System metrics
+are read over the window spanned by the remaining steps (or, with no steps, the run minus the warm-up
+seconds).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from gpufeed.analysis.rules.base import Param
+
+if TYPE_CHECKING:
+    from gpufeed.analysis.run import Run
+
+WARMUP_ID = "warmup"
+WARMUP_PARAMS: dict[str, Param] = {
+    "steps": Param(5, "steps skipped at the start of each rank before rules look at it"),
+    "seconds": Param(2.0, "seconds after each rank's first step that are skipped as well"),
+}
+
+
+class Context:
+    """A run restricted to its steady state, with the derived series the rules share."""
+
+    def __init__(self, run: Run, warmup: dict[str, Any] | None = None) -> None:
+        self.run = run
+        self.meta: dict[str, Any] = dict(run.meta or {})
+        w = {name: p.default for name, p in WARMUP_PARAMS.items()} | dict(warmup or {})
+        self.warmup_steps = int(w["steps"])
+        self.warmup_seconds = float(w["seconds"])
+        self.params: dict[str, dict[str, Any]] = {}  # every rule's parameters in this analysis
+
+    def rule_params(self, rule: Any) -> dict[str, Any]:
+        """The parameters `rule` (a Rule class) runs with in this analysis, overrides included."""
+        return self.params.get(rule.id) or {n: p.default for n, p in rule.params.items()}
+
+    # --- steps ----------------------------------------------------------------------------------
+
+    @cached_property
+    def all_steps(self) -> pd.DataFrame:
+        """Every recorded step with a duration, sorted by rank then step."""
+        s = self.run.steps
+        if s is None or len(s) == 0:
+            return pd.DataFrame(
+                columns=["host", "rank", "step", "start", "end", "duration", "data_wait"]
+            )
+        s = s[np.isfinite(s["duration"].to_numpy(dtype=float))]
+        return s.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        """Post-warm-up steps of every rank (``data_wait`` NaN read as 0)."""
+        parts = []
+        for _, g in self.all_steps.groupby("rank", sort=True):
+            first = g["start"].iloc[0]
+            warm = (np.arange(len(g)) < self.warmup_steps) | (
+                g["start"].to_numpy() < first + self.warmup_seconds
+            )
+            skip = min(int(warm.sum()), len(g) // 2)
+            parts.append(g.iloc[skip:])
+        if not parts:
+            return self.all_steps.iloc[0:0]
+        out = pd.concat(parts, ignore_index=True)
+        out["data_wait"] = out["data_wait"].fillna(0.0).clip(lower=0.0)
+        out["data_wait"] = np.minimum(out["data_wait"], out["duration"])
+        return out
+
+    @cached_property
+    def ranks(self) -> list[int]:
+        """Ranks with post-warm-up steps."""
+        return sorted(int(r) for r in self.steps["rank"].unique())
+
+    @cached_property
+    def window(self) -> tuple[float, float]:
+        """(start, end) of the steady state in epoch seconds."""
+        if len(self.steps):
+            return float(self.steps["start"].min()), float(self.steps["end"].max())
+        t = self.run.system["time"] if len(self.run.system) else pd.Series([0.0])
+        start = self.meta.get("start_time") or float(t.min())
+        end = self.meta.get("end_time") or float(t.max())
+        return float(start) + self.warmup_seconds, float(end)
+
+    # --- system metrics -------------------------------------------------------------------------
+
+    @cached_property
+    def _by_metric(self) -> dict[str, pd.DataFrame]:
+        sysdf = self.run.system
+        if sysdf is None or len(sysdf) == 0:
+            return {}
+        t0, t1 = self.window
+        in_window = sysdf[(sysdf["time"] >= t0) & (sysdf["time"] <= t1)]
+        return {str(m): g for m, g in in_window.groupby("metric", sort=False)}
+
+    def metric(self, name: str) -> pd.DataFrame:
+        """Rows (time, host, metric, device, value) of one metric inside the steady-state window;
+        for GPU metrics only the GPUs the job could use (see `used_gpus`)."""
+        rows = self._by_metric.get(name, _EMPTY_SYSTEM)
+        if name.startswith("gpu.") and self.used_gpus is not None and len(rows):
+            rows = rows[rows["device"].isin(self.used_gpus)]
+        return rows
+
+    @cached_property
+    def used_gpus(self) -> set[str] | None:
+        """NVML indices of the GPUs the job used; None: all that NVML reported (cannot tell).
+
+        No GPU when no training process initialized CUDA (ranks' "cuda" flag) or
+        CUDA_VISIBLE_DEVICES hides them all; else the indices CUDA_VISIBLE_DEVICES lists (up to the
+        first entry that is not a number, as CUDA reads it; UUIDs cannot be mapped: all).
+        """
+        flags = [r.get("cuda") for r in self.meta.get("ranks") or [] if r.get("cuda") is not None]
+        if flags and not any(flags):
+            return set()
+        visible = (self.meta.get("env") or {}).get("CUDA_VISIBLE_DEVICES")
+        if visible is None:
+            return None
+        out: list[str] = []
+        for part in visible.split(","):
+            part = part.strip()
+            if not part.isdigit():
+                if not out and part and not part.startswith("-"):
+                    return None  # GPU-… / MIG-… UUIDs
+                break
+            out.append(str(int(part)))
+        return set(out)
+
+    def per_device(self, name: str) -> dict[str, np.ndarray]:
+        """Values of one metric per device label ("host:device" when several hosts), time-ordered."""
+        rows = self.metric(name)
+        multi_host = rows["host"].nunique() > 1 if len(rows) else False
+        out: dict[str, np.ndarray] = {}
+        for (host, device), g in rows.groupby(["host", "device"], sort=True):
+            label = f"{host}:{device}" if multi_host else str(device)
+            out[label] = g.sort_values("time")["value"].to_numpy(dtype=float)
+        return out
+
+    @cached_property
+    def has_gpu(self) -> bool:
+        """True when NVML reported GPU utilization inside the window."""
+        return len(self.metric("gpu.util")) > 0
+
+    @cached_property
+    def cpu_count(self) -> int:
+        """Logical cores of the host (meta, else the number of per-core series)."""
+        n = self.meta.get("cpu_count")
+        if n:
+            return int(n)
+        cores = self.run.system[self.run.system["metric"] == "cpu.core"]["device"].nunique()
+        return int(cores) or 1
+
+    # --- processes --------------------------------------------------------------------------------
+
+    @cached_property
+    def processes(self) -> pd.DataFrame:
+        """Process samples inside the window."""
+        p = self.run.processes
+        if p is None or len(p) == 0:
+            return pd.DataFrame(columns=["time", "host", "pid", "role", "cpu", "rss"])
+        t0, t1 = self.window
+        return p[(p["time"] >= t0) & (p["time"] <= t1)]
+
+    @cached_property
+    def role_cores(self) -> dict[str, float]:
+        """Mean number of cores each role keeps busy over the window (sum of its processes' CPU / 100)."""
+        p = self.processes
+        if len(p) == 0:
+            return {}
+        per_time = p.groupby(["time", "role"])["cpu"].sum().unstack(fill_value=0.0) / 100.0
+        return {str(role): float(v) for role, v in per_time.mean().items()}
+
+    @cached_property
+    def images(self) -> bool:
+        """False when the training processes' DataLoaders delivered something other than images
+        (tokens, features); True when images or not recorded (the advice then assumes images)."""
+        kinds = {r.get("batch_kind") for r in self.meta.get("ranks") or []} - {None}
+        return not kinds or "image" in kinds
+
+    def cut_cost(self) -> str:
+        """How to cut the CPU cost per sample, for the kind of data this run loads."""
+        if self.images:
+            return (
+                "pre-resized shards via `gpufeed pack --resize`, reduced-size JPEG decode, "
+                "augmentation on the GPU"
+            )
+        return (
+            "preprocess once ahead of time (tokenize, parse, cache the tensors) and keep only cheap "
+            "per-sample work in the loader"
+        )
+
+    @cached_property
+    def worker_count(self) -> float:
+        """Loader workers per training process: what its DataLoader hooks saw feeding training
+        steps (workers living under a second escape process sampling), else the workers alive at
+        a typical sample time."""
+        hooked = [r.get("loader_workers") for r in self.meta.get("ranks") or []]
+        hooked = [int(n) for n in hooked if n is not None]
+        if hooked:
+            return float(np.mean(hooked))
+        p = self.processes
+        if len(p) == 0:
+            return 0.0
+        times = p["time"].unique()
+        workers = p[p["role"] == "worker"].groupby("time")["pid"].nunique()
+        per_time = workers.reindex(times, fill_value=0)
+        mains = max(1, len(self.ranks) or int(p[p["role"] == "main"]["pid"].nunique()))
+        return float(np.median(per_time.to_numpy())) / mains
+
+    @cached_property
+    def worker_cpu(self) -> float:
+        """Mean CPU of one loader worker, % of a core (NaN without workers)."""
+        w = self.processes[self.processes["role"] == "worker"]["cpu"]
+        return float(w.mean()) if len(w) else float("nan")
+
+    @cached_property
+    def main_cpu(self) -> float:
+        """Mean CPU of one training process, % of a core (NaN without samples)."""
+        m = self.processes[self.processes["role"] == "main"]
+        if len(m) == 0:
+            return float("nan")
+        return float(m.groupby("pid")["cpu"].mean().mean())
+
+    @cached_property
+    def main_cpu_split(self) -> tuple[float, float]:
+        """CPU of the training processes (% of a core) while their steps wait on data, and otherwise.
+
+        Each process sample averages CPU over the interval before it; with f the share of that interval
+        spent in data wait, cpu = a*f + b*(1-f) is fitted by least squares and (a, b) returned, clipped
+        to what a process can use (0 to 100 x cores). NaN where the samples do not separate waiting
+        from computing.
+        """
+        return self._main_cpu_fit[0]
+
+    @cached_property
+    def main_cpu_waiting_range(self) -> tuple[float, float]:
+        """(low, high) of `main_cpu_split`'s CPU-while-waiting: about 95% confidence, clipped like
+        it; a weak fit (few samples, noisy CPU) gives a wide range. NaN where there is no fit."""
+        return self._main_cpu_fit[1]
+
+    @cached_property
+    def _main_cpu_fit(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        nan = (float("nan"), float("nan"))
+        if "pid" not in self.steps:
+            return nan, nan
+        fs, cpus = [], []
+        main = self.processes[self.processes["role"] == "main"]
+        for (host, pid), s in self.steps.groupby(["host", "pid"]):
+            m = main[(main["host"] == host) & (main["pid"] == pid)].sort_values("time")
+            if len(m) < 3:
+                continue
+            t_end = m["time"].to_numpy(dtype=float)
+            t_start = np.concatenate([[t_end[0] - self.interval], t_end[:-1]])
+            fs.append(_share_inside(s, t_start, t_end))
+            cpus.append(m["cpu"].to_numpy(dtype=float))
+        if not fs:
+            return nan, nan
+        f, cpu = np.concatenate(fs), np.concatenate(cpus)
+        top = 100.0 * self.cpu_count
+
+        def clip(x: float) -> float:
+            return float(min(max(x, 0.0), top))
+
+        if f.std() < 0.05:
+            if f.mean() > 0.9:
+                se = 2 * float(cpu.std()) / max(1.0, np.sqrt(len(cpu)))
+                a = float(cpu.mean())
+                return (clip(a), float("nan")), (clip(a - se), clip(a + se))
+            return nan, nan
+        design = np.column_stack([f, 1.0 - f])
+        (a, b), *_ = np.linalg.lstsq(design, cpu, rcond=None)
+        dof = max(1, len(cpu) - 2)
+        sigma2 = float(np.sum((cpu - design @ np.array([a, b])) ** 2)) / dof
+        se = 2 * float(np.sqrt(sigma2 * np.linalg.pinv(design.T @ design)[0, 0]))
+        return (clip(a), clip(b)), (clip(a - se), clip(a + se))
+
+    @cached_property
+    def interval(self) -> float:
+        """Sampling interval of the system sampler, seconds."""
+        return float(self.meta.get("interval") or 0.2)
+
+    @cached_property
+    def host_cpu(self) -> float:
+        """Median whole-host CPU busy % over the window (NaN when not sampled)."""
+        return pct(self.metric("cpu.util")["value"], 50)
+
+
+def data_stall_period(steps: pd.DataFrame, p: dict[str, Any]) -> tuple[int, int] | None:
+    """(N, r) when every N-th step of one rank is slow because it waits for data (most of the slow
+    steps' excess over the median is data wait, as when N loader workers each deliver one batch in
+    turn); None otherwise. `p`: PeriodicStall's parameters."""
+    d = steps["duration"].to_numpy(dtype=float)
+    wait = steps["data_wait"].to_numpy(dtype=float)
+    step = steps["step"].to_numpy(dtype=np.int64)
+    slow = slow_mask(d, p["k"], p["min_ratio"])
+    found = find_period(step, slow, p["match"], int(p["min_periods"]))
+    if found is None:
+        return None
+    stalled = slow & (step % found[0] == found[1])
+    excess = float(np.sum(d[stalled] - np.median(d)))
+    waited = float(np.sum(wait[stalled] - np.median(wait)))
+    return found if excess > 0 and waited >= 0.5 * excess else None
+
+
+def wait_share(steps: pd.DataFrame) -> float:
+    """Data wait as a share of step time: sum(wait) / sum(duration), where duration includes the wait."""
+    total = float(steps["duration"].sum())
+    return float(steps["data_wait"].sum()) / total if total > 0 else 0.0
+
+
+def speedup_without(steps: pd.DataFrame, lost: pd.Series | float) -> float:
+    """Expected speedup if `lost` seconds (per step, or in all) vanished: mean step / mean (step - lost)."""
+    total = float(steps["duration"].sum())
+    lost_total = float(np.sum(lost))
+    remaining = total - lost_total
+    if total <= 0 or remaining <= 0:
+        return 1.0
+    return max(1.0, total / remaining)
+
+
+def _share_inside(steps: pd.DataFrame, t_start: np.ndarray, t_end: np.ndarray) -> np.ndarray:
+    """Share of each interval [t_start, t_end] that the steps of one process spent in data wait."""
+    s = steps.sort_values("start")
+    begin = s["start"].to_numpy(dtype=float)
+    wait = s["data_wait"].to_numpy(dtype=float)
+    # W(t): total wait before t, piecewise linear through each wait span's start and end.
+    cum = np.concatenate([[0.0], np.cumsum(wait)[:-1]])
+    xs = np.column_stack([begin, begin + wait]).ravel()
+    ys = np.column_stack([cum, cum + wait]).ravel()
+    span = np.maximum(t_end - t_start, 1e-9)
+    return np.clip((np.interp(t_end, xs, ys) - np.interp(t_start, xs, ys)) / span, 0.0, 1.0)
+
+
+def pct(values: Any, q: float) -> float:
+    """Percentile q (0-100) of finite values, NaN if there are none."""
+    a = np.asarray(values, dtype=float)
+    a = a[np.isfinite(a)]
+    return float(np.percentile(a, q)) if a.size else float("nan")
+
+
+def fmt_pct(share: float) -> str:
+    """A share 0-1 as '42%'."""
+    return f"{100 * share:.0f}%"
+
+
+_MAX_PERIOD = 20_000
+_EMPTY_SYSTEM = pd.DataFrame(columns=["time", "host", "metric", "device", "value"])
+
+
+def slow_mask(durations: np.ndarray, k: float, min_ratio: float) -> np.ndarray:
+    """Steps far above the median: more than k robust deviations (MAD x 1.4826) and min_ratio x median."""
+    med = float(np.median(durations))
+    mad = 1.4826 * float(np.median(np.abs(durations - med)))
+    return (durations > med + k * mad) & (durations > min_ratio * med)
+
+
+def find_period(
+    step: np.ndarray, slow: np.ndarray, match: float = 0.7, min_periods: int = 3
+) -> tuple[int, int] | None:
+    """Smallest N (and phase r) such that most slow steps are at step % N == r and most such steps are slow."""
+    hits = step[slow]
+    if len(hits) < min_periods:
+        return None
+    for n in range(2, min(len(step) // min_periods, _MAX_PERIOD) + 1):
+        residues = hits % n
+        values, counts = np.unique(residues, return_counts=True)
+        r = int(values[np.argmax(counts)])
+        if counts.max() / len(hits) < match:
+            continue
+        on_phase = step % n == r
+        if on_phase.sum() >= min_periods and slow[on_phase].mean() >= match:
+            return n, r
+    return None

@@ -1,0 +1,151 @@
+"""CPUBottleneck: the GPU is underused because some process role has run out of CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gpufeed.analysis.finding import Finding
+from gpufeed.analysis.rules.base import Param, Rule
+from gpufeed.analysis.rules.context import Context, fmt_pct, pct, speedup_without, wait_share
+
+
+class CPUBottleneck(Rule):
+    """GPUs are underused while the CPU is saturated, attributed to the role that burns it.
+
+    Roles: the loader workers (busy while steps wait on data), the training process itself (loading
+    with num_workers=0, or Python/launch overhead with no data wait), or processes outside the run.
+    A process counts as saturated at `busy` % of a core, or at half that while the whole host is
+    above `host_busy` % (it is then starved rather than idle); the training process's CPU while it
+    waits is a fit, clipped to what it can use, and must be saturated over its whole range. On a
+    host so oversubscribed that the
+    run's processes get less than that, the rule stays silent: CPU-bound and sleeping look alike.
+    """
+
+    id = "CPUBottleneck"
+    params: ClassVar[dict[str, Param]] = {
+        "gpu_util_p95": Param(
+            70.0, "p95 GPU utilization % below which the GPU counts as underused"
+        ),
+        "busy": Param(85.0, "% of one core at which a process counts as CPU-saturated"),
+        "host_busy": Param(90.0, "median whole-host CPU % at which the host counts as saturated"),
+        "wait_share": Param(
+            0.1, "data-wait share of step time that ties the CPU to the input pipeline"
+        ),
+    }
+    cpu_only = (
+        "fires only when steps wait on data and the role loading the data (workers, or the training "
+        "process while it waits) is saturated; 'GPU underused' cannot be evaluated"
+    )
+
+    def warning(self, **fields: Any) -> Finding:
+        """A warning of this rule: every case below is one, with its own title and evidence."""
+        return Finding(rule=self.id, severity="warning", **fields)
+
+    def check(self, ctx: Context, p: dict[str, Any]) -> Iterator[Finding]:
+        if len(ctx.steps) == 0:
+            return
+        gpu_p95 = pct(ctx.metric("gpu.util")["value"], 95) if ctx.has_gpu else float("nan")
+        if ctx.has_gpu and gpu_p95 >= p["gpu_util_p95"]:
+            return
+        share = wait_share(ctx.steps)
+        host = ctx.host_cpu
+        starved = bool(np.isfinite(host) and host >= p["host_busy"])
+
+        def saturated(cpu: float) -> bool:
+            return np.isfinite(cpu) and (cpu >= p["busy"] or (starved and cpu >= p["busy"] / 2))
+
+        evidence: dict[str, float | int | str] = {
+            "data_wait_share": round(share, 4),
+            "cpu_count": ctx.cpu_count,
+            "host_cpu_p50": round(host, 1) if np.isfinite(host) else "n/a",
+        }
+        if ctx.has_gpu:
+            evidence["gpu_util_p95"] = round(gpu_p95, 1)
+        speedup = round(speedup_without(ctx.steps, ctx.steps["data_wait"]), 3)
+        workers, wcpu = ctx.worker_count, ctx.worker_cpu
+        waiting = share >= p["wait_share"]
+
+        if waiting and workers >= 0.5 and saturated(wcpu):
+            used = ctx.role_cores.get("worker", 0.0)
+            free = ctx.cpu_count - sum(ctx.role_cores.values())
+            evidence |= {
+                "role": "worker",
+                "num_workers": round(workers, 1),
+                "worker_cpu_pct": round(wcpu, 1),
+                "worker_cores": round(used, 2),
+            }
+            advice = (
+                f"about {free:.0f} cores are still free: add loader workers (num_workers={round(workers) + max(1, int(free))})"
+                if free >= 1
+                else f"no cores are left: cut the CPU cost per sample ({ctx.cut_cost()})"
+            )
+            yield self.warning(
+                title=f"CPU-bound loader workers: {round(workers)} at {wcpu:.0f}% CPU each",
+                evidence=evidence,
+                recommendation=(
+                    f"The loader workers use {used:.1f} of {ctx.cpu_count} cores while steps wait "
+                    f"{fmt_pct(share)} of the time for data; {advice}."
+                ),
+                est_speedup=speedup,
+            )
+            return
+
+        loading, computing = ctx.main_cpu_split
+        low, high = ctx.main_cpu_waiting_range
+        if waiting and workers < 0.5 and saturated(loading) and saturated(low):
+            evidence |= {
+                "role": "main",
+                "main_cpu_while_waiting_pct": round(loading, 1),
+                "main_cpu_while_waiting_range": f"{low:.0f}-{high:.0f}",
+                "main_cpu_while_computing_pct": round(computing, 1)
+                if np.isfinite(computing)
+                else "n/a",
+            }
+            yield self.warning(
+                title="CPU-bound training process: it decodes and augments the data itself",
+                evidence=evidence,
+                recommendation=(
+                    f"With num_workers=0 the training process runs at {loading:.0f}% CPU "
+                    f"({low:.0f}-{high:.0f}%) while its "
+                    f"steps wait {fmt_pct(share)} of the time for data: move loading to worker "
+                    "processes (DataLoader num_workers > 0, see DataLoaderBottleneck for the count)."
+                ),
+                est_speedup=speedup,
+            )
+            return
+
+        if not ctx.has_gpu:
+            return
+        main = ctx.main_cpu
+        if not waiting and saturated(main):
+            evidence |= {"role": "main", "main_cpu_pct": round(main, 1)}
+            yield self.warning(
+                title="CPU-bound training process: Python and kernel-launch overhead starve the GPU",
+                evidence=evidence,
+                recommendation=(
+                    f"The training process runs at {main:.0f}% CPU with p95 GPU utilization "
+                    f"{gpu_p95:.0f}% and little data wait: give the GPU bigger pieces of work "
+                    "(larger batch), torch.compile or CUDA graphs, and keep .item()/print calls out "
+                    "of the step."
+                ),
+            )
+            return
+        ours = sum(ctx.role_cores.values())
+        busy_cores = host / 100 * ctx.cpu_count if np.isfinite(host) else 0.0
+        if starved and busy_cores - ours >= ctx.cpu_count / 2:
+            evidence |= {
+                "role": "other",
+                "run_cores": round(ours, 2),
+                "host_busy_cores": round(busy_cores, 2),
+            }
+            yield self.warning(
+                title="CPU saturated by processes outside the training run",
+                evidence=evidence,
+                recommendation=(
+                    f"The host's CPU is {host:.0f}% busy but the run itself uses only {ours:.1f} cores: "
+                    "stop or move the other workloads, or pin the training to its own cores."
+                ),
+            )

@@ -1,0 +1,135 @@
+"""DataLoaderBottleneck: the training loop spends a large share of each step waiting for the next batch."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+from gpufeed.analysis.finding import Finding
+from gpufeed.analysis.rules.base import Param, Rule
+from gpufeed.analysis.rules.context import (
+    Context,
+    data_stall_period,
+    fmt_pct,
+    speedup_without,
+    wait_share,
+)
+from gpufeed.analysis.rules.periodic_stall import PeriodicStall
+
+
+class DataLoaderBottleneck(Rule):
+    """Data wait is a large share of step time (share = wait / whole step including the wait).
+
+    Looks at the rank with the largest share. The recommendation is sized from the evidence: how many
+    loader workers there are now, how busy they are, and how many cores the host has. Estimated
+    speedup = mean step / mean (step - wait).
+    """
+
+    id = "DataLoaderBottleneck"
+    params: ClassVar[dict[str, Param]] = {
+        "threshold": Param(0.2, "data-wait share of step time that triggers a warning"),
+        "critical": Param(0.5, "data-wait share that makes it critical"),
+        "min_steps": Param(5, "post-warm-up steps needed before judging"),
+        "busy_worker_cpu": Param(
+            80.0, "% of a core above which a loader worker counts as CPU-bound"
+        ),
+    }
+    cpu_only = "same as on GPU runs (pin_memory advice left out)"
+
+    def check(self, ctx: Context, p: dict[str, Any]) -> Iterator[Finding]:
+        if len(ctx.steps) < p["min_steps"]:
+            return
+        shares = {r: wait_share(g) for r, g in ctx.steps.groupby("rank")}
+        rank = max(shares, key=lambda r: shares[r])
+        share = shares[rank]
+        if share < p["threshold"]:
+            return
+        s = ctx.steps[ctx.steps["rank"] == rank]
+        step = float(s["duration"].mean())
+        wait = float(s["data_wait"].mean())
+        compute = max(step - wait, 1e-6)
+        evidence: dict[str, float | int | str] = {
+            "data_wait_share": round(share, 4),
+            "mean_step_ms": round(1e3 * step, 2),
+            "mean_data_wait_ms": round(1e3 * wait, 2),
+            "mean_compute_ms": round(1e3 * compute, 2),
+            "steps": len(s),
+            "num_workers": round(ctx.worker_count, 1),
+            "worker_cpu_pct": round(ctx.worker_cpu, 1) if ctx.worker_count >= 0.5 else 0.0,
+            "cpu_count": ctx.cpu_count,
+        }
+        period = data_stall_period(s, ctx.rule_params(PeriodicStall))
+        if period is not None:
+            evidence["stall_period_steps"] = period[0]
+        if len(shares) > 1:
+            evidence["rank"] = int(rank)
+            evidence["mean_share_all_ranks"] = round(wait_share(ctx.steps), 4)
+        yield Finding(
+            rule=self.id,
+            severity="critical" if share >= p["critical"] else "warning",
+            title=f"Input pipeline: steps wait {fmt_pct(share)} of the time for data",
+            evidence=evidence,
+            recommendation=_recommend(ctx, p, step, wait, compute, share) + _period_note(period),
+            est_speedup=round(speedup_without(s, s["data_wait"]), 3),
+        )
+
+
+def _period_note(period: tuple[int, int] | None) -> str:
+    if period is None:
+        return ""
+    return (
+        f" One step in {period[0]} waits much longer than the others (step % {period[0]} == "
+        f"{period[1]}): the loader delivers in bursts, each worker a batch in turn, not a "
+        "checkpoint or logging stall."
+    )
+
+
+def _recommend(
+    ctx: Context, p: dict[str, Any], step: float, wait: float, compute: float, share: float
+) -> str:
+    ranks = max(1, len(ctx.ranks))
+    budget = max(1, ctx.cpu_count // ranks - 1)  # cores per rank left after its training process
+    workers = ctx.worker_count
+    why = f"data wait is {fmt_pct(share)} of step time ({1e3 * wait:.0f} of {1e3 * step:.0f} ms)"
+    gpu_tail = (
+        " Use pin_memory=True with .to(device, non_blocking=True) so copies overlap compute."
+        if ctx.has_gpu
+        else ""
+    )
+    if workers < 0.5:
+        # The training process loads each batch itself in ~`wait` s; N workers deliver N per `wait`.
+        need = max(2, math.ceil(wait / compute) + 1)
+        n = min(need, budget)
+        text = (
+            f"Set num_workers={n} in the DataLoader (now 0: the training process loads every batch "
+            f"itself; {ctx.cpu_count} cores): {why}."
+        )
+        if need > budget:
+            text += (
+                f" Even {n} worker{'s' if n != 1 else ''} may not keep up (about {need} needed): "
+                f"also cut the CPU cost per sample ({ctx.cut_cost()})."
+            )
+        return text + gpu_tail
+    now = round(workers)
+    need = max(now + 1, math.ceil(workers * step / compute))
+    wcpu = ctx.worker_cpu
+    if wcpu >= p["busy_worker_cpu"]:
+        state = f"{now} worker(s) at {wcpu:.0f}% CPU each, {ctx.cpu_count} cores"
+        if need <= budget:
+            return f"Set num_workers={need} ({state}): {why}.{gpu_tail}"
+        return (
+            f"The loader workers are CPU-bound ({state}) and about {need} would be needed, more than "
+            f"the {budget} cores left per rank: cut the CPU cost per sample ({ctx.cut_cost()}) or "
+            f"use a host with more cores; meanwhile set num_workers={budget}. {why.capitalize()}.{gpu_tail}"
+        )
+    return (
+        f"The {now} loader worker(s) are mostly idle ({wcpu:.0f}% CPU each), so they wait on storage "
+        f"or latency rather than CPU: set num_workers={need} and prefetch_factor=4, and read "
+        + (
+            "large sequential shards (`gpufeed pack`) instead of many small files"
+            if ctx.images
+            else "large sequential files (or memory-mapped arrays) instead of many small reads"
+        )
+        + f". {why.capitalize()}.{gpu_tail}"
+    )

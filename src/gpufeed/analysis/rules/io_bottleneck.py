@@ -1,0 +1,69 @@
+"""IOBottleneck: steps wait on data while storage or network is the limit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+from gpufeed.analysis.finding import Finding
+from gpufeed.analysis.rules.base import Param, Rule
+from gpufeed.analysis.rules.context import Context, fmt_pct, pct, speedup_without, wait_share
+
+MB = 1e6
+
+
+class IOBottleneck(Rule):
+    """High iowait, or disk/network throughput held at a plateau, while steps wait on data.
+
+    A plateau is a read rate whose median is close to its p95 (the device delivers what it can, all
+    the time) above a minimum rate.
+    """
+
+    id = "IOBottleneck"
+    params: ClassVar[dict[str, Param]] = {
+        "wait_share": Param(0.1, "data-wait share of step time needed before storage is blamed"),
+        "iowait": Param(10.0, "mean CPU iowait % that counts as high"),
+        "plateau": Param(0.7, "median / p95 read rate at or above which throughput is a plateau"),
+        "min_rate_mb": Param(20.0, "MB/s a plateau must reach to count"),
+    }
+    cpu_only = "same as on GPU runs"
+
+    def check(self, ctx: Context, p: dict[str, Any]) -> Iterator[Finding]:
+        if len(ctx.steps) == 0:
+            return
+        share = wait_share(ctx.steps)
+        if share < p["wait_share"]:
+            return
+        iowait = ctx.metric("cpu.iowait")["value"]
+        iowait_mean = float(iowait.mean()) if len(iowait) else float("nan")
+        evidence: dict[str, float | int | str] = {"data_wait_share": round(share, 4)}
+        causes = []
+        if iowait_mean >= p["iowait"]:
+            causes.append(f"CPU iowait averages {iowait_mean:.0f}%")
+            evidence["iowait_mean_pct"] = round(iowait_mean, 1)
+        for metric, what in (("disk.read", "disk reads"), ("net.rx", "network receive")):
+            rate = ctx.metric(metric)["value"]
+            p50, p95 = pct(rate, 50), pct(rate, 95)
+            if p95 > 0 and p50 >= p["min_rate_mb"] * MB and p50 >= p["plateau"] * p95:
+                causes.append(f"{what} hold a plateau at {p50 / MB:.0f} MB/s (p95 {p95 / MB:.0f})")
+                evidence[f"{metric.replace('.', '_')}_p50_mb_s"] = round(p50 / MB, 1)
+                evidence[f"{metric.replace('.', '_')}_p95_mb_s"] = round(p95 / MB, 1)
+        if not causes:
+            return
+        remote = any(k.startswith("net_rx") for k in evidence)
+        fix = (
+            "stream larger shards with more parallel reads (more loader workers), cache the data on "
+            "local disk, or pre-resize images to cut the bytes per sample"
+            if remote
+            else "move the dataset to faster local storage or RAM (page cache, /dev/shm), read large "
+            "sequential shards (`gpufeed pack`) instead of many small files, or pre-resize images to "
+            "cut the bytes per sample"
+        )
+        yield Finding(
+            rule=self.id,
+            severity="warning",
+            title=f"Storage-bound input: {'; '.join(causes)}",
+            evidence=evidence,
+            recommendation=f"Steps wait {fmt_pct(share)} of the time for data while {causes[0]}: {fix}.",
+            est_speedup=round(speedup_without(ctx.steps, ctx.steps["data_wait"]), 3),
+        )

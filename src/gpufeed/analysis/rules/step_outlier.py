@@ -1,0 +1,74 @@
+"""StepOutlier: a few steps take far longer than the median."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gpufeed.analysis.finding import Finding
+from gpufeed.analysis.rules.base import Param, Rule
+from gpufeed.analysis.rules.context import Context, find_period, fmt_pct, slow_mask, speedup_without
+from gpufeed.analysis.rules.periodic_stall import PeriodicStall
+
+
+class StepOutlier(Rule):
+    """Steps far above the median (robust statistics: median and MAD), with the steps named.
+
+    Steps that recur on a period are left to PeriodicStall (with the parameters it runs with). When more
+    than `max_share` of steps are slow, the step time is spread out rather than having outliers.
+    """
+
+    id = "StepOutlier"
+    params: ClassVar[dict[str, Param]] = {
+        "k": Param(5.0, "robust deviations (MAD x 1.4826) above the median that make an outlier"),
+        "min_ratio": Param(2.0, "an outlier is also at least this many times the median"),
+        "min_lost_share": Param(0.05, "share of run time the outliers must cost"),
+        "max_share": Param(0.1, "above this share of slow steps there are no 'outliers'"),
+    }
+    cpu_only = "same as on GPU runs"
+
+    def check(self, ctx: Context, p: dict[str, Any]) -> Iterator[Finding]:
+        pp = ctx.rule_params(PeriodicStall)
+        for rank, g in ctx.steps.groupby("rank", sort=True):
+            d = g["duration"].to_numpy(dtype=float)
+            step = g["step"].to_numpy(dtype=np.int64)
+            out = slow_mask(d, p["k"], p["min_ratio"])
+            period = find_period(
+                step, slow_mask(d, pp["k"], pp["min_ratio"]), pp["match"], pp["min_periods"]
+            )
+            if period is not None:
+                out &= step % period[0] != period[1]
+            if not out.any() or out.mean() > p["max_share"]:
+                continue
+            median = float(np.median(d))
+            lost = float(np.sum(d[out] - median))
+            share = lost / float(d.sum())
+            if share < p["min_lost_share"]:
+                continue
+            order = np.argsort(-d[out])
+            named = [
+                f"{s} ({1e3 * t:.0f} ms)"
+                for s, t in zip(step[out][order], d[out][order], strict=True)
+            ]
+            yield Finding(
+                rule=self.id,
+                severity="warning",
+                title=f"{int(out.sum())} outlier step(s), up to {d.max() / median:.1f}x the median",
+                evidence={
+                    "outlier_steps": int(out.sum()),
+                    "median_step_ms": round(1e3 * median, 2),
+                    "max_step_ms": round(1e3 * float(d.max()), 2),
+                    "lost_share": round(share, 4),
+                    "rank": int(rank),
+                    "steps": ", ".join(named[:10]) + (" ..." if len(named) > 10 else ""),
+                },
+                recommendation=(
+                    f"Steps {', '.join(str(s) for s in step[out][order][:5])} cost "
+                    f"{fmt_pct(share)} of the run beyond the median: look at what happened then "
+                    "(garbage collection, a slow storage read, a data-dependent shape causing "
+                    "recompilation, another job on the host) in the timeline (`gpufeed trace`)."
+                ),
+                est_speedup=round(speedup_without(g, lost), 3),
+            )

@@ -1,0 +1,373 @@
+"""`Run`: a run directory as pandas frames. THE SCHEMA BELOW IS A CONTRACT between profile, analyze and present.
+
+Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates per second):
+
+``system``    columns: time, host, metric, device, value
+    metric                     device        value
+    cpu.util                   ""            whole-host CPU busy %, 0-100
+    cpu.core                   "0".."N-1"    per-core busy %, 0-100
+    cpu.iowait                 ""            % of CPU time in iowait, 0-100
+    mem.used / mem.total       ""            host memory bytes
+    disk.read / disk.write     ""            bytes/s, all disks
+    net.rx / net.tx            ""            bytes/s, all interfaces except loopback
+    gpu.util                   "0".."G-1"    % of time a kernel was running, 0-100 (NVML utilization.gpu;
+                                             not SM occupancy)
+    gpu.mem_util               "0".."G-1"    memory-controller utilization %
+    gpu.mem_used / gpu.mem_total  "0"..      bytes
+    gpu.power                  "0"..         watts
+    gpu.sm_clock               "0"..         MHz
+    gpu.pcie_rx / gpu.pcie_tx  "0"..         bytes/s
+    GPU rows exist only where NVML reported them; nothing is ever invented.
+
+``steps``     columns: host, rank, local_rank, pid, step, start, end, duration, data_wait, samples, gpu_time
+    One row per training step per rank. A step spans from the end of the previous step (or the first
+    batch request) to the end of its optimizer step, so ``duration`` INCLUDES ``data_wait`` (seconds
+    the step spent blocked on the DataLoader iterator). ``samples``: leading dim of the batch (NaN
+    if unknown). ``gpu_time``: seconds of GPU work from CUDA events (NaN on CPU). ``rank`` is 0 for
+    single-process runs.
+
+``processes`` columns: time, host, pid, role, cpu, rss
+    role in {"main", "worker", "other"}: "main" = a training process (one per rank),
+    "worker" = a DataLoader worker, "other" = anything else in the tree. cpu = % of one core
+    (can exceed 100), rss bytes.
+
+``meta`` dict: name, command (list[str], secrets redacted), start_time, end_time, exit_code,
+    interval, hosts (list[str]), cpu_count, cpu_model, gpus (list of {index, name, memory_total}),
+    gpu_unavailable (str reason, absent when GPUs were read), versions (dict), dropped_events (int),
+    ranks (list of {host, rank, local_rank, world_size, pid, start, end, precision}: process
+    start/end per training process, for the initialization and finalization phases; precision as
+    below, None where that process did not show it; cuda: whether it initialized CUDA, None if
+    not recorded; loader_workers: most worker processes of a DataLoader that fed its training
+    steps, as its hooks saw them, None if not recorded; batch_kind: "image" when its DataLoader
+    delivered N×C×H×W tensors, "other" otherwise, None if not seen).
+    Also: finished (bool: the run wrote its end time), not_finished (str reason, only when not
+    finished: still running or killed), env (performance-relevant environment variables, secrets
+    redacted), cwd, platform.
+    Several run directories loaded as one (one per host, `analyze.combine`) add parts (list of the
+    directories, earliest first) and gpus[i].host; times, hosts, ranks and counts cover all parts.
+    Optional, read by the MixedPrecision rule (silent when absent): precision ("fp32", "fp16",
+    "bf16" or "mixed": what the training computed in), gpus[i].compute_capability ("8.0").
+    A training process's precision is the autocast dtype if at least half of its steps ran under
+    an enabled `torch.autocast`, else the dtype of most of its optimizer's parameter elements;
+    meta precision is the ranks' common precision, "mixed" when they differ, absent when no rank
+    showed one.
+    A step whose start is unknown (the first step of a process that never asked a DataLoader for a
+    batch before it, outside `gpufeed.profile()`) has start, duration = NaN.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpufeed.errors import GpufeedError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from os import PathLike
+
+    import pandas as pd
+
+SYSTEM_COLUMNS = ["time", "host", "metric", "device", "value"]
+STEP_COLUMNS = [
+    "host",
+    "rank",
+    "local_rank",
+    "pid",
+    "step",
+    "start",
+    "end",
+    "duration",
+    "data_wait",
+    "samples",
+    "gpu_time",
+    "forward",
+    "backward",
+    "optimizer",
+    "other",
+]
+EVAL_COLUMNS = [
+    "host",
+    "rank",
+    "pid",
+    "start",
+    "end",
+    "duration",
+    "batches",
+    "samples",
+    "data_wait",
+]
+PROCESS_COLUMNS = ["time", "host", "pid", "role", "cpu", "rss"]
+_RANK_KEYS = (
+    "host",
+    "rank",
+    "local_rank",
+    "world_size",
+    "pid",
+    "start",
+    "end",
+    "precision",
+    "cuda",
+    "loader_workers",
+    "batch_kind",
+)
+
+
+class RunError(GpufeedError, ValueError):
+    """A path that is not a readable run directory; the message says which and what to do."""
+
+
+@dataclass
+class Run:
+    """One profiled run: the frames and meta described in this module's docstring."""
+
+    path: Path
+    meta: dict[str, Any]
+    system: pd.DataFrame
+    steps: pd.DataFrame
+    processes: pd.DataFrame
+    workers: dict[str, set[int]] = field(default_factory=dict, repr=False)
+    evals: pd.DataFrame = field(default_factory=lambda: _frame([], EVAL_COLUMNS), repr=False)
+
+    def __repr__(self) -> str:
+        return (
+            f"Run({str(self.path)!r}, steps={len(self.steps)}, system={len(self.system)}, "
+            f"processes={len(self.processes)}, finished={self.meta.get('finished')})"
+        )
+
+
+def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
+    """Read every store file of a run directory (also one still written, or killed) into a Run.
+    Several directories (a list, or a glob pattern) are read as one run of several hosts."""
+    import pandas as pd
+
+    from gpufeed.analysis.combine import combine, run_paths
+    from gpufeed.profiler.session import read_meta
+
+    paths = run_paths(path)
+    if len(paths) > 1:
+        return combine([load(p) for p in paths])
+    run_dir = paths[0]
+    if not run_dir.is_dir():
+        raise RunError(
+            f"{str(run_dir)!r} is not a directory: pass a run directory printed by `gpufeed profile`"
+        )
+    try:
+        stores = sorted(run_dir.glob("*.db"))
+        if not os.access(run_dir, os.R_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied", str(run_dir))
+        meta = read_meta(run_dir)
+    except OSError as e:
+        raise RunError(
+            f"cannot read run directory {str(run_dir)!r}: {e.strerror or e}; check its permissions"
+        ) from None
+    except ValueError as e:
+        raise RunError(
+            f"{run_dir / 'meta.json'} is not valid JSON ({e}): the run's metadata is damaged"
+        ) from None
+    _check_meta(meta, run_dir / "meta.json")
+    if not meta and not stores:
+        raise RunError(
+            f"{str(run_dir)!r} is not a gpufeed run directory (no meta.json, no store files): "
+            "pass a directory printed by `gpufeed profile`"
+        )
+
+    system: list[tuple] = []
+    steps: list[tuple] = []
+    processes: list[tuple] = []
+    workers: dict[str, set[int]] = {}
+    evals: list[tuple] = []
+    ranks: list[dict[str, Any]] = []
+    hosts: set[str] = set(meta.get("hosts") or [])
+    dropped = 0
+    for store in stores:
+        try:
+            data = _read_store(store)
+        except Exception as e:
+            raise RunError(f"cannot read store file {store}: {e}") from None
+        info = data["info"]
+        host = str(info.get("host") or "")
+        if not host:
+            continue  # a writer that died before writing who it is: nothing to attribute
+        hosts.add(host)
+        dropped += int(info.get("dropped_events") or 0)
+        if store.name.startswith("system-"):
+            system += [(t, host, m, d, v) for t, m, d, v in data["system"]]
+            processes += [
+                (t, host, pid, role, cpu, rss) for t, pid, role, cpu, rss in data["processes"]
+            ]
+            for key in ("gpus", "gpu_unavailable"):
+                if key in info and key not in meta:
+                    meta[key] = info[key]
+            meta.setdefault("interval", info.get("interval"))
+        else:
+            rank, local, pid = info.get("rank", 0), info.get("local_rank", 0), info.get("pid")
+            ranks.append({k: info.get(k) for k in _RANK_KEYS})
+            phases = {row[0]: row[1:] for row in data["phases"]}
+            for step, start, end, wait, samples, gpu in data["steps"]:
+                fwd, bwd, opt = phases.get(step, (None, None, None))
+                row = (host, rank, local, pid, step, start, end, None, wait, samples, gpu)
+                steps.append((*row, fwd, bwd, opt, None))
+            evals += [(host, rank, pid, a, b, None, n, s, w) for a, b, n, s, w in data["evals"]]
+            workers.setdefault(host, set()).update(pid for pid, _ in data["workers"])
+
+    try:
+        system_df = pd.DataFrame(system, columns=SYSTEM_COLUMNS).astype(
+            {"time": float, "value": float}
+        )
+        steps_df = _frame(steps, STEP_COLUMNS)
+        evals_df = _frame(evals, EVAL_COLUMNS)
+        proc_df = pd.DataFrame(processes, columns=PROCESS_COLUMNS).astype(
+            {"cpu": float, "rss": float}
+        )
+    except (TypeError, ValueError) as e:
+        raise RunError(
+            f"a store file in {str(run_dir)!r} holds a value that is not a number ({e}): the run "
+            "is damaged; profile it again"
+        ) from None
+    steps_df["duration"] = steps_df["end"] - steps_df["start"]
+    known = steps_df[["data_wait", "forward", "backward", "optimizer"]].fillna(0.0).sum(axis=1)
+    steps_df["other"] = (steps_df["duration"] - known).where(steps_df["forward"].notna())
+    evals_df["duration"] = evals_df["end"] - evals_df["start"]
+    evals_df = evals_df.sort_values(["host", "rank", "start"], kind="stable").reset_index(drop=True)
+    steps_df = steps_df.sort_values(["host", "rank", "step"], kind="stable").reset_index(drop=True)
+    proc_df["role"] = _corrected_roles(proc_df, ranks, workers)
+    system_df = system_df.sort_values("time", kind="stable").reset_index(drop=True)
+    proc_df = proc_df.sort_values("time", kind="stable").reset_index(drop=True)
+
+    meta["hosts"] = sorted(hosts)
+    meta["ranks"] = sorted(ranks, key=lambda r: (str(r["host"]), r["rank"] or 0))
+    meta["dropped_events"] = dropped + int(meta.get("dropped_events") or 0)
+    meta["finished"] = bool(meta.get("end_time"))
+    meta.setdefault("gpus", [])
+    precisions = {r["precision"] for r in ranks if r["precision"]}
+    if precisions:
+        meta["precision"] = precisions.pop() if len(precisions) == 1 else "mixed"
+    if not meta["finished"]:
+        meta["not_finished"] = (
+            "the run did not finish cleanly: it is still running or was killed; "
+            "data up to the last flush is shown"
+        )
+    return Run(run_dir, meta, system_df, steps_df, proc_df, workers, evals_df)
+
+
+def _frame(rows: list[tuple], columns: list[str]) -> pd.DataFrame:
+    """Rows as a frame whose time and measure columns are float (None -> NaN)."""
+    import pandas as pd
+
+    ints = {"host", "rank", "local_rank", "pid", "step", "batches"}
+    df = pd.DataFrame(rows, columns=columns)
+    return df.astype({c: float for c in columns if c not in ints})
+
+
+_META_TYPES: dict[str, tuple[type, ...]] = {
+    "command": (list,),
+    "hosts": (list,),
+    "gpus": (list,),
+    "ranks": (list,),
+    "start_time": (int, float, type(None)),
+    "end_time": (int, float, type(None)),
+    "interval": (int, float, type(None)),
+    "dropped_events": (int, type(None)),
+    "cpu_count": (int, type(None)),
+}
+
+
+def _check_meta(meta: Any, path: Path) -> None:
+    """A RunError naming the key when meta.json is not an object of the documented types."""
+    fix = "the run's metadata is damaged; restore meta.json or profile the run again"
+    if not isinstance(meta, dict):
+        raise RunError(f"{path} holds a JSON {type(meta).__name__}, not an object: {fix}")
+    for key, types in _META_TYPES.items():
+        value = meta.get(key)
+        if key in meta and (isinstance(value, bool) or not isinstance(value, types)):
+            want = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise RunError(f"{path}: {key!r} is {value!r}, expected {want}: {fix}")
+    if any(not isinstance(h, str) for h in meta.get("hosts") or []):
+        raise RunError(f"{path}: 'hosts' must be a list of host names: {fix}")
+
+
+def _read_store(path: Path) -> dict[str, Any]:
+    """`read_store`, also where the run directory or its files cannot be written (a read-only mount,
+    a copy owned by someone else): there a normal SQLite connection fails on a WAL database."""
+    from gpufeed.profiler.store import read_store
+
+    if _writable(path):
+        try:
+            return read_store(path)
+        except sqlite3.OperationalError:
+            pass  # e.g. a file system that is read-only although access() says otherwise
+    return _read_store_readonly(path)
+
+
+def _sidecars(path: Path) -> tuple[Path, Path]:
+    """The WAL and shared-memory files SQLite keeps next to a WAL-mode database."""
+    return path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")
+
+
+def _writable(path: Path) -> bool:
+    files = [path.parent, path, *(p for p in _sidecars(path) if p.exists())]
+    return all(os.access(p, os.W_OK) for p in files)
+
+
+def _read_store_readonly(path: Path) -> dict[str, Any]:
+    """Read a store without writing anything next to it.
+
+    Without a WAL (the writer closed the file, folding the WAL in) `immutable=1` opens the file as
+    it is; `mode=ro` reads the WAL of a live or killed writer where its -wal and -shm files exist; a
+    WAL that cannot be read in place (no -shm file, which a read-only directory cannot get) is
+    replayed in a private copy.
+    """
+    from gpufeed.profiler.store import read_store
+
+    wal, _ = _sidecars(path)
+    has_wal = wal.exists() and wal.stat().st_size > 0
+    uri = path.resolve().as_uri()
+    # Without a WAL no writer is at work (stores are WAL-mode while open) and the file is complete:
+    # immutable=1 reads it without locks and without creating -wal/-shm files.
+    modes = ["mode=ro"] if has_wal else ["immutable=1", "mode=ro"]
+    error: Exception | None = None
+    for mode in modes:
+        try:
+            return _read_uri(f"{uri}?{mode}")
+        except sqlite3.Error as e:
+            error = error or e
+    if not has_wal:
+        assert error is not None
+        raise error
+    with tempfile.TemporaryDirectory(prefix="gpufeed-store-") as tmp:
+        copy = Path(tmp) / path.name
+        shutil.copyfile(path, copy)
+        shutil.copyfile(wal, _sidecars(copy)[0])
+        return read_store(copy)
+
+
+def _read_uri(uri: str) -> dict[str, Any]:
+    """What `read_store` returns, from a SQLite URI (read-only modes)."""
+    from gpufeed.profiler.store import read_tables
+
+    db = sqlite3.connect(uri, uri=True, timeout=5.0)
+    try:
+        return read_tables(db)
+    finally:
+        db.close()
+
+
+def _corrected_roles(
+    proc: pd.DataFrame, ranks: list[dict[str, Any]], workers: dict[str, set[int]]
+) -> Any:
+    """The sampler's roles, overridden by what the training processes wrote about themselves."""
+    if len(proc) == 0:
+        return proc["role"]
+    mains = {(str(r["host"]), r["pid"]) for r in ranks}
+    exact = {(h, p) for h, pids in workers.items() for p in pids}
+    keys = list(zip(proc["host"].astype(str), proc["pid"].astype(int), strict=False))
+    return [
+        "main" if k in mains else "worker" if k in exact else role
+        for k, role in zip(keys, proc["role"], strict=False)
+    ]

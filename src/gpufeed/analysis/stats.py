@@ -1,0 +1,206 @@
+"""Statistics of a run shared by the summary and the rules: phases, step throughput, metric percentiles."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:
+    from gpufeed.analysis.run import Run
+
+PERCENTILES: tuple[tuple[str, float], ...] = (
+    ("min", 0),
+    ("p50", 50),
+    ("p90", 90),
+    ("p95", 95),
+    ("p99", 99),
+    ("max", 100),
+)
+# Display order of system metrics (the schema's order); unknown metrics follow, alphabetically.
+METRIC_ORDER = (
+    "cpu.util",
+    "cpu.core",
+    "cpu.iowait",
+    "mem.used",
+    "mem.total",
+    "disk.read",
+    "disk.write",
+    "net.rx",
+    "net.tx",
+    "gpu.util",
+    "gpu.mem_util",
+    "gpu.mem_used",
+    "gpu.mem_total",
+    "gpu.power",
+    "gpu.sm_clock",
+    "gpu.pcie_rx",
+    "gpu.pcie_tx",
+)
+
+
+def percentile_table(run: Run, by_host: bool = False) -> pd.DataFrame:
+    """Per system metric and device (and host if `by_host`): n and min, p50, p90, p95, p99, max."""
+    keys = ["host", "metric", "device"] if by_host else ["metric", "device"]
+    cols = ["n"] + [name for name, _ in PERCENTILES]
+    sysdf = run.system
+    if len(sysdf) == 0:
+        return pd.DataFrame(columns=cols, index=pd.MultiIndex.from_tuples([], names=keys))
+    qs = [q for _, q in PERCENTILES]
+    rows = {}
+    for key, g in sysdf.groupby(keys, sort=False):
+        v = g["value"].to_numpy(dtype=float)
+        v = v[np.isfinite(v)]
+        if v.size:
+            rows[key] = [v.size, *np.percentile(v, qs)]
+    table = pd.DataFrame.from_dict(rows, orient="index", columns=cols)
+    table.index = pd.MultiIndex.from_tuples(table.index, names=keys)
+    rank = {m: i for i, m in enumerate(METRIC_ORDER)}
+    order = sorted(
+        table.index,
+        key=lambda k: tuple(
+            (rank.get(part, len(rank)), part)
+            if name == "metric"
+            else (device_key(part) if name == "device" else part)
+            for name, part in zip(keys, k, strict=True)
+        ),
+    )
+    table = table.loc[order]
+    table["n"] = table["n"].astype(int)
+    return table
+
+
+def device_key(device: str) -> tuple[int, str]:
+    """Sort key for device ids: GPUs by number ("2" before "10"), named devices first."""
+    return (int(device), "") if str(device).isdigit() else (-1, str(device))
+
+
+def run_span(run: Run) -> tuple[float, float]:
+    """(start, end) of the run in epoch seconds: meta times, else what the stores saw."""
+    meta = run.meta
+    starts = [meta.get("start_time")] + [r.get("start") for r in meta.get("ranks", [])]
+    ends = [meta.get("end_time")] + [r.get("end") for r in meta.get("ranks", [])]
+    if len(run.system):
+        starts.append(float(run.system["time"].min()))
+        ends.append(float(run.system["time"].max()))
+    if len(run.steps):
+        ends.append(float(run.steps["end"].max()))
+    start = meta.get("start_time") or _finite_min(starts)
+    end = meta.get("end_time") or _finite_max(ends)
+    return float(start), float(end)
+
+
+def phases(run: Run) -> pd.DataFrame:
+    """Rows (phase, start, end, duration) for initialization, training, evaluation, finalization.
+
+    Initialization runs from the start of the run to the first step's start (its end if the start is
+    unknown); training to the last step's end on any rank; finalization to the end of the run.
+    Evaluation passes (``run.evals``) are taken out of the phase they fall in and summed in their
+    own row (present only when there were any). Without steps the whole run is initialization.
+    """
+    start, end = run_span(run)
+    steps = run.steps
+    if len(steps) == 0:
+        bounds = [("initialization", start, end)]
+    else:
+        first = steps["start"].where(np.isfinite(steps["start"]), steps["end"]).min()
+        last = float(steps["end"].max())
+        bounds = [
+            ("initialization", start, float(first)),
+            ("training", float(first), last),
+            ("finalization", last, max(end, last)),
+        ]
+    df = pd.DataFrame(bounds, columns=["phase", "start", "end"])
+    df["duration"] = df["end"] - df["start"]
+    evals = evaluation_passes(run)
+    if len(evals):
+        mid = ((evals["start"] + evals["end"]) / 2).to_numpy(dtype=float)
+        for i, row in df.iterrows():
+            inside = (mid >= row["start"]) & (mid < row["end"])
+            df.loc[i, "duration"] -= float(evals["duration"].to_numpy(dtype=float)[inside].sum())
+        df["duration"] = df["duration"].clip(lower=0.0)
+        row = ("evaluation", float(evals["start"].min()), float(evals["end"].max()))
+        total = float(evals.groupby(["host", "rank"])["duration"].sum().mean())
+        ev = pd.DataFrame([(*row, total)], columns=["phase", "start", "end", "duration"])
+        df = pd.concat([df.iloc[:2], ev, df.iloc[2:]], ignore_index=True)
+    return df
+
+
+def evaluation_passes(run: Run) -> pd.DataFrame:
+    """The run's evaluation passes with a known duration (``run.evals`` rows; empty if none)."""
+    evals = getattr(run, "evals", None)
+    if evals is None or len(evals) == 0:
+        return pd.DataFrame(columns=["host", "rank", "start", "end", "duration", "samples"])
+    return evals[np.isfinite(evals["duration"].to_numpy(dtype=float))]
+
+
+def step_summary(run: Run) -> dict[str, Any]:
+    """Training steps only: steps, ranks, steps/s (per rank), samples/s (all ranks), step time p50/p95,
+    data-wait share (NaN = unknown: no step had a measured wait), phase shares; evaluation apart.
+
+    Rates divide by the time spent in training steps (evaluation passes are not steps, so they do
+    not dilute throughput); ``eval_time`` and ``eval_passes`` say how long evaluation took per rank.
+    """
+    steps = run.steps
+    timed = steps[np.isfinite(steps["duration"].to_numpy(dtype=float))]
+    evals = evaluation_passes(run)
+    out: dict[str, Any] = {
+        "steps": len(steps),
+        "ranks": int(steps.groupby(["host", "rank"]).ngroups) if len(steps) else 0,
+        "steps_per_s": math.nan,
+        "samples_per_s": math.nan,
+        "step_p50": math.nan,
+        "step_p95": math.nan,
+        "data_wait_share": math.nan,
+        "training_time": math.nan,
+        "eval_time": float(evals.groupby(["host", "rank"])["duration"].sum().mean())
+        if len(evals)
+        else 0.0,
+        "eval_passes": int(evals.groupby(["host", "rank"]).size().max()) if len(evals) else 0,
+        **{f"{p}_share": math.nan for p in PHASES},
+    }
+    if len(timed) == 0:
+        return out
+    busy = timed.groupby(["host", "rank"])["duration"].sum()
+    counts = timed.groupby(["host", "rank"]).size()
+    rates = [counts[k] / busy[k] for k in busy.index if busy[k] > 0]
+    train_time = float(busy.mean())
+    samples = timed["samples"].to_numpy(dtype=float)
+    durations = timed["duration"].to_numpy(dtype=float)
+    out.update(
+        steps_per_s=float(np.mean(rates)) if rates else math.nan,
+        samples_per_s=float(np.nansum(samples) / train_time)
+        if train_time > 0 and np.isfinite(samples).any()
+        else math.nan,
+        step_p50=float(np.percentile(durations, 50)),
+        step_p95=float(np.percentile(durations, 95)),
+        data_wait_share=_share(timed, "data_wait"),
+        training_time=train_time,
+    )
+    for p in PHASES:
+        if p in timed:
+            out[f"{p}_share"] = _share(timed, p)
+    return out
+
+
+# Parts of a training step, in the order they happen.
+PHASES = ("data_wait", "forward", "backward", "optimizer", "other")
+
+
+def _share(steps: pd.DataFrame, column: str) -> float:
+    """Share of step time in `column`, over the steps where it was measured; NaN where none was."""
+    known = steps[np.isfinite(steps[column].to_numpy(dtype=float))]
+    total = float(known["duration"].sum())
+    return float(known[column].clip(lower=0.0).sum() / total) if total > 0 else math.nan
+
+
+def _finite_min(values: list[Any]) -> float:
+    v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
+    return min(v) if v else math.nan
+
+
+def _finite_max(values: list[Any]) -> float:
+    v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
+    return max(v) if v else math.nan

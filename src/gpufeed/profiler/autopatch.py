@@ -1,0 +1,457 @@
+"""Zero-code PyTorch hooks: optimizer steps end steps, DataLoader `__next__` measures data wait,
+forward hooks on the model being optimized (and an autograd hook on its output) time forward and
+backward and tell training from evaluation, `autocast.__enter__` notes the precision.
+
+The model is found without the user's help: until the first optimizer step global module hooks note
+the outermost modules called; at that step those sharing parameters with the optimizer become the
+models, get their own hooks, and the global hooks (which slow every module call) are removed.
+
+Hooks are installed when torch's modules are imported (a post-import hook on `sys.meta_path`), so
+this module imports no torch itself. A process gets a recorder, and a store file, only at its first
+batch or optimizer step: processes that never train (the torchrun launcher, DataLoader workers,
+helper scripts) record nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from gpufeed.profiler.session import ENV_RUN_DIR, identity, steps_store_path, warn_once
+from gpufeed.profiler.steps import Recorder, batch_size
+
+_DISABLED: Any = False  # sentinel: this process does not record
+_recorder: Recorder | Any | None = None  # None: not decided yet
+_lock = threading.Lock()
+_optimizer_hook: Any = None
+_optimizer_pre_hook: Any = None
+_global_hooks: list[Any] = []  # global module hooks, removed once the models are known
+_model_hooks: list[Any] = []
+_roots: dict[int, Any] = {}  # id -> weakref of the outermost modules called before the first step
+_depth = 0  # nesting of module calls while global hooks are on
+_forwards: list[tuple[float, int | None, bool, bool]] = []  # root forwards in progress
+_opt_t0 = 0.0
+_backward_t0: float | None = None
+_MAX_ROOTS = 64
+_original_next: Callable[[Any], Any] | None = None
+_original_iter: Callable[[Any], Any] | None = None
+_original_enter: Callable[[Any], Any] | None = None
+_pending_autocast: tuple[str, Any] | None = None  # autocast entered before this process trained
+_installed = False
+hook_errors = 0  # hook calls that failed in this process (their events are dropped)
+
+
+# --- the recorder of this process ---------------------------------------------------------------
+
+
+def recorder(create: bool = True) -> Recorder | None:
+    """This process's recorder, created on first use when a run directory is set; else None."""
+    rec = _recorder
+    if rec is None and create:
+        rec = _create()
+    return rec or None
+
+
+def _create() -> Recorder | Any:
+    global _recorder
+    with _lock:
+        if _recorder is not None:
+            return _recorder
+        run_dir = os.environ.get(ENV_RUN_DIR)
+        if not run_dir or _in_dataloader_worker():
+            _recorder = _DISABLED
+            return _recorder
+        try:
+            who = identity()
+            info = {**who, "start": process_start_time()}
+            rec = Recorder(steps_store_path(run_dir, who["host"], who["pid"]), info)
+        except Exception as e:  # e.g. no thread to flush with: this process records nothing
+            _recorder = _DISABLED
+            hook_failed(e)
+            return _recorder
+        rec.autocast = _pending_autocast
+        _recorder = rec
+        atexit.register(close)
+        return _recorder
+
+
+def close() -> None:
+    """Flush and close this process's recorder (atexit, or the end of `gpufeed.profile()`)."""
+    global _recorder
+    with _lock:
+        rec, _recorder = _recorder, None
+    try:
+        if rec and rec.path is not None:
+            rec.close()
+    except Exception as e:  # at exit too, the profiler never adds a traceback of its own
+        hook_failed(e)
+
+
+def hook_failed(error: BaseException) -> None:
+    """A hook (or `gpufeed.step()`) failed: count its event as dropped, warn once, go on."""
+    global hook_errors
+    hook_errors += 1
+    try:
+        rec = _recorder
+        if rec:
+            rec.dropped += 1
+    except Exception:  # a recorder that broken is not counting anything any more
+        pass
+    warn_once(
+        "hooks",
+        f"profiler hook failed ({type(error).__name__}: {error}); its event is dropped and "
+        "counted, training continues",
+    )
+
+
+def reset() -> None:
+    """Forget the recorder without flushing (a forked child must not touch its parent's store)."""
+    global _recorder, _pending_autocast
+    _recorder = _pending_autocast = None
+
+
+def _in_dataloader_worker() -> bool:
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and data.get_worker_info() is not None
+
+
+def process_start_time() -> float:
+    """When this process started, in epoch seconds (psutil; the current time if unavailable)."""
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:
+        return time.time()
+
+
+os.register_at_fork(after_in_child=reset)
+
+
+# --- the hooks ----------------------------------------------------------------------------------
+
+
+# Every hook runs inside the user's training step: whatever fails in it is counted and dropped
+# (`hook_failed`), never raised into the user's code. Only the wrapped call's own outcome (a batch,
+# StopIteration, the user's exception) reaches the caller. A try costs nothing until it catches.
+
+
+def _on_optimizer_pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    global _opt_t0
+    _opt_t0 = time.perf_counter()
+
+
+def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    try:
+        rec = _recorder if _recorder is not None else _create()
+        if rec:
+            if rec.models is None:
+                rec.models = _settle_models(optimizer)
+            rec.on_optimizer(_opt_t0 or time.perf_counter(), time.perf_counter())
+            rec.on_optimizer_step(optimizer)
+    except Exception as e:
+        hook_failed(e)
+
+
+def _input_size(args: Any, kwargs: Any) -> int | None:
+    if args:
+        return batch_size(args[0])
+    return batch_size(next(iter(kwargs.values()))) if kwargs else None
+
+
+def _forward_begins(module: Any, args: Any, kwargs: Any = None) -> None:
+    torch = sys.modules["torch"]
+    n = _input_size(args, kwargs)
+    _forwards.append((time.perf_counter(), n, torch.is_grad_enabled(), bool(module.training)))
+
+
+def _forward_ends(module: Any, output: Any) -> None:
+    t1 = time.perf_counter()
+    if not _forwards:
+        return
+    t0, n, grad, training = _forwards.pop()
+    rec = _recorder
+    if rec:
+        rec.on_forward(id(module), t0, t1, n, grad, training)
+        if grad:
+            out = _grad_tensor(output)
+            if out is not None:
+                out.register_hook(_backward_begins)
+
+
+def _grad_tensor(value: Any, depth: int = 0) -> Any:
+    """The first tensor in a model's output (nested tuples, lists, dicts) that requires grad."""
+    if getattr(value, "requires_grad", False) and hasattr(value, "register_hook"):
+        return value
+    if depth < 3:
+        if isinstance(value, (list, tuple)):
+            items = value
+        elif isinstance(value, dict):
+            items = value.values()
+        else:
+            return None
+        for item in items:
+            found = _grad_tensor(item, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _backward_begins(grad: Any) -> None:
+    global _backward_t0
+    try:
+        if _backward_t0 is None:
+            _backward_t0 = time.perf_counter()
+            sys.modules["torch"].autograd.Variable._execution_engine.queue_callback(_backward_ends)
+    except Exception as e:
+        hook_failed(e)
+
+
+def _backward_ends() -> None:
+    global _backward_t0
+    t0, _backward_t0 = _backward_t0, None
+    try:
+        rec = _recorder
+        if rec and t0 is not None:
+            rec.on_backward(t0, time.perf_counter())
+    except Exception as e:
+        hook_failed(e)
+
+
+def _global_pre(module: Any, args: Any) -> None:
+    global _depth
+    _depth += 1
+    if _depth == 1:
+        try:
+            if id(module) not in _roots and len(_roots) < _MAX_ROOTS:
+                _roots[id(module)] = weakref.ref(module)
+            _forward_begins(module, args)
+        except Exception as e:
+            _forwards.append((time.perf_counter(), None, True, True))
+            hook_failed(e)
+
+
+def _global_post(module: Any, args: Any, output: Any) -> None:
+    global _depth
+    _depth = max(0, _depth - 1)
+    if _depth == 0:
+        try:
+            _forward_ends(module, output)
+        except Exception as e:
+            hook_failed(e)
+
+
+def _model_pre(module: Any, args: Any, kwargs: Any) -> None:
+    try:
+        _forward_begins(module, args, kwargs)
+    except Exception as e:
+        _forwards.append((time.perf_counter(), None, True, True))
+        hook_failed(e)
+
+
+def _model_post(module: Any, args: Any, kwargs: Any, output: Any) -> None:
+    try:
+        _forward_ends(module, output)
+    except Exception as e:
+        hook_failed(e)
+
+
+def _settle_models(optimizer: Any) -> frozenset[int]:
+    """The roots seen so far that hold the optimizer's parameters get hooks of their own; the
+    global module hooks go. Returns their ids (empty: forward and backward stay unmeasured)."""
+    params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    models = []
+    for ref in list(_roots.values()):
+        module = ref()
+        if module is not None and any(id(p) in params for p in module.parameters()):
+            models.append(module)
+    _remove_global_hooks()
+    _roots.clear()
+    for module in models:
+        _model_hooks.append(module.register_forward_pre_hook(_model_pre, with_kwargs=True))
+        _model_hooks.append(
+            module.register_forward_hook(_model_post, with_kwargs=True, always_call=True)
+        )
+    return frozenset(id(m) for m in models)
+
+
+def _remove_global_hooks() -> None:
+    global _depth
+    for handle in _global_hooks:
+        handle.remove()
+    _global_hooks.clear()
+    _depth = 0
+
+
+def _record(event: str, *args: Any) -> None:
+    """Call the recorder's `event` method, creating the recorder first; a failure is counted."""
+    try:
+        rec = _recorder if _recorder is not None else _create()
+        if rec:
+            getattr(rec, event)(*args)
+    except Exception as e:
+        hook_failed(e)
+
+
+def _next(self: Any) -> Any:
+    t0 = time.perf_counter()
+    try:
+        batch = _original_next(self)  # type: ignore[misc]
+    except StopIteration:
+        _record("on_wait", t0, time.perf_counter(), self)
+        raise
+    _record("on_batch", t0, time.perf_counter(), batch, self)
+    return batch
+
+
+def _iter(self: Any) -> Any:
+    # Starting an epoch's iterator (worker processes, pickling the dataset for them) is input time.
+    t0 = time.perf_counter()
+    it = _original_iter(self)  # type: ignore[misc]
+    _record("on_iter_start", t0, time.perf_counter(), it)
+    return it
+
+
+def _enter_autocast(self: Any) -> Any:
+    global _pending_autocast
+    result = _original_enter(self)  # type: ignore[misc]
+    try:
+        if self._enabled:
+            amp = (self.device, self.fast_dtype)
+            hash(amp)  # steps are counted per dtype: an unhashable one fails here, not later
+            rec = _recorder
+            if rec:
+                rec.autocast = amp
+            elif rec is None:
+                _pending_autocast = amp
+    except AttributeError:  # a torch whose autocast names these differently: precision unknown
+        pass
+    except Exception as e:  # e.g. a subclass whose properties raise: precision stays unknown
+        hook_failed(e)
+    return result
+
+
+def _patch_optimizer(module: Any) -> None:
+    global _optimizer_hook, _optimizer_pre_hook
+    if _optimizer_hook is None:
+        _optimizer_pre_hook = module.register_optimizer_step_pre_hook(_on_optimizer_pre_step)
+        _optimizer_hook = module.register_optimizer_step_post_hook(_on_optimizer_step)
+
+
+def _patch_modules(module: Any) -> None:
+    if not _global_hooks and not _model_hooks:
+        _global_hooks.append(module.register_module_forward_pre_hook(_global_pre))
+        _global_hooks.append(module.register_module_forward_hook(_global_post, always_call=True))
+
+
+def _patch_dataloader(module: Any) -> None:
+    global _original_next, _original_iter
+    cls = module._BaseDataLoaderIter
+    if _original_next is None:
+        _original_next = cls.__next__
+        cls.__next__ = _next
+    if _original_iter is None:
+        _original_iter = module.DataLoader.__iter__
+        module.DataLoader.__iter__ = _iter
+
+
+def _patch_autocast(module: Any) -> None:
+    global _original_enter
+    cls = module.autocast
+    if _original_enter is None:
+        _original_enter = cls.__enter__
+        cls.__enter__ = _enter_autocast
+
+
+def install() -> None:
+    """Install the hooks now for torch modules already imported, else when they are imported."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    for name, patch in _PATCHES.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(module)
+    if any(name not in sys.modules for name in _PATCHES):
+        sys.meta_path.insert(0, _PostImportFinder())
+
+
+def uninstall() -> None:
+    """Remove the hooks (end of `gpufeed.profile()` in a process that was not launched under it)."""
+    global _optimizer_hook, _optimizer_pre_hook, _original_next, _original_iter, _original_enter
+    global _installed
+    if _optimizer_hook is not None:
+        _optimizer_hook.remove()
+        _optimizer_pre_hook.remove()
+        _optimizer_hook = _optimizer_pre_hook = None
+    _remove_global_hooks()
+    for handle in _model_hooks:
+        handle.remove()
+    _model_hooks.clear()
+    _roots.clear()
+    if _original_next is not None:
+        sys.modules["torch.utils.data.dataloader"]._BaseDataLoaderIter.__next__ = _original_next
+        _original_next = None
+    if _original_iter is not None:
+        sys.modules["torch.utils.data.dataloader"].DataLoader.__iter__ = _original_iter
+        _original_iter = None
+    if _original_enter is not None:
+        sys.modules["torch.amp.autocast_mode"].autocast.__enter__ = _original_enter
+        _original_enter = None
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportFinder)]
+    _installed = False
+
+
+_PATCHES: dict[str, Callable[[Any], None]] = {
+    "torch.optim.optimizer": _patch_optimizer,
+    "torch.utils.data.dataloader": _patch_dataloader,
+    "torch.amp.autocast_mode": _patch_autocast,
+    "torch.nn.modules.module": _patch_modules,
+}
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Lets the real finders find a watched module and runs its patch right after it executes."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        patch = _PATCHES.get(fullname)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader, patch)
+                return spec
+        return None
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Delegates to the real loader; after `exec_module` applies the patch (errors only warn)."""
+
+    def __init__(self, loader: Any, patch: Callable[[Any], None]) -> None:
+        self._loader = loader
+        self._patch = patch
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        try:
+            self._patch(module)
+        except Exception as e:  # a torch change must never break the user's import
+            sys.stderr.write(f"gpufeed: warning: could not hook {module.__name__}: {e}\n")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)

@@ -1,0 +1,182 @@
+"""`gpufeed profile -- CMD`: validate, create the run directory, sample, run CMD with the bootstrap.
+
+The parent stays alive for the whole command: it samples the system in a thread, forwards signals
+it receives from other processes (the terminal already delivers Ctrl-C to the child, which shares
+its process group), passes the command's exit code through and finishes meta.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpufeed.profiler.redact import redact_argv, redact_env
+from gpufeed.profiler.sampler import Sampler
+from gpufeed.profiler.session import (
+    DEFAULT_INTERVAL,
+    ENV_RUN_DIR,
+    ProfileError,
+    check_interval,
+    create_run_dir,
+    machine_meta,
+    run_name,
+    save_meta,
+    warn_once,
+    warned,
+)
+
+BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
+_FORWARDED = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+_SI_KERNEL = 0x80  # siginfo code of signals the kernel sends itself, e.g. from the terminal
+
+
+def resolve_command(command: list[str]) -> str:
+    """The executable COMMAND[0] names, or a ProfileError (exit 127, as a shell would) if none."""
+    if not command:
+        raise ProfileError("no command to profile: use `gpufeed profile [OPTIONS] -- COMMAND ...`")
+    prog = command[0]
+    path = shutil.which(prog)
+    if path is None:
+        where = "file" if os.sep in prog else "command on PATH"
+        raise ProfileError(
+            f"{prog!r}: no such executable {where}; check the command", exit_code=127
+        )
+    return path
+
+
+def child_env(run_dir: Path) -> dict[str, str]:
+    """The command's environment: the bootstrap first on PYTHONPATH and the run directory named."""
+    env = dict(os.environ)
+    paths = [str(BOOTSTRAP_DIR), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env[ENV_RUN_DIR] = str(run_dir.resolve())
+    env["GPUFEED_PKG_PARENT"] = str(Path(__file__).resolve().parents[2])
+    return env
+
+
+def profile_command(
+    command: list[str],
+    out: str | os.PathLike[str] | None = None,
+    name: str | None = None,
+    interval: float = DEFAULT_INTERVAL,
+) -> tuple[int, Path | None]:
+    """Run `command` under the profiler; return (its exit code, the run directory).
+
+    Raises ProfileError before anything starts if the command or interval is bad. Storage never
+    stops the command nor changes its exit code: if the run directory cannot be created the command
+    runs unprofiled (run directory None); if it cannot be written, what can be is recorded. Either
+    way one warning is printed per process.
+    """
+    interval = check_interval(interval)
+    executable = resolve_command(command)
+    name = name or run_name(command)
+    run_dir: Path | None
+    try:
+        run_dir = create_run_dir(out, name)
+    except ProfileError as e:
+        warn_once("run-dir", f"{e}; the command runs without profiling")
+        run_dir = None
+    meta: dict[str, Any] = {}
+    if run_dir is not None:
+        _say(f"gpufeed: profiling into {run_dir}")
+        meta = _initial_meta(command, name, interval)
+        save_meta(run_dir, **meta)
+
+    # Signals are blocked from here on and taken by sigtimedwait() (the sampler thread inherits
+    # the block); the child is spawned with an empty mask.
+    signal.pthread_sigmask(signal.SIG_BLOCK, [*_FORWARDED, signal.SIGCHLD])
+    try:
+        try:
+            pid = os.posix_spawn(
+                executable,
+                command,
+                child_env(run_dir) if run_dir is not None else dict(os.environ),
+                setsigmask=(),
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            )
+        except OSError as e:
+            if run_dir is not None:
+                save_meta(
+                    run_dir, **{**meta, "end_time": time.time(), "exit_code": 126, "error": str(e)}
+                )
+            raise ProfileError(
+                f"cannot run {command[0]!r}: {e.strerror or e}", exit_code=126
+            ) from None
+        sampler = None
+        if run_dir is not None:
+            try:
+                sampler = Sampler(run_dir, pid, interval)
+                sampler.start()
+            except Exception as e:  # without a sampler the steps are still worth having
+                warn_once(str(run_dir), f"system sampler not started: {e}")
+        code = _wait_forwarding(pid)
+        if sampler is not None:
+            try:
+                sampler.stop()
+            except Exception as e:
+                warn_once(str(run_dir), f"system sampler did not stop cleanly: {e}")
+        if run_dir is not None:
+            save_meta(run_dir, **{**meta, "end_time": time.time(), "exit_code": code})
+    finally:
+        # A Ctrl-C that reached the child after our last wait must not kill us once unblocked.
+        while signal.sigtimedwait([*_FORWARDED, signal.SIGCHLD], 0) is not None:
+            pass
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [*_FORWARDED, signal.SIGCHLD])
+    if run_dir is None:
+        _say(f"gpufeed: the command ran unprofiled (exit code {code})")
+    elif warned(str(run_dir)):
+        _say(
+            f"gpufeed: run in {run_dir} is incomplete: it could not all be written (exit code {code})"
+        )
+    else:
+        _say(f"gpufeed: run written to {run_dir} (exit code {code})")
+    return code, run_dir
+
+
+def _initial_meta(command: list[str], name: str, interval: float) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "start_time": time.time(), "end_time": None}
+    meta.update(exit_code=None, interval=interval)
+    try:
+        meta.update(command=redact_argv(command), env=redact_env(os.environ), cwd=os.getcwd())
+    except Exception as e:  # nothing unredacted is written; the run goes on
+        meta["meta_error"] = f"command and environment not recorded: {e}"
+    try:
+        meta.update(machine_meta())
+    except Exception as e:
+        meta["meta_error"] = f"machine facts not recorded: {e}"
+    return meta
+
+
+def _say(line: str) -> None:
+    # The command's exit code must pass through even where our stderr is closed.
+    with contextlib.suppress(Exception):
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def _wait_forwarding(pid: int) -> int:
+    """Wait for the child, forwarding signals sent to us; its exit code (128+N if killed by signal N)."""
+    wanted = {*_FORWARDED, signal.SIGCHLD}
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            code = os.waitstatus_to_exitcode(status)
+            return 128 - code if code < 0 else code
+        info = signal.sigtimedwait(wanted, 1.0)
+        if info is None or info.si_signo == signal.SIGCHLD or info.si_code == _SI_KERNEL:
+            continue  # a terminal's signal already reached the child, in our process group
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, info.si_signo)

@@ -1,0 +1,592 @@
+"""Step recorder: per-step timing kept in a bounded in-memory queue, written by a background thread.
+
+The training thread only reads a clock and appends a tuple per event (about a microsecond): batches
+fetched, forwards of the model being optimized, backward passes, optimizer steps. A flush thread
+turns each step's events into its phases (`split_step`: data wait, forward, backward, optimizer,
+evaluation passes taken out), writes them to this process's store every FLUSH_INTERVAL seconds, and
+resolves CUDA events by polling `Event.query()`, so the host is never synchronized. If the store
+cannot be written, events are dropped and counted, one warning is printed, and training goes on.
+The recorder also notes what precision the steps computed in (autocast per step, the optimizer's
+parameter dtype once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpufeed.profiler.session import FLUSH_INTERVAL, warn_once
+from gpufeed.profiler.store import Store
+
+NAN = math.nan
+# Steps waiting for their CUDA events at most; older ones keep gpu_time NaN.
+_MAX_PENDING_GPU = 4096
+# Short names of torch dtypes, as meta "precision" spells them.
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+
+
+def batch_size(batch: Any) -> int | None:
+    """Leading dimension of the first tensor-like (has `.shape`) in a batch of nested lists/dicts.
+
+    None where it cannot tell: a batch is the user's object, and whatever its `shape` is (a method, a
+    number, a property that raises) or its container does, this never raises.
+    """
+    try:
+        shape = _first_shape(batch)
+        return int(shape[0]) if shape is not None and len(shape) else None
+    except Exception:
+        return None
+
+
+def batch_kind(batch: Any) -> str | None:
+    """ "image" when a batch's first tensor-like is N×C×H×W (or N×H×W×C), else "other"; None where
+    it has no tensor. Rules fit their advice to it (no JPEG advice for tokens or features)."""
+    try:
+        shape = _first_shape(batch)
+        return None if shape is None else "image" if len(shape) == 4 else "other"
+    except Exception:
+        return None
+
+
+def _first_shape(batch: Any, depth: int = 0) -> Any:
+    """`.shape` of the first tensor-like in nested lists, tuples and dicts (4 levels); None if none."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None or depth >= 4:
+        return shape
+    if isinstance(batch, (list, tuple)) and batch:
+        return _first_shape(batch[0], depth + 1)
+    if isinstance(batch, Mapping) and batch:
+        return _first_shape(next(iter(batch.values())), depth + 1)
+    return None
+
+
+def dtype_name(dtype: Any) -> str:
+    """A torch dtype as meta "precision" names it: "bf16", "fp16", "fp32", "fp64", else its own name."""
+    name = str(dtype).removeprefix("torch.")
+    return _DTYPE_NAMES.get(name, name)
+
+
+def param_precision(optimizer: Any) -> str | None:
+    """The dtype holding most of an optimizer's floating-point parameter elements; None if it has none."""
+    elements: dict[Any, int] = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.is_floating_point():
+                elements[p.dtype] = elements.get(p.dtype, 0) + p.numel()
+    return dtype_name(max(elements, key=elements.__getitem__)) if elements else None
+
+
+def _autocast_active(device_type: str) -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch.is_autocast_enabled(device_type))  # type: ignore[union-attr]
+    except Exception:
+        return False
+
+
+@dataclass
+class StepParts:
+    """One training step split into phases (host seconds; NaN where not measured) and the
+    evaluation pass found among its events, if any: (start, end, batches, samples, data_wait)."""
+
+    start: float
+    data_wait: float
+    samples: float
+    forward: float
+    backward: float
+    optimizer: float
+    evaluation: tuple[float, float, int, float, float] | None
+
+
+def split_step(
+    start: float,
+    events: list[tuple],
+    models: frozenset[int] | None,
+    eval_iters: set[int],
+    train_iters: set[int] | None = None,
+) -> StepParts:
+    """Split one step's events (in order) into phases and take evaluation out of it.
+
+    Events: ("f", t0, t1, samples, iterator id[, True at the epoch's end]) a batch fetched; ("F", t0, t1, samples, module id,
+    grad enabled, module.training) a forward of a root module; ("B", t0, t1) a backward pass;
+    ("O", t0, t1) an optimizer step. A forward is evaluation when it runs without grad, or in eval()
+    mode with no backward after it; the batches fetched before it, and every later batch of the same
+    iterator, are evaluation too. The step then starts where the evaluation ended. Data wait is the
+    DataLoader's blocked time where batches came from one; else (any other iterator) the host time
+    before each training forward and between it and its backward that no hook attributes elsewhere;
+    NaN (unknown) where neither was seen. Samples come from the model's input (a loader reading ahead cannot shift them), else from
+    the fetched batches. `eval_iters` (ids of evaluation iterators) is updated in place, and so is
+    `train_iters` (those that fed training steps) when given.
+    """
+    forwards = [
+        i for i, e in enumerate(events) if e[0] == "F" and models is not None and e[4] in models
+    ]
+    backward_after = set()
+    for j, i in enumerate(forwards):
+        nxt = forwards[j + 1] if j + 1 < len(forwards) else len(events)
+        if any(events[k][0] == "B" for k in range(i + 1, nxt)):
+            backward_after.add(i)
+    ev: list[Any] | None = None  # [t0, t1, batches, samples, wait]
+    pending: list[tuple] = []
+    fetch_wait, fetch_n, fetched, fetch_known = 0.0, 0.0, False, False
+    fwd = bwd = opt = 0.0
+    n_fwd, opt_seen, fwd_samples, fwd_known, primary = 0, False, 0.0, True, None
+    gap, mark, since_mark = 0.0, start, 0.0
+
+    def to_eval(t0: float, t1: float, wait: float, batches: int, n: float | None) -> None:
+        nonlocal ev
+        if ev is None:
+            ev = [t0, t1, 0, 0.0, 0.0]
+        ev[0], ev[1] = min(ev[0], t0), max(ev[1], t1)
+        ev[2] += batches
+        ev[3] += n or 0.0
+        ev[4] += wait
+
+    def to_training(fetch: tuple) -> None:
+        nonlocal fetch_wait, fetch_n, fetched, fetch_known
+        fetch_wait += fetch[2] - fetch[1]
+        fetch_n += fetch[3] or 0.0
+        fetched, fetch_known = True, fetch_known or fetch[3] is not None
+        if train_iters is not None:
+            train_iters.add(fetch[4])
+
+    for i, e in enumerate(events):
+        kind = e[0]
+        if kind == "f":
+            if e[4] in eval_iters:
+                to_eval(e[1], e[2], e[2] - e[1], 0, None)
+                mark = max(mark, e[2])
+            else:
+                pending.append(e)
+        elif kind == "F":
+            if models is None or e[4] not in models:
+                continue
+            if not e[5] or (not e[6] and i not in backward_after):
+                for p in pending:
+                    if len(p) < 6:  # an epoch's end (StopIteration) names no evaluation iterator
+                        eval_iters.add(p[4])
+                    to_eval(p[1], p[2], p[2] - p[1], 0, None)
+                to_eval(e[1], e[2], 0.0, 1, e[3])
+                pending.clear()
+                mark, since_mark = max(mark, e[2]), 0.0
+                continue
+            for p in pending:
+                to_training(p)
+                if p[1] >= mark:
+                    since_mark += p[2] - p[1]
+            pending.clear()
+            gap += max(0.0, e[1] - mark - since_mark)
+            fwd += e[2] - e[1]
+            n_fwd += 1
+            primary = e[4] if primary is None else primary
+            if e[4] == primary:
+                if e[3] is None:
+                    fwd_known = False
+                else:
+                    fwd_samples += e[3]
+            mark, since_mark = max(mark, e[2]), 0.0
+        elif kind == "B":
+            if n_fwd:  # between forward and backward: nanoGPT fetches its next batch here
+                gap += max(0.0, e[1] - mark - since_mark)
+            bwd += e[2] - e[1]
+            mark, since_mark = max(mark, e[2]), 0.0
+        elif kind == "O":
+            opt += e[2] - e[1]
+            opt_seen = True
+            mark = max(mark, e[2])
+    for p in pending:
+        to_training(p)
+    first_train = next(
+        (events[i][1] for i in forwards if events[i][5] and (events[i][6] or i in backward_after)),
+        math.inf,
+    )
+    if ev is not None and ev[1] <= first_train:
+        start = max(start, ev[1]) if math.isfinite(start) else start
+    if fetched:
+        wait = fetch_wait
+    elif n_fwd and math.isfinite(start):
+        wait = gap
+    else:
+        wait = NAN
+    if n_fwd and fwd_known:
+        samples = fwd_samples
+    elif fetch_known:
+        samples = fetch_n
+    else:
+        samples = NAN
+    return StepParts(
+        start,
+        wait,
+        samples,
+        fwd if n_fwd else NAN,
+        bwd if n_fwd else NAN,
+        opt if opt_seen else NAN,
+        (ev[0], ev[1], ev[2], ev[3], ev[4]) if ev is not None else None,
+    )
+
+
+class Recorder:
+    """Records the steps of one training process into its own store file.
+
+    `autocast` is set by the autocast hook to (device_type, dtype) when an enabled autocast region
+    is entered; the step in progress then counts as computed in that dtype.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        info: dict[str, Any],
+        capacity: int = 65536,
+        flush_interval: float = FLUSH_INTERVAL,
+    ) -> None:
+        self.path = Path(path)
+        self.dropped = 0
+        self._info = dict(info)
+        self._capacity = capacity
+        self._queue: deque[tuple] = deque()
+        self._workers: deque[tuple[int, float]] = deque()
+        self._offset = time.time() - time.perf_counter()  # perf_counter -> epoch seconds
+        self._step = 0
+        self._start: float | None = None  # start of the step in progress (perf_counter)
+        self._events: list[tuple] = []  # what happened in the step in progress (see split_step)
+        self._eval_iters: set[int] = set()  # ids of iterators that fed evaluation passes
+        self._train_iters: set[int] = set()  # ... and training steps
+        self._iter_workers: dict[int, int] = {}  # iterator id -> its loader worker processes
+        self._saved_workers = 0
+        self.batch_kind: str | None = None  # "image" or "other": what the DataLoader delivered
+        self._saved_kind: str | None = None
+        # ids of the root modules whose parameters the optimizer trains; None until its first step
+        self.models: frozenset[int] | None = None
+        self._explicit = False
+        self._primary: weakref.ref | None = None
+        self._last_iter = 0
+        self._cuda = None  # torch.cuda once it is initialized
+        self._gpu_off = False  # CUDA events failed once: GPU time is not measured any more
+        self._ev_start: Any = None
+        self._ev_prev_end: Any = None
+        self._pending_gpu: deque[tuple[int, Any, Any]] = deque()
+        self.autocast: tuple[str, Any] | None = None
+        self._autocast_steps: dict[Any, int] = {}  # autocast dtype -> steps that ran under it
+        self._params: str | None = None  # precision of the optimizer's parameters, "" if none
+        self._saved_precision: str | None = None
+        self._saved_cuda: bool | None = None  # whether this process initialized CUDA, as saved
+        self._store: Store | None = None
+        self._warned = False
+        self._saved_dropped = 0
+        self._flush_lock = threading.Lock()
+        self._closing = False
+        self._stop = threading.Event()
+        self._flush_interval = flush_interval
+        self._thread = threading.Thread(target=self._run, name="gpufeed-flush", daemon=True)
+        self._thread.start()
+
+    # --- hot path (training thread) ------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Mark now as the start of the first step (the in-code API calls this on entry)."""
+        if self._start is None:
+            self._start = time.perf_counter()
+
+    def on_batch(self, t0: float, t1: float, batch: Any, iterator: Any = None) -> None:
+        """A DataLoader `__next__` blocked from t0 to t1 (perf_counter) and returned `batch`."""
+        if self._start is None:
+            self._start = t0
+        self._events.append(("f", t0, t1, batch_size(batch), _serial(iterator)))
+        if iterator is not None and id(iterator) != self._last_iter:
+            self._last_iter = id(iterator)
+            if self.batch_kind is None:
+                self.batch_kind = batch_kind(batch)
+            workers = getattr(iterator, "_workers", None)
+            if workers is not None and len(self._iter_workers) < 4096:
+                self._iter_workers[_serial(iterator)] = len(workers)
+            now = time.time()
+            for w in getattr(iterator, "_workers", ()):
+                self._workers.append((w.pid, now))
+        if self._ev_start is None and self._cuda_ready():
+            self._ev_start = self._record_event()
+
+    def on_wait(self, t0: float, t1: float, iterator: Any = None) -> None:
+        """A DataLoader `__next__` blocked from t0 to t1 and ended the epoch (StopIteration)."""
+        if self._start is None:
+            self._start = t0
+        self._events.append(("f", t0, t1, None, _serial(iterator), True))
+
+    def on_iter_start(self, t0: float, t1: float, iterator: Any) -> None:
+        """`iter(DataLoader)` took t0..t1 (worker start-up): input time of the batches it feeds."""
+        if self._start is None:
+            self._start = t0
+        self._events.append(("f", t0, t1, None, _serial(iterator)))
+
+    def on_forward(
+        self, module_id: int, t0: float, t1: float, n: int | None, grad: bool, training: bool
+    ) -> None:
+        """A root module's forward ran from t0 to t1 on a batch of n (grad mode, train mode)."""
+        self._events.append(("F", t0, t1, n, module_id, grad, training))
+        if self._ev_start is None and self._cuda_ready():
+            self._ev_start = self._record_event()
+
+    def on_backward(self, t0: float, t1: float) -> None:
+        """A backward pass through the model ran from t0 to t1."""
+        self._events.append(("B", t0, t1))
+
+    def on_optimizer(self, t0: float, t1: float) -> None:
+        """An optimizer's step ran from t0 to t1 (any optimizer; the step itself ends elsewhere)."""
+        self._events.append(("O", t0, t1))
+
+    def on_optimizer_step(self, optimizer: Any) -> None:
+        """Optimizer post-step hook: ends a step unless explicit steps or another optimizer lead."""
+        if self._params is None:
+            try:
+                self._params = param_precision(optimizer) or ""
+            except Exception:  # an optimizer of unusual shape: precision stays unknown
+                self._params = ""
+        if self._explicit:
+            return
+        primary = self._primary() if self._primary is not None else None
+        if primary is not optimizer:
+            if primary is not None:
+                return  # several optimizers (e.g. a GAN): the first one to step marks the steps
+            self._primary = weakref.ref(optimizer)
+        self.end_step(None)
+
+    def mark_step(self, samples: float | None) -> None:
+        """`gpufeed.step()`: from now on explicit calls define the steps of this process."""
+        self._explicit = True
+        self.end_step(samples)
+
+    def end_step(self, samples: float | None) -> None:
+        """End the step in progress now."""
+        t = time.perf_counter()
+        start = self._start if self._start is not None else NAN
+        ev0 = ev1 = None
+        if self._cuda_ready():
+            ev1 = self._record_event()
+            ev0 = (self._ev_start or self._ev_prev_end) if ev1 is not None else None
+        if len(self._queue) < self._capacity:
+            self._queue.append((self._step, start, t, self._events, samples, ev0, ev1))
+        else:
+            self.dropped += 1
+        amp = self.autocast
+        if amp is not None:
+            self._autocast_steps[amp[1]] = self._autocast_steps.get(amp[1], 0) + 1
+            if not _autocast_active(amp[0]):  # a region around the whole loop counts every step
+                self.autocast = None
+        self._step += 1
+        self._start, self._events = t, []
+        self._ev_start, self._ev_prev_end = None, ev1
+
+    def precision(self) -> str | None:
+        """What the steps computed in: the autocast dtype if at least half of them ran under autocast,
+        else the optimizer's parameter dtype; None while unknown."""
+        counts = dict(self._autocast_steps)  # a copy: the training thread may be adding a step
+        if counts and 2 * sum(counts.values()) >= self._step:
+            return dtype_name(max(counts, key=counts.__getitem__))
+        return self._params or None
+
+    def _cuda_ready(self) -> bool:
+        if self._cuda is not None:
+            return not self._gpu_off
+        torch = sys.modules.get("torch")
+        try:
+            if torch is not None and torch.cuda.is_initialized():
+                self._cuda = torch.cuda
+                return True
+        except Exception as e:  # a torch without (working) CUDA: no GPU time, steps go on
+            self._cuda = False
+            self._cuda_failed(e)
+        return False
+
+    def _record_event(self) -> Any:
+        """A timing event recorded on the current stream now; None (and no more tries) if CUDA fails."""
+        try:
+            ev = self._cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        except Exception as e:
+            self._cuda_failed(e)
+            return None
+
+    def _cuda_failed(self, error: BaseException) -> None:
+        self._gpu_off = True
+        self._ev_start = self._ev_prev_end = None
+        warn_once(
+            "cuda-events",
+            f"CUDA event timing failed ({type(error).__name__}: {error}); "
+            "GPU time is not recorded from now on, training continues",
+        )
+
+    # --- flushing (background thread) -----------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._flush_interval):
+            self._safe_flush()
+
+    def _safe_flush(self) -> None:
+        try:
+            self.flush()
+        except Exception as e:  # a bug of ours must not end recording, nor reach training
+            warn_once(
+                "flush",
+                f"profiler flush failed ({type(e).__name__}: {e}); recording goes on, "
+                "training continues",
+            )
+
+    def flush(self) -> None:
+        """Write queued steps and resolved GPU times; on a store error drop them, count, warn once."""
+        with self._flush_lock:
+            rows = _drain(self._queue)
+            workers = _drain(self._workers)
+            for step, _, _, _, _, ev0, ev1 in rows:
+                if ev0 is not None and ev1 is not None:
+                    self._pending_gpu.append((step, ev0, ev1))
+            while len(self._pending_gpu) > _MAX_PENDING_GPU:
+                self._pending_gpu.popleft()
+            gpu_times = self._resolve_gpu_times()
+            closing_tail = self._closing and bool(self._events)
+            idle = not rows and not workers and not gpu_times and not closing_tail
+            if idle and self._store is not None:
+                return
+            off = self._offset
+            step_rows, phase_rows, eval_rows = [], [], []
+            for step, start, end, events, explicit, _, _ in rows:
+                parts = split_step(start, events, self.models, self._eval_iters, self._train_iters)
+                samples = parts.samples if explicit is None else explicit
+                step_rows.append(
+                    (step, parts.start + off, end + off, parts.data_wait, samples, NAN)
+                )
+                phase_rows.append((step, parts.forward, parts.backward, parts.optimizer))
+                if parts.evaluation is not None:
+                    t0, t1, batches, n, wait = parts.evaluation
+                    eval_rows.append((t0 + off, t1 + off, batches, n, wait))
+            if self._closing and self._events:
+                # evaluation after the last training step (a final validation pass)
+                tail = split_step(NAN, self._events, self.models, self._eval_iters).evaluation
+                self._events = []
+                if tail is not None:
+                    t0, t1, batches, n, wait = tail
+                    eval_rows.append((t0 + off, t1 + off, batches, n, wait))
+            info = {"dropped_events": self.dropped} if self.dropped != self._saved_dropped else {}
+            precision = self.precision()
+            if precision != self._saved_precision:
+                info["precision"] = precision
+            cuda = bool(self._cuda)
+            if cuda != self._saved_cuda:
+                info["cuda"] = cuda
+            loader_workers = max(
+                (self._iter_workers.get(i, 0) for i in self._train_iters - self._eval_iters),
+                default=0,
+            )
+            if loader_workers > self._saved_workers:
+                info["loader_workers"] = loader_workers
+            kind = self.batch_kind
+            if kind != self._saved_kind:
+                info["batch_kind"] = kind
+            try:
+                if self._store is None:
+                    self._store = Store(self.path)
+                    info = {**self._info, **info, "dropped_events": self.dropped}
+                self._store.write(
+                    info,
+                    gpu_times,
+                    steps=step_rows,
+                    phases=phase_rows,
+                    evals=eval_rows,
+                    workers=workers,
+                )
+                self._saved_dropped = self.dropped
+                self._saved_precision = precision
+                self._saved_cuda = cuda
+                self._saved_workers = max(self._saved_workers, loader_workers)
+                self._saved_kind = kind
+            except Exception as e:  # any store failure: never let it reach training
+                self.dropped += len(rows)
+                self._warn(e)
+
+    def _resolve_gpu_times(self) -> list[tuple[float, int]]:
+        done: list[tuple[float, int]] = []
+        pending = self._pending_gpu
+        while pending:
+            step, ev0, ev1 = pending[0]
+            try:
+                if not ev1.query():
+                    break  # events complete in order; later ones are not done either
+                done.append((ev0.elapsed_time(ev1) / 1000.0, step))
+            except Exception:
+                pass  # a failed query leaves gpu_time NaN, it never stops recording
+            pending.popleft()
+        return done
+
+    def _warn(self, error: BaseException) -> None:
+        if not self._warned:
+            self._warned = True
+            # Keyed by the run directory: one line per process, whichever of its writers fails.
+            warn_once(
+                str(self.path.parent),
+                f"cannot write profile store {self.path}: {error}; "
+                "dropping profiler events, training continues",
+            )
+
+    def close(self, gpu_wait: float = 2.0) -> None:
+        """Stop the flush thread, write what is left and this process's end time."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        self._closing = True
+        # Training is over: GPU times still in flight may be waited for, briefly.
+        deadline = time.monotonic() + gpu_wait
+        while self._pending_gpu and time.monotonic() < deadline:
+            self._safe_flush()
+            if self._pending_gpu:
+                time.sleep(0.01)
+        self._safe_flush()
+        with self._flush_lock:
+            store, self._store = self._store, None
+            if store is not None:
+                try:
+                    store.write({"end": time.time(), "dropped_events": self.dropped})
+                except Exception as e:
+                    self._warn(e)
+                with contextlib.suppress(Exception):
+                    store.close()
+        if self.dropped:
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"gpufeed: {self.dropped} profiler events were dropped\n")
+
+
+_serials = itertools.count(1)
+
+
+def _serial(iterator: Any) -> int:
+    """A number naming this iterator for the whole run (ids of dead iterators are reused)."""
+    if iterator is None:
+        return 0
+    try:
+        return iterator._gpufeed_serial
+    except AttributeError:
+        pass
+    n = next(_serials)
+    try:
+        iterator._gpufeed_serial = n
+    except Exception:  # no attributes (slots, None): its id has to do
+        return id(iterator)
+    return n
+
+
+def _drain(queue: deque) -> list:
+    # deque.popleft is atomic, so the training thread may keep appending while we drain.
+    out = []
+    try:
+        while True:
+            out.append(queue.popleft())
+    except IndexError:
+        return out

@@ -1,0 +1,104 @@
+"""DataLoaderBottleneck: share = wait / whole step; speedup = step / (step - wait); sized advice."""
+
+from __future__ import annotations
+
+import pytest
+from rule_runs import RunBuilder, healthy
+
+from gpufeed.analysis.rules import run_rules
+
+
+def fired(run, rule="DataLoaderBottleneck", **overrides):
+    return [f for f in run_rules(run, **overrides) if f.rule == rule]
+
+
+def test_a_loop_waiting_83_of_97_ms_has_share_0_856_and_speedup_6_9(builder: RunBuilder) -> None:
+    builder.steps([0.097] * 100, waits=0.083).process(1000, "main", 30.0).process(
+        2000, "worker", 98.0
+    )
+    (f,) = fired(builder.build())
+    assert f.evidence["data_wait_share"] == pytest.approx(83 / 97, abs=1e-3)
+    assert f.est_speedup == pytest.approx(97 / 14, rel=1e-3)
+    assert f.severity == "critical"
+
+
+def test_busy_workers_get_a_worker_count_sized_from_cores_and_step_times(
+    builder: RunBuilder,
+) -> None:
+    builder.steps([0.097] * 100, waits=0.083).process(1000, "main", 30.0).process(
+        2000, "worker", 98.0
+    )
+    (f,) = fired(builder.build())
+    # 1 worker delivers a batch every 97 ms; 14 ms of compute needs ceil(97/14) = 7 workers (8 cores).
+    assert "num_workers=7" in f.recommendation
+    assert f.evidence["num_workers"] == 1 and f.evidence["worker_cpu_pct"] == 98.0
+
+
+def test_without_workers_it_suggests_moving_loading_into_workers(builder: RunBuilder) -> None:
+    builder.steps([0.1] * 100, waits=0.06).process(1000, "main", 100.0)
+    (f,) = fired(builder.build())
+    assert "now 0" in f.recommendation
+    assert "num_workers=3" in f.recommendation  # ceil(60/40) + 1
+
+
+def test_idle_workers_point_at_storage_latency_not_cpu(builder: RunBuilder) -> None:
+    builder.steps([0.1] * 100, waits=0.05).process(1000, "main", 50.0)
+    for w in range(2):
+        builder.process(2000 + w, "worker", 3.0)
+    (f,) = fired(builder.build())
+    assert "mostly idle" in f.recommendation and "num_workers=4" in f.recommendation
+
+
+def test_when_cores_run_out_it_says_to_cut_cpu_per_sample() -> None:
+    b = RunBuilder(cpu_count=4).steps([0.1] * 100, waits=0.09).process(1000, "main", 20.0)
+    for w in range(3):
+        b.process(2000 + w, "worker", 99.0)
+    (f,) = fired(b.build())
+    assert "pre-resized shards" in f.recommendation and "num_workers=3" in f.recommendation
+
+
+def test_the_worst_rank_is_named(builder: RunBuilder) -> None:
+    builder.steps([0.1] * 100, waits=0.0, rank=0).steps([0.1] * 100, waits=0.05, rank=1)
+    (f,) = fired(builder.build())
+    assert f.evidence["rank"] == 1 and f.evidence["data_wait_share"] == pytest.approx(0.5)
+    assert f.evidence["mean_share_all_ranks"] == pytest.approx(0.25)
+
+
+def test_threshold_is_respected_and_overridable(builder: RunBuilder) -> None:
+    run = builder.steps([0.1] * 100, waits=0.015).build()
+    assert fired(run) == []
+    (f,) = fired(run, DataLoaderBottleneck={"threshold": 0.1})
+    assert f.severity == "warning"
+
+
+def test_warm_up_steps_are_not_counted(builder: RunBuilder) -> None:
+    # 30 slow first steps (workers starting) then a healthy loop: no finding with a long enough warm-up.
+    durations = [0.5] * 30 + [0.1] * 200
+    waits = [0.45] * 30 + [0.001] * 200
+    run = builder.steps(durations, waits=waits).build()
+    assert fired(run, warmup={"steps": 30}) == []
+    assert fired(run, warmup={"steps": 0, "seconds": 0})  # counted, the same run fires
+
+
+def test_warm_up_never_skips_more_than_half_the_steps(builder: RunBuilder) -> None:
+    # A short job that waits all along still gets its diagnosis even under a huge warm-up.
+    run = builder.steps([0.1] * 20, waits=0.05).build()
+    (f,) = fired(run, warmup={"steps": 1000, "seconds": 1000})
+    assert f.evidence["steps"] == 10
+
+
+def test_quiet_on_a_healthy_run() -> None:
+    assert fired(healthy(RunBuilder()).build()) == []
+
+
+def test_advice_fits_the_data_type_no_jpeg_advice_for_tokens() -> None:
+    def advice(kind: str | None) -> str:
+        b = RunBuilder(cpu_count=2).steps([0.1] * 100, waits=0.09)
+        for rank in b.ranks:
+            rank["batch_kind"] = kind
+        return run_rules(b.build())[0].recommendation
+
+    text = advice("other")  # e.g. token ids: (batch, sequence)
+    assert "Set num_workers=" in text and "may not keep up" in text
+    assert "JPEG" not in text and "gpufeed pack" not in text and "tokenize" in text
+    assert "JPEG" in advice("image") and "JPEG" in advice(None)  # images, or not recorded

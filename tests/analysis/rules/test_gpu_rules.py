@@ -1,0 +1,96 @@
+"""LowGPUUtilization, BatchSize and MixedPrecision: GPU-only rules, silent where NVML gave nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+from rule_runs import RunBuilder, healthy
+
+from gpufeed.analysis.rules import run_rules
+
+
+def rules(run, **overrides):
+    return {f.rule: f for f in run_rules(run, **overrides)}
+
+
+def test_low_p95_utilization_is_reported_per_gpu(builder: RunBuilder) -> None:
+    builder.steps([0.1] * 100).gpu(35.0, device="0").gpu(90.0, device="1")
+    f = rules(builder.build())["LowGPUUtilization"]
+    assert f.evidence["gpu0_util_p95"] == 35.0 and "gpu1_util_p95" not in f.evidence
+
+
+def test_busy_gpu_with_deep_dips_fluctuates(builder: RunBuilder) -> None:
+    builder.steps([0.1] * 100).gpu(lambda t: np.where((t * 10).astype(int) % 3 == 0, 0.0, 99.0))
+    f = rules(builder.build())["LowGPUUtilization"]
+    assert "dips" in f.title and 0.3 <= f.evidence["gpu0_dip_share"] <= 0.37
+
+
+def test_low_gpu_points_at_the_input_pipeline_when_steps_wait(builder: RunBuilder) -> None:
+    builder.steps([0.1] * 100, waits=0.05).gpu(30.0)
+    assert "input pipeline" in rules(builder.build())["LowGPUUtilization"].recommendation
+
+
+def test_small_batch_with_idle_gpu_and_free_memory(builder: RunBuilder) -> None:
+    builder.steps([0.05] * 200, samples=16).gpu(25.0, mem_used=6e9, total=80e9)
+    f = rules(builder.build())["BatchSize"]
+    # 6 of 80 GB used: 0.8 / 0.075 = 10.7 -> 8x larger batch.
+    assert "batch size 128 (now 16)" in f.recommendation and "learning rate" in f.recommendation
+
+
+def test_batch_size_stays_quiet_when_input_bound_or_memory_full(builder: RunBuilder) -> None:
+    b1 = RunBuilder().steps([0.05] * 200, waits=0.02).gpu(25.0, mem_used=6e9)
+    b2 = RunBuilder().steps([0.05] * 200).gpu(25.0, mem_used=70e9)
+    assert "BatchSize" not in rules(b1.build()) and "BatchSize" not in rules(b2.build())
+
+
+def test_gpu_rules_are_silent_on_cpu_only_runs() -> None:
+    run = RunBuilder().steps([0.05] * 200).build(gpu_unavailable="NVML not found")
+    found = rules(run)
+    assert not {"LowGPUUtilization", "BatchSize", "MixedPrecision"} & set(found)
+
+
+def test_mixed_precision_needs_fp32_tensor_cores_and_compute_bound_steps(
+    builder: RunBuilder,
+) -> None:
+    healthy(builder).gpu(97.0, mem_used=60e9)
+    assert "MixedPrecision" not in rules(builder.build())  # precision unknown: silent
+    f = rules(builder.build(precision="fp32"))["MixedPrecision"]
+    assert f.evidence["gpu"].startswith("NVIDIA H100") and "autocast" in f.recommendation
+    assert "MixedPrecision" not in rules(builder.build(precision="bf16"))
+    pascal = [{"index": 0, "name": "Tesla P100-PCIE-16GB", "memory_total": 16e9}]
+    assert "MixedPrecision" not in rules(builder.build(precision="fp32", gpus=pascal))
+
+
+def test_mixed_precision_reads_tensor_cores_from_the_compute_capability(
+    builder: RunBuilder,
+) -> None:
+    healthy(builder).gpu(97.0, mem_used=60e9)
+    unnamed = [{"index": 0, "name": "NVIDIA Graphics Device", "compute_capability": "9.0"}]
+    f = rules(builder.build(precision="fp32", gpus=unnamed))["MixedPrecision"]
+    assert f.evidence["gpu"] == "NVIDIA Graphics Device" and f.evidence["precision"] == "fp32"
+    for precision in ("bf16", "fp16", "mixed"):
+        assert "MixedPrecision" not in rules(builder.build(precision=precision, gpus=unnamed))
+    pascal = [{"index": 0, "name": "Quadro P6000", "compute_capability": "6.1"}]
+    assert "MixedPrecision" not in rules(builder.build(precision="fp32", gpus=pascal))
+
+
+def test_mixed_precision_stays_quiet_when_fp32_steps_wait_for_data(builder: RunBuilder) -> None:
+    builder.steps([0.1] * 200, waits=0.04).gpu(97.0, mem_used=60e9)
+    gpus = [{"index": 0, "name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}]
+    assert "MixedPrecision" not in rules(builder.build(precision="fp32", gpus=gpus))
+
+
+def test_gpu_rules_judge_only_the_gpus_the_job_could_use(builder: RunBuilder) -> None:
+    builder.steps([0.1] * 100).gpu(35.0, device="0").gpu(20.0, device="1")
+    run = builder.build(env={"CUDA_VISIBLE_DEVICES": "1"})
+    f = rules(run)["LowGPUUtilization"]
+    assert "gpu1_util_p95" in f.evidence and "gpu0_util_p95" not in f.evidence
+    hidden = builder.build(env={"CUDA_VISIBLE_DEVICES": ""})
+    assert not {"LowGPUUtilization", "BatchSize"} & set(rules(hidden))
+
+
+def test_a_cpu_only_job_on_a_gpu_host_gets_no_gpu_advice(builder: RunBuilder) -> None:
+    builder.steps([0.05] * 200, samples=16).gpu(0.0, mem_used=1e9)
+    assert {"LowGPUUtilization", "BatchSize"} <= set(rules(builder.build()))
+    for rank in builder.ranks:
+        rank["cuda"] = False  # its training process never initialized CUDA
+    assert not {"LowGPUUtilization", "BatchSize"} & set(rules(builder.build()))

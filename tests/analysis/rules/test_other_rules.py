@@ -1,0 +1,66 @@
+"""GPUMemoryIncrease, MaxInitializationTime and LoadBalancing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from rule_runs import T0, RunBuilder, healthy
+
+from gpufeed.analysis.rules import run_rules
+
+
+def rules(run, **overrides):
+    return {f.rule: f for f in run_rules(run, **overrides)}
+
+
+def test_gpu_memory_growing_steadily_projects_when_it_runs_out(builder: RunBuilder) -> None:
+    builder.steps([0.1] * 600).gpu(90.0, mem_used=lambda t: 10e9 + 0.2e9 * t, total=80e9)
+    f = rules(builder.build())["GPUMemoryIncrease"]
+    assert f.evidence["growth_mb_per_min"] == pytest.approx(12000, rel=0.01)
+    assert f.evidence["minutes_until_full"] < 10 and f.severity == "critical"
+
+
+def test_host_memory_of_the_training_process_on_cpu_runs(builder: RunBuilder) -> None:
+    builder.steps([0.1] * 300).process(1000, "main", 100.0, rss=lambda t: 4e8 + 2e7 * t)
+    f = rules(builder.build())["GPUMemoryIncrease"]
+    assert "training process 1000" in f.evidence["memory"] and f.evidence["growth_mb"] > 400
+
+
+def test_memory_that_is_merely_noisy_or_small_is_fine(builder: RunBuilder) -> None:
+    rng = np.random.default_rng(0)
+    builder.steps([0.1] * 300)
+    builder.process(1000, "main", 100.0, rss=lambda t: 2e9 + 2e8 * rng.random(len(t)))
+    builder.process(1001, "main", 100.0, rss=lambda t: 2e9 + 1e6 * t)  # 30 MB: too little
+    assert "GPUMemoryIncrease" not in rules(builder.build())
+
+
+def test_slow_start_is_measured_from_process_start_to_first_step(builder: RunBuilder) -> None:
+    builder.steps([0.1] * 100, start=T0 + 25.0)
+    f = rules(builder.build())["MaxInitializationTime"]
+    assert f.evidence["init_seconds"] == pytest.approx(25.0)
+    assert f.evidence["init_share"] == pytest.approx(25 / 35.5, rel=0.01)
+
+
+def test_short_start_on_a_short_job_and_overrides(builder: RunBuilder) -> None:
+    run = builder.steps([0.1] * 100, start=T0 + 4.0).build()
+    assert "MaxInitializationTime" not in rules(run)
+    assert "MaxInitializationTime" in rules(run, MaxInitializationTime={"min_seconds": 3})
+
+
+def test_unsynchronized_ranks_with_one_slow(builder: RunBuilder) -> None:
+    builder.steps([0.1] * 100, rank=0).steps([0.14] * 100, rank=1)
+    f = rules(builder.build())["LoadBalancing"]
+    assert f.evidence["slow_rank"] == 1 and f.evidence["step_ratio"] == pytest.approx(1.4)
+
+
+def test_synchronized_ranks_name_the_one_waiting_on_data(builder: RunBuilder) -> None:
+    # DDP: both ranks take 100 ms; rank 1 spends 40 of them waiting for its loader.
+    builder.steps([0.1] * 100, waits=0.002, rank=0).steps([0.1] * 100, waits=0.04, rank=1)
+    f = rules(builder.build())["LoadBalancing"]
+    assert f.evidence["slow_rank"] == 1 and f.evidence["wait_share_gap"] == pytest.approx(0.38)
+
+
+def test_balanced_ranks_are_quiet(builder: RunBuilder) -> None:
+    healthy(builder)
+    builder.steps(np.full(200, 0.1), waits=0.002, rank=1)
+    assert "LoadBalancing" not in rules(builder.build())

@@ -1,0 +1,71 @@
+"""The registry: every rule documented and tunable; run_rules orders by impact and checks overrides."""
+
+from __future__ import annotations
+
+import pytest
+from rule_runs import RunBuilder, healthy
+
+from gpufeed.analysis.rules import RULES, run_rules, settings
+
+
+def test_every_rule_has_an_id_a_docstring_documented_params_and_cpu_only_behaviour() -> None:
+    assert len(RULES) >= 11
+    for rid, rule in RULES.items():
+        assert rule.id == rid and rule.summary() and rule.cpu_only
+        for name, param in rule.all_params().items():
+            assert param.doc, f"{rid}.{name} has no doc"
+
+
+def test_findings_come_most_severe_first_then_by_speedup(builder: RunBuilder) -> None:
+    builder.steps([0.1] * 100, waits=0.07).process(1000, "main", 30.0)
+    builder.process(2000, "worker", 99.0).metric("cpu.iowait", 30.0)
+    findings = run_rules(builder.build())
+    keys = [(f.severity, f.est_speedup) for f in findings]
+    assert findings[0].rule == "DataLoaderBottleneck" and findings[0].severity == "critical"
+    assert keys == sorted(
+        keys, key=lambda k: (["info", "warning", "critical"].index(k[0]), k[1] or 1), reverse=True
+    )
+    assert {"CPUBottleneck", "IOBottleneck"} <= {f.rule for f in findings}
+
+
+def test_a_rule_can_be_switched_off(builder: RunBuilder) -> None:
+    run = builder.steps([0.1] * 100, waits=0.07).build()
+    assert "DataLoaderBottleneck" not in {
+        f.rule for f in run_rules(run, DataLoaderBottleneck={"enabled": "false"})
+    }
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"NoSuchRule": {"x": 1}}, "unknown rule 'NoSuchRule'"),
+        ({"StepOutlier": {"thresh": 1}}, "unknown parameter StepOutlier.thresh"),
+        ({"StepOutlier": {"k": "lots"}}, "StepOutlier.k: expected a number"),
+        ({"warmup": {"steps": 2.5}}, "warmup.steps: expected a whole number"),
+        ({"StepOutlier": {"enabled": "maybe"}}, "StepOutlier.enabled: expected true or false"),
+    ],
+)
+def test_bad_overrides_are_named(overrides: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        run_rules(healthy(RunBuilder()).build(), **overrides)
+
+
+def test_settings_lists_the_warm_up_first() -> None:
+    assert next(iter(settings())) == "warmup"
+
+
+def test_runs_without_steps_or_samples_yield_nothing_rather_than_crash() -> None:
+    assert run_rules(RunBuilder().build()) == []
+
+
+def test_gpufeed_rules_lists_every_rule_with_its_parameters() -> None:
+    import subprocess
+    import sys
+
+    cp = subprocess.run(
+        [sys.executable, "-m", "gpufeed.cli", "rules"], capture_output=True, text=True
+    )
+    assert cp.returncode == 0, cp.stderr
+    for rid in ["warmup", *RULES]:
+        assert f"\n{rid}: " in cp.stdout
+    assert "    threshold = 0.2  data-wait share of step time that triggers a warning" in cp.stdout

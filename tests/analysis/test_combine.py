@@ -1,0 +1,91 @@
+"""Several hosts' run directories load as one run: `gpufeed.load([...])`, a glob, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import gpufeed
+from gpufeed.analysis.run import RunError
+
+HEALTHY = Path(__file__).resolve().parents[1] / "scenarios" / "healthy.py"
+
+
+_PARTS: list[Path] = []
+
+
+@pytest.fixture
+def two_hosts(run_profiled, tmp_path: Path) -> list[Path]:
+    """A two-node job as the real profiler leaves it: one run directory per host (rank 0, rank 1)."""
+    if not _PARTS:
+        for rank, host in enumerate(("node-a", "node-b")):
+            env = {"GPUFEED_HOST": host, "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
+            cp, run_dir = run_profiled(HEALTHY, out=tmp_path / host, extra_env=env)
+            assert cp.returncode == 0 and run_dir is not None, cp.stderr[-2000:]
+            _PARTS.append(run_dir)
+    return _PARTS
+
+
+def test_two_hosts_load_as_one_run(two_hosts):
+    a, b = two_hosts
+    one, other = gpufeed.load(a), gpufeed.load(b)
+    run = gpufeed.load([b, a])
+    assert run.meta["hosts"] == ["node-a", "node-b"]
+    assert [(r["host"], r["rank"]) for r in run.meta["ranks"]] == [("node-a", 0), ("node-b", 1)]
+    assert len(run.steps) == len(one.steps) + len(other.steps) > 0
+    assert sorted(run.steps.groupby(["host", "rank"]).groups) == [("node-a", 0), ("node-b", 1)]
+    assert set(run.system["host"]) == {"node-a", "node-b"}
+    assert set(run.processes["host"]) == {"node-a", "node-b"}
+    assert run.meta["start_time"] == min(one.meta["start_time"], other.meta["start_time"])
+    assert run.meta["end_time"] == max(one.meta["end_time"], other.meta["end_time"])
+    assert run.meta["finished"] and run.meta["parts"] == [str(a), str(b)]
+    assert list(run.system["time"]) == sorted(run.system["time"])
+
+
+def test_a_glob_names_the_parts(two_hosts):
+    a, _ = two_hosts
+    run = gpufeed.load(str(a.parents[1] / "node-*" / "*"))
+    assert run.meta["hosts"] == ["node-a", "node-b"]
+
+
+def test_the_same_run_twice_is_refused(two_hosts, tmp_path):
+    a, _ = two_hosts
+    copy = tmp_path / "copy"
+    shutil.copytree(a, copy)
+    with pytest.raises(RunError, match="both hold rank 0 of host 'node-a'"):
+        gpufeed.load([a, copy])
+
+
+def test_a_glob_that_matches_nothing_is_a_clear_error(tmp_path):
+    with pytest.raises(RunError, match="matches no directory"):
+        gpufeed.load(str(tmp_path / "nothing-*"))
+
+
+def test_cli_commands_take_several_runs(two_hosts, tmp_path, gpufeed_cli):
+    html, trace, tb = tmp_path / "r.html", tmp_path / "t.json", tmp_path / "tb"
+    out = {}
+    for command, *options in (
+        ("show",),
+        ("report", "-o", str(html)),
+        ("trace", "-o", str(trace)),
+        ("export", "--tensorboard", str(tb)),
+    ):
+        argv = gpufeed_cli(command, *map(str, two_hosts), *options)
+        cp = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert cp.returncode == 0, f"{command}: {cp.stderr}"
+        out[command] = cp.stdout
+    assert "node-a, node-b" in out["show"] and "Findings" in out["show"]
+    assert "node-b:rank 1" in html.read_text()
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert names == {"node-a", "node-b"}
+    assert {p.relative_to(tb).as_posix() for p in tb.glob("*/*")} == {
+        "node-a/rank0",
+        "node-a/system",
+        "node-b/rank1",
+        "node-b/system",
+    }

@@ -1,0 +1,104 @@
+"""`gpufeed.load`: run directories as pandas frames, following the schema in gpufeed.analysis.run."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import gpufeed
+from gpufeed.analysis.run import PROCESS_COLUMNS, STEP_COLUMNS, SYSTEM_COLUMNS, RunError
+from gpufeed.profiler.session import hostname, steps_store_path
+from gpufeed.profiler.store import Store
+
+
+def test_frames_follow_the_schema_and_merge_ranks(make_run):
+    run_dir = make_run(
+        system=[(1001.0, "cpu.util", "", 40.0), (1000.5, "cpu.core", "0", 80.0)],
+        ranks={
+            0: [(0, 1010.0, 1011.0, 0.25, 32.0, None), (1, 1011.0, 1011.5, 0.0, 32.0, None)],
+            1: [(0, 1010.0, 1011.2, 0.5, 32.0, None)],
+        },
+        processes=[(1001.0, 100, "other", 95.0, 1e9), (1001.0, 555, "worker", 20.0, 5e8)],
+    )
+    run = gpufeed.load(run_dir)
+    assert list(run.system.columns) == SYSTEM_COLUMNS
+    assert list(run.steps.columns) == STEP_COLUMNS
+    assert list(run.processes.columns) == PROCESS_COLUMNS
+    assert list(run.system["time"]) == [1000.5, 1001.0]  # time-ordered
+    steps = run.steps
+    assert list(zip(steps["rank"], steps["step"], strict=True)) == [(0, 0), (0, 1), (1, 0)]
+    assert list(steps["duration"]) == pytest.approx([1.0, 0.5, 1.2])
+    assert steps["gpu_time"].isna().all()
+    # pid 100 registered as rank 0's training process, so it is "main" whatever the sampler thought.
+    assert dict(zip(run.processes["pid"], run.processes["role"], strict=True)) == {
+        100: "main",
+        555: "worker",
+    }
+    meta = run.meta
+    assert meta["finished"] and meta["hosts"] == ["h1"] and meta["dropped_events"] == 0
+    assert [(r["rank"], r["pid"], r["world_size"]) for r in meta["ranks"]] == [
+        (0, 100, 2),
+        (1, 101, 2),
+    ]
+
+
+def test_a_run_without_steps_has_empty_frames_with_columns(make_run):
+    run = gpufeed.load(make_run())
+    assert len(run.steps) == 0 and list(run.steps.columns) == STEP_COLUMNS
+    assert len(run.system) == 0 and list(run.system.columns) == SYSTEM_COLUMNS
+
+
+def test_a_run_still_being_written_loads_and_says_so(make_run):
+    run_dir = make_run(meta={"end_time": None, "exit_code": None})
+    writer = Store(steps_store_path(run_dir, hostname(), 4242))
+    writer.write(
+        {"host": hostname(), "rank": 0, "pid": 4242}, steps=[(0, 1.0, 2.0, 0.1, 8.0, None)]
+    )
+    try:
+        run = gpufeed.load(run_dir)  # the writer is still open
+        assert len(run.steps) == 1 and run.steps["pid"].iloc[0] == 4242
+        assert not run.meta["finished"] and "did not finish" in run.meta["not_finished"]
+    finally:
+        writer.close()
+
+
+def test_unknown_start_gives_nan_duration(make_run):
+    run = gpufeed.load(make_run(ranks={0: [(0, None, 5.0, 0.0, None, None)]}))
+    assert math.isnan(run.steps["duration"].iloc[0]) and math.isnan(run.steps["samples"].iloc[0])
+
+
+def test_not_a_run_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(RunError, match="not a directory"):
+        gpufeed.load(tmp_path / "missing")
+    with pytest.raises(RunError, match="not a gpufeed run directory"):
+        gpufeed.load(tmp_path)
+
+
+def test_damaged_meta_is_a_clear_error(make_run):
+    run_dir = make_run()
+    (run_dir / "meta.json").write_text("{not json")
+    with pytest.raises(RunError, match=r"meta\.json is not valid JSON"):
+        gpufeed.load(run_dir)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[1, 2]", r"meta\.json holds a JSON list, not an object"),
+        ('{"hosts": 5}', r"meta\.json: 'hosts' is 5, expected list"),
+        ('{"hosts": [5]}', r"'hosts' must be a list of host names"),
+        ('{"end_time": "soon"}', r"'end_time' is 'soon', expected int or float or null"),
+    ],
+)
+def test_meta_of_the_wrong_shape_is_a_clear_error(make_run, content, message):
+    run_dir = make_run()
+    (run_dir / "meta.json").write_text(content)
+    with pytest.raises(RunError, match=message):
+        gpufeed.load(run_dir)
+
+
+def test_text_in_a_number_column_is_a_clear_error(make_run):
+    run_dir = make_run(ranks={0: [(0, "yesterday", 1011.0, 0.25, 32.0, None)]})
+    with pytest.raises(RunError, match=r"holds a value that is not a number .*profile it again"):
+        gpufeed.load(run_dir)

@@ -1,0 +1,73 @@
+"""Statistics shared by the summary and the rules: percentiles, phases, step throughput."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import gpufeed
+from gpufeed.analysis.stats import percentile_table, phases, step_summary
+
+
+def test_percentile_table_matches_numpy_per_metric_and_device(make_run):
+    rng = np.random.default_rng(0)
+    util = rng.uniform(0, 100, 50)
+    core1 = rng.uniform(0, 100, 50)
+    system = [(1000.0 + i, "cpu.util", "", float(v)) for i, v in enumerate(util)]
+    system += [(1000.0 + i, "cpu.core", "1", float(v)) for i, v in enumerate(core1)]
+    system += [(1000.0, "mem.used", "", 5.0), (1000.0, "cpu.core", "0", 1.0)]
+    table = percentile_table(gpufeed.load(make_run(system=system)))
+    assert list(table.index) == [
+        ("cpu.util", ""),
+        ("cpu.core", "0"),
+        ("cpu.core", "1"),
+        ("mem.used", ""),
+    ]
+    assert list(table.columns) == ["n", "min", "p50", "p90", "p95", "p99", "max"]
+    row = table.loc[("cpu.util", "")]
+    assert row["n"] == 50
+    assert row["min"] == util.min() and row["max"] == util.max()
+    assert row["p95"] == pytest.approx(np.percentile(util, 95))
+    assert table.loc[("cpu.core", "1"), "p50"] == pytest.approx(np.median(core1))
+
+
+def test_percentile_table_of_a_run_without_samples_is_empty(make_run):
+    assert len(percentile_table(gpufeed.load(make_run()))) == 0
+
+
+def test_phases_split_the_run_at_the_first_and_last_step(make_run):
+    run = gpufeed.load(
+        make_run(
+            meta={"start_time": 1000.0, "end_time": 1030.0},
+            ranks={
+                0: [(0, 1005.0, 1006.0, 0.0, 1.0, None), (1, 1006.0, 1020.0, 0.0, 1.0, None)],
+                1: [(0, 1004.0, 1006.0, 0.0, 1.0, None), (1, 1006.0, 1025.0, 0.0, 1.0, None)],
+            },
+        )
+    )
+    ph = phases(run)
+    assert list(ph["phase"]) == ["initialization", "training", "finalization"]
+    assert list(ph["duration"]) == [4.0, 21.0, 5.0]
+
+
+def test_without_steps_the_whole_run_is_initialization(make_run):
+    ph = phases(gpufeed.load(make_run(meta={"start_time": 1000.0, "end_time": 1012.0})))
+    assert list(ph["phase"]) == ["initialization"] and list(ph["duration"]) == [12.0]
+
+
+def test_step_summary(make_run):
+    # Rank 0: 4 steps of 0.5 s, 0.1 s waiting each; 8 samples per step.
+    rows = [(i, 1000.0 + 0.5 * i, 1000.5 + 0.5 * i, 0.1, 8.0, None) for i in range(4)]
+    s = step_summary(gpufeed.load(make_run(ranks={0: rows})))
+    assert s["steps"] == 4 and s["ranks"] == 1
+    assert s["steps_per_s"] == pytest.approx(2.0)
+    assert s["samples_per_s"] == pytest.approx(16.0)
+    assert s["step_p50"] == pytest.approx(0.5) and s["step_p95"] == pytest.approx(0.5)
+    assert s["data_wait_share"] == pytest.approx(0.2)
+
+
+def test_step_summary_without_steps_is_nan(make_run):
+    s = step_summary(gpufeed.load(make_run()))
+    assert s["steps"] == 0 and math.isnan(s["steps_per_s"]) and math.isnan(s["data_wait_share"])

@@ -1,0 +1,332 @@
+"""pack: image folder or list → shards + index.json; bad input converted/skipped by policy; atomic, resumable."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from indexes import read_index_doc
+from PIL import Image
+from typer.testing import CliRunner
+
+from gpufeed.cli import app
+from gpufeed.data.dataset import ShardDataset
+from gpufeed.data.decode import CorruptImage, decode, image_size
+from gpufeed.data.packing import STATE_NAME, PackError, convert, pack, parse_size
+from gpufeed.data.shards import INDEX_NAME
+
+
+def _index(d: Path) -> dict:
+    return read_index_doc(d)
+
+
+def test_image_folder_round_trip_keeps_every_image_and_label(image_folder: Path, tmp_path: Path):
+    with pytest.warns(UserWarning, match="outside 1-128 MB"):
+        res = pack(image_folder, tmp_path / "out", shard_size="64KB", workers=2, progress=False)
+    idx = _index(tmp_path / "out")
+    assert res.samples == idx["total"] == 48 and res.shards == len(idx["shards"]) > 1
+    assert idx["classes"] == ["class_000", "class_001", "class_002", "class_003"]
+    by_key = {}
+    for s in ShardDataset(tmp_path / "out", shuffle=False).iter_worker(0, 1):
+        by_key[s.key] = s
+    for p in image_folder.glob("*/*.jpg"):
+        s = by_key[f"{p.parent.name}_{p.stem}"]
+        assert s.data == p.read_bytes()  # copied untouched without --resize
+        assert s.label == idx["classes"].index(p.parent.name)
+
+
+def test_resize_pre_shrinks_to_the_short_side(image_folder: Path, tmp_path: Path):
+    pack(image_folder, tmp_path / "out", resize=32, quality=80, workers=1, progress=False)
+    for s in ShardDataset(tmp_path / "out").iter_worker(0, 1):
+        assert min(image_size(s.data)) == 32
+
+
+def _bad_inputs(root: Path, good: Path) -> None:
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "good.jpg").write_bytes(good.read_bytes())
+    (root / "a" / "empty.jpg").write_bytes(b"")
+    (root / "a" / "notes.txt").write_text("not an image")
+    (root / "a" / "half.jpg").write_bytes(good.read_bytes()[:200])
+    rgb = np.asarray(Image.open(good).convert("RGB"))
+    Image.fromarray(rgb).save(root / "a" / "pic.png")
+    Image.fromarray(rgb).convert("L").save(root / "a" / "gray.jpg")
+    Image.fromarray(rgb).convert("CMYK").save(root / "a" / "cmyk.jpg")
+    (root / "a" / "good.jpeg").write_bytes(good.read_bytes())  # same key as good.jpg
+
+
+def test_bad_inputs_are_converted_or_skipped_by_path_and_nothing_crashes(image_folder, tmp_path):
+    src = tmp_path / "src"
+    _bad_inputs(src, next(image_folder.glob("*/*.jpg")))
+    res = pack(src, tmp_path / "out", workers=1, progress=False)
+    skipped = {Path(p).name: why for p, why in res.skipped}
+    converted = {Path(p).name: why for p, why in res.converted}
+    assert skipped["empty.jpg"] == "empty file"
+    assert "not a readable image" in skipped["notes.txt"]
+    assert "not a readable image" in skipped["half.jpg"]
+    assert "duplicate key 'a_good'" in skipped["good.jpg"]  # good.jpeg sorts first and wins
+    assert set(converted) == {"pic.png", "gray.jpg", "cmyk.jpg"}
+    assert "PNG" in converted["pic.png"] and "CMYK" in converted["cmyk.jpg"]
+    samples = list(ShardDataset(tmp_path / "out").iter_worker(0, 1))
+    assert sorted(s.key for s in samples) == ["a_cmyk", "a_good", "a_gray", "a_pic"]
+    for s in samples:
+        assert decode(s.data).shape[2] == 3
+    assert "skipped 4:" in res.summary() and "converted 3:" in res.summary()
+
+
+def test_verify_decodes_every_image_and_skips_corrupt_jpegs(image_folder: Path, tmp_path: Path):
+    good = next(image_folder.glob("*/*.jpg"))
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    (tmp_path / "src" / "a" / "ok.jpg").write_bytes(good.read_bytes())
+    data = good.read_bytes()
+    (tmp_path / "src" / "a" / "cut.jpg").write_bytes(data[: len(data) // 2])
+    plain = pack(tmp_path / "src", tmp_path / "plain", workers=1, progress=False)
+    assert plain.samples == 2  # without --verify a cut scan is not noticed
+    checked = pack(tmp_path / "src", tmp_path / "checked", workers=1, verify=True, progress=False)
+    assert (
+        checked.samples == 1
+        and "corrupt JPEG" in dict(checked.skipped)[str(tmp_path / "src/a/cut.jpg")]
+    )
+
+
+def test_list_file_with_malformed_lines_and_repeats(image_folder: Path, tmp_path: Path):
+    paths = sorted(image_folder.glob("*/*.jpg"))[:3]
+    lst = tmp_path / "list.txt"
+    lst.write_text(
+        f"# comment\n{paths[0]} cat\n{paths[1]},dog\nbroken-line\n{paths[0]} cat\n{paths[2]}\tdog\n"
+    )
+    res = pack(lst, tmp_path / "out", workers=1, progress=False)
+    assert res.samples == 3 and _index(tmp_path / "out")["classes"] == ["cat", "dog"]
+    reasons = [why for _, why in res.skipped]
+    assert any("malformed line" in r for r in reasons) and any("listed twice" in r for r in reasons)
+
+
+def test_shard_size_outside_the_useful_range_warns_with_the_trade_off(image_folder, tmp_path):
+    with pytest.warns(
+        UserWarning, match="tiny objects are slow to fetch.*cannot be fetched in parallel"
+    ):
+        pack(image_folder, tmp_path / "out", shard_size="200KB", workers=1, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("text", "n"),
+    [("64MB", 64_000_000), ("512KiB", 524_288), ("1.5G", 1_500_000_000), ("4096", 4096)],
+)
+def test_parse_size(text: str, n: int):
+    assert parse_size(text) == n
+
+
+def test_bad_options_and_sources_are_clear_errors(image_folder: Path, tmp_path: Path):
+    with pytest.raises(PackError, match="cannot read size 'big'"):
+        pack(image_folder, tmp_path / "o", shard_size="big")
+    with pytest.raises(PackError, match=r"SRC .* does not exist"):
+        pack(tmp_path / "nope", tmp_path / "o")
+    with pytest.raises(PackError, match="--quality must be 1-100"):
+        pack(image_folder, tmp_path / "o", quality=0)
+
+
+def test_a_finished_pack_is_not_redone_and_a_different_one_is_refused(image_folder, tmp_path):
+    pack(image_folder, tmp_path / "out", workers=1, progress=False)
+    assert pack(image_folder, tmp_path / "out", workers=1, progress=False).already_packed
+    with pytest.raises(PackError, match="exists from a different pack"):
+        pack(image_folder, tmp_path / "out", workers=1, resize=32, progress=False)
+
+
+def test_interrupted_pack_leaves_no_complete_looking_shard_and_resumes_identically(
+    image_folder: Path, tmp_path: Path
+):
+    """SIGKILL a real pack after its first shards, then resume: same shards as an uninterrupted pack."""
+    out = tmp_path / "out"
+    code = (
+        "import sys; from gpufeed.data.packing import pack; "
+        f"pack({str(image_folder)!r}, {str(out)!r}, shard_size='8KB', resize=48, workers=1, progress=False)"
+    )
+    proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", code])
+    deadline = time.time() + 60
+    while not (out / STATE_NAME).exists() and time.time() < deadline:
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / INDEX_NAME).exists()  # nothing claims to be a complete data set
+    state = json.loads((out / STATE_NAME).read_text())
+    finished = {s["name"] for s in state["shards"]}
+    for tar in out.glob("shard-*.tar"):  # every shard under its final name is complete or is redone
+        assert tar.name in finished or tar.stat().st_size > 0
+    with pytest.warns(UserWarning):
+        res = pack(image_folder, out, shard_size="8KB", resize=48, workers=1, progress=False)
+    assert res.resumed_shards >= 1 and not list(out.glob("*.tmp-*"))
+    with pytest.warns(UserWarning):
+        pack(
+            image_folder, tmp_path / "clean", shard_size="8KB", resize=48, workers=1, progress=False
+        )
+    a, b = _index(out), _index(tmp_path / "clean")
+    assert [s["sha256"] for s in a["shards"]] == [s["sha256"] for s in b["shards"]]
+
+
+def test_cli_pack_prints_what_it_wrote(image_folder: Path, tmp_path: Path):
+    result = CliRunner().invoke(
+        app, ["pack", str(image_folder), str(tmp_path / "o"), "--workers", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "wrote 48 images in 1 shards" in result.output
+
+
+def test_cli_pack_bad_input_exits_2_with_a_message(tmp_path: Path):
+    result = CliRunner().invoke(app, ["pack", str(tmp_path / "missing"), str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "does not exist" in result.output
+
+
+# --- nothing lost or changed silently (issue 12, items 9, 11, 12) --------------------------------
+
+
+def _one_class(tmp_path: Path, image_folder: Path, n: int = 2) -> Path:
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    for i, p in enumerate(sorted(image_folder.glob("*/*.jpg"))[:n]):
+        (src / "a" / f"ok{i}.jpg").write_bytes(p.read_bytes())
+    return src
+
+
+def test_broken_symlinks_fifos_and_stray_files_are_listed_with_their_reason(image_folder, tmp_path):
+    src = _one_class(tmp_path, image_folder)
+    (src / "a" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    os.mkfifo(src / "a" / "pipe.jpg")
+    (src / "a" / ".hidden.jpg").write_bytes(b"x")
+    (src / "stray.jpg").write_bytes((src / "a" / "ok0.jpg").read_bytes())
+    (src / "a" / "linked").symlink_to(src / "a", target_is_directory=True)
+    res = pack(src, tmp_path / "out", workers=1, progress=False)
+    skipped = {Path(p).name: why for p, why in res.skipped}
+    assert skipped["gone.jpg"] == "broken symbolic link"
+    assert skipped["pipe.jpg"] == "a FIFO, not an image file"
+    assert skipped["stray.jpg"] == "not in a class sub-folder"
+    assert skipped[".hidden.jpg"] == "hidden file"
+    assert "not followed" in skipped["linked"]
+    assert res.samples == 2 and "gone.jpg: broken symbolic link" in res.summary()
+
+
+def test_a_fifo_in_a_list_file_is_skipped_not_waited_on(image_folder, tmp_path):
+    src = _one_class(tmp_path, image_folder)
+    os.mkfifo(tmp_path / "pipe.jpg")
+    lst = tmp_path / "list.txt"
+    lst.write_text(f"{src / 'a' / 'ok0.jpg'} 0\n{tmp_path / 'pipe.jpg'} 1\n")
+    res = pack(lst, tmp_path / "out", workers=1, progress=False)
+    assert res.samples == 1 and dict(res.skipped)[str(tmp_path / "pipe.jpg")].startswith("a FIFO")
+
+
+@pytest.fixture
+def as_user() -> Iterator[tuple[list[str], Path]]:
+    """(command prefix, work dir): root runs commands as `nobody` (root reads every folder
+    whatever its mode) in a folder everyone may use; others run them as themselves."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: cannot drop privileges")
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    work = Path(tempfile.mkdtemp(prefix="gpufeed-test-"))
+    work.chmod(0o777)
+    yield prefix, work
+    for d, _, _ in os.walk(work):
+        os.chmod(d, 0o755)
+    shutil.rmtree(work)
+
+
+def test_an_unreadable_class_folder_is_listed_and_warned_about(image_folder, as_user):
+    prefix, work = as_user
+    src = work / "src"
+    for cls in ("a", "b"):
+        (src / cls).mkdir(parents=True)
+        (src / cls / "x.jpg").write_bytes(next(image_folder.glob("*/*.jpg")).read_bytes())
+        (src / cls / "x.jpg").chmod(0o644)
+    for d in (src, src / "a"):
+        d.chmod(0o755)
+    (src / "b").chmod(0)
+    cmd = [*prefix, sys.executable, "-m", "gpufeed.cli", "pack", str(src), str(work / "out")]
+    done = subprocess.run([*cmd, "--workers", "1"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"{src / 'b'}: unreadable folder (Permission denied)" in done.stderr
+    assert f"{src / 'b'}: unreadable folder: Permission denied" in done.stdout
+    assert "wrote 1 images" in done.stdout
+
+
+def test_nothing_packable_fails_and_leaves_nothing_that_blocks_a_repack(image_folder, tmp_path):
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "notes.jpg").write_text("not an image")
+    (src / "a" / "empty.jpg").write_bytes(b"")
+    with pytest.raises(PackError, match=r"nothing packed from .*all 2 images were skipped"):
+        pack(src, tmp_path / "out", workers=1, progress=False)
+    assert not (tmp_path / "out").exists()
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    with pytest.raises(PackError, match="nothing packed"):
+        pack(src, existing, workers=1, progress=False)
+    assert list(existing.iterdir()) == []
+    (src / "a" / "ok.jpg").write_bytes(next(image_folder.glob("*/*.jpg")).read_bytes())
+    assert pack(src, existing, workers=1, progress=False).samples == 1
+
+
+def test_16_bit_png_is_scaled_to_8_bits_not_clipped(tmp_path: Path):
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    Image.fromarray(np.full((32, 32), 40000, np.uint16)).save(src / "a" / "deep.png")
+    assert Image.open(src / "a" / "deep.png").mode.startswith("I")
+    pack(src, tmp_path / "out", workers=1, progress=False)
+    (sample,) = ShardDataset(tmp_path / "out").iter_worker(0, 1)
+    assert abs(int(decode(sample.data).mean()) - round(40000 / 257)) <= 2  # not 255
+
+
+@pytest.mark.parametrize(
+    ("label", "message"),
+    [("-1", r"list\.txt:2: label -1 is negative"), ("100000000000", "is over")],
+)
+def test_list_labels_that_are_not_class_numbers_are_refused(image_folder, tmp_path, label, message):
+    paths = sorted(image_folder.glob("*/*.jpg"))[:2]
+    lst = tmp_path / "list.txt"
+    lst.write_text(f"{paths[0]} 0\n{paths[1]} {label}\n")
+    with pytest.raises(PackError, match=message):
+        pack(lst, tmp_path / "out", workers=1, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_binary_or_unreadable_list_files_are_clear_errors(image_folder, tmp_path):
+    binary = tmp_path / "list.bin"
+    binary.write_bytes(b"\x00\x01\x02 0\n")
+    with pytest.raises(PackError, match=r"list file .*list\.bin is binary"):
+        pack(binary, tmp_path / "out", progress=False)
+    with pytest.raises(PackError, match=r"SRC /dev/null is neither a folder nor a regular file"):
+        pack("/dev/null", tmp_path / "out", progress=False)
+
+
+def test_dst_that_cannot_be_a_folder_is_a_clear_error(image_folder, tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(PackError, match=r"cannot write to .*file: it is a file"):
+        pack(image_folder, tmp_path / "file", workers=1, progress=False)
+    with pytest.raises(PackError, match=r"cannot write to /proc/gpufeed-x"):
+        pack(image_folder, "/proc/gpufeed-x", workers=1, progress=False)
+
+
+@pytest.mark.parametrize("workers", [0, -3, True])
+def test_workers_must_be_at_least_one(image_folder, tmp_path, workers):
+    with pytest.raises(PackError, match=r"--workers must be 1 or more"):
+        pack(image_folder, tmp_path / "out", workers=workers, progress=False)
+
+
+def test_corrupt_image_reasons_do_not_show_memory_addresses(tmp_path: Path):
+    junk = tmp_path / "junk.png"
+    junk.write_bytes(b"\x89PNG not really")
+    status, _, why = convert(str(junk), None, 90, False)
+    assert status == "skipped" and "cannot identify image file" in why
+    assert "BytesIO" not in why and "0x" not in why
+    with pytest.raises(CorruptImage) as err:
+        decode(junk.read_bytes())
+    assert "cannot identify image file" in str(err.value) and "0x" not in str(err.value)

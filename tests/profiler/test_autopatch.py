@@ -1,0 +1,143 @@
+"""Zero-code hooks on real scripts under `gpufeed profile`: evaluation kept out of training steps,
+samples per step read from the model's input, data wait measured whatever feeds the loop, phases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gpufeed
+from gpufeed.analysis.stats import step_summary
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+# eval_loop.py: per epoch, the samples of each optimizer step
+PER_EPOCH = {"plain": [16] * 12 + [8], "ahead": [16] * 12 + [8], "accum": [16] * 12}
+
+
+def _profile(run_profiled, script: str, mode: str) -> gpufeed.analysis.run.Run:
+    cp, run_dir = run_profiled(SCENARIOS / script, mode)
+    assert cp.returncode == 0 and run_dir is not None, cp.stderr[-2000:]
+    return gpufeed.load(run_dir)
+
+
+@pytest.mark.parametrize("mode", ["plain", "accum", "ahead"])
+def test_validation_passes_are_evaluation_not_training_steps(run_profiled, mode):
+    run = _profile(run_profiled, "eval_loop.py", mode)
+    steps = run.steps
+    assert steps["samples"].tolist() == PER_EPOCH[mode] * 4  # read-ahead shifts nothing
+    assert len(run.evals) == 4  # one pass per epoch, the last after the final step
+    assert (run.evals["batches"] == 4).all() and (run.evals["samples"] == 128).all()
+    # no training step swallowed a validation pass: none spans one
+    for ev in run.evals.itertuples():
+        assert not ((steps["start"] < ev.start + 1e-6) & (steps["end"] > ev.end - 1e-6)).any()
+    s = step_summary(run)
+    assert s["eval_passes"] == 4 and s["eval_time"] >= float(run.evals["duration"].sum()) * 0.99
+    assert s["training_time"] == pytest.approx(float(steps["duration"].sum()), rel=1e-6)
+    rules = {f.rule: f for f in gpufeed.analyze(run)}
+    assert "StepOutlier" not in rules and "PeriodicStall" not in rules, rules
+
+
+def test_each_training_step_is_split_into_its_phases(run_profiled):
+    run = _profile(run_profiled, "eval_loop.py", "plain")
+    steps = run.steps.iloc[1:]  # the first step also holds start-up work
+    parts = steps[["data_wait", "forward", "backward", "optimizer", "other"]]
+    assert np.isfinite(parts.to_numpy()).all() and (parts >= -1e-6).all().all()
+    total = parts.sum(axis=1)
+    assert np.allclose(total, steps["duration"], rtol=1e-6, atol=1e-9)
+    # the 20 ms "GPU" sleep sits between backward and the optimizer step: it is "other"
+    assert float(steps["other"].median()) >= 0.015
+    assert float(steps["forward"].median()) > 0 and float(steps["backward"].median()) > 0
+    assert run.meta["ranks"][0]["cuda"] is False  # it never touched a GPU: no GPU rules for it
+    assert run.meta["ranks"][0]["batch_kind"] == "image"
+
+
+@pytest.mark.parametrize("mode", ["generator", "get_batch"])
+def test_data_wait_is_measured_for_a_loop_fed_without_a_dataloader(run_profiled, mode):
+    run = _profile(run_profiled, "any_iterator.py", mode)
+    steps = run.steps.iloc[1:]  # the first step starts before any hook saw it: unknown
+    assert len(steps) == 39 and (steps["samples"] == 6).all()
+    # every step waits the 30 ms read; the rest is ~20 ms of "GPU" work and a few ms of compute
+    assert (steps["data_wait"] >= 0.027).all()
+    assert (steps["data_wait"] <= steps["duration"]).all()
+    share = step_summary(run)["data_wait_share"]
+    assert 0.4 <= share <= 0.75
+
+
+def test_data_wait_is_unknown_where_nothing_measures_it(run_profiled, gpufeed_cli):
+    run = _profile(run_profiled, "any_iterator.py", "no_module")
+    assert len(run.steps) == 40 and run.steps["data_wait"].isna().all()
+    assert np.isnan(step_summary(run)["data_wait_share"])
+    import subprocess
+
+    show = subprocess.run(gpufeed_cli("show", str(run.path)), capture_output=True, text=True)
+    assert show.returncode == 0 and "unknown" in show.stdout and "0.0% of step" not in show.stdout
+
+
+SHORT_LIVED_WORKERS = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,)))
+train = DataLoader(data, batch_size=4, num_workers=2)  # new workers every epoch, each lives briefly
+val = DataLoader(data, batch_size=8, num_workers=3, persistent_workers=True)
+for epoch in range(3):
+    for x, y in train:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    with torch.no_grad():
+        for x, _ in val:
+            model(x)
+"""
+
+
+def test_worker_count_comes_from_the_training_loader_as_the_hooks_saw_it(run_profiled):
+    from gpufeed.analysis.rules import Context
+
+    cp, run_dir = run_profiled(SHORT_LIVED_WORKERS, interval=1.0)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    run = gpufeed.load(run_dir)
+    assert len(run.steps) == 6 and len(run.evals) == 3
+    assert run.meta["ranks"][0]["loader_workers"] == 2  # not the validation loader's 3
+    assert run.meta["ranks"][0]["batch_kind"] == "other"  # features, not images: no JPEG advice
+    assert Context(run).worker_count == 2
+
+
+SLOW_WORKER_START = """
+import time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Data(Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        return torch.randn(4), i % 2
+    def __getstate__(self):  # pickled for each spawned worker, inside iter(loader)
+        time.sleep(0.4)
+        return {}
+
+if __name__ == "__main__":  # spawned workers import this file
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(Data(), batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    for epoch in range(2):
+        for x, y in loader:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+"""
+
+
+def test_worker_start_up_inside_iter_is_data_wait_not_compute(run_profiled):
+    cp, run_dir = run_profiled(SLOW_WORKER_START)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    steps = gpufeed.load(run_dir).steps
+    assert len(steps) == 4
+    # the second epoch's first step waited for iter() to pickle the dataset for its worker
+    assert steps["data_wait"].iloc[2] >= 0.4
+    assert steps["other"].iloc[2] < 0.4

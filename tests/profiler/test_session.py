@@ -1,0 +1,68 @@
+"""Run directory naming, identity under torchrun, and input validation."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from gpufeed.profiler.session import (
+    ProfileError,
+    check_interval,
+    create_run_dir,
+    identity,
+    run_name,
+)
+
+
+@pytest.mark.parametrize(
+    ("command", "name"),
+    [
+        (["python", "train.py", "--lr", "1"], "train"),
+        (["torchrun", "--nproc_per_node", "2", "dir/ddp_train.py"], "ddp_train"),
+        (["python", "-m", "pkg.trainer"], "trainer"),
+        (["./run.sh"], "run.sh"),
+    ],
+)
+def test_run_name_is_the_script_stem(command, name):
+    assert run_name(command) == name
+
+
+def test_run_dir_is_name_timestamp_id(tmp_path):
+    a = create_run_dir(tmp_path / "out", "my run")
+    b = create_run_dir(tmp_path / "out", "my run")
+    assert re.fullmatch(r"my_run-\d{8}-\d{6}-[0-9a-f]{6}", a.name)
+    assert a != b and a.is_dir() and b.is_dir()
+
+
+def test_unusable_out_dir_names_itself(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ProfileError, match="--out") as e:
+        create_run_dir(tmp_path / "f" / "out", "x")
+    assert str(tmp_path / "f") in str(e.value)
+
+
+@pytest.mark.parametrize("value", [0.05, 0.2, 60])
+def test_accepted_intervals(value):
+    assert check_interval(value) == value
+
+
+@pytest.mark.parametrize("value", [0.049, 60.5, "abc"])
+def test_rejected_intervals(value):
+    with pytest.raises(ProfileError, match="--interval"):
+        check_interval(value)
+
+
+def test_identity_reads_torchrun_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    who = identity()
+    assert (who["rank"], who["local_rank"], who["world_size"]) == (5, 1, 8)
+
+
+def test_identity_of_a_single_process(monkeypatch):
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    who = identity()
+    assert (who["rank"], who["local_rank"], who["world_size"]) == (0, 0, 1)
