@@ -259,8 +259,8 @@ def train_cmd(ctx: dict[str, Any], shards: Path, result: Path) -> list[str]:
 
 
 def profiled_run(run_dir: Path) -> dict[str, Any]:
-    """What the profiler made of a run: its steady rate and data wait, CPU/GPU busy, the findings
-    (top rule first) and `gpufeed show`'s text."""
+    """What the profiler made of a run: its steady rate and data wait, CPU/GPU busy and the
+    findings (top rule first)."""
     import gpufeed
     from gpufeed.demo.compare import steady_rate, training_window_means
 
@@ -302,7 +302,11 @@ def part_e2e(ctx: dict[str, Any]) -> dict[str, Any]:
             m = re.search(r"gpufeed: profiling into (.+)", done["output"])
             if mode == "profiled" and m:
                 run_dir = Path(m.group(1).strip())
-                res["profiler"] = profiled_run(run_dir)
+                try:
+                    res["profiler"] = profiled_run(run_dir)
+                except Exception as e:  # a run the analysis cannot read is a result too
+                    log.add(f"analysis of {run_dir} failed", traceback.format_exc())
+                    res["profiler"] = {"error": f"{type(e).__name__}: {e}"}
                 shown = run(
                     [sys.executable, "-m", "gpufeed.cli", "show", str(run_dir)],
                     ctx["left"](), log, f"show e2e {v}",
@@ -455,7 +459,11 @@ def verdict_rows(parts: dict[str, Any], v: str) -> list[Row]:
             (f"diagnose, {v} shards", said, truth, agree(d["verdict"] == "input-bound", bound))
         )
     prof = run_.get("profiler")
-    if prof:
+    if prof and "error" in prof:
+        out.append(
+            (f"profile + analyze, {v} shards", "failed: " + prof["error"][:160], truth, "**NO**")
+        )
+    elif prof:
         top = prof["top_rule"] or "no finding"
         said = f"top rule {top}; data wait {pct(prof['data_wait_share'])}, GPU {num(prof['gpu_util'])}% busy"
         ok = agree(top in INPUT_RULES, bound)
