@@ -607,7 +607,8 @@ def hardware() -> dict[str, Any]:
     return hw
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Parse the options, run the chosen parts, write and print the results."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
     ap.add_argument(
@@ -624,7 +625,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on a CPU, ResNet-18")
     ap.add_argument("--suite-args", nargs="+", help="what pytest runs (default: tests)")
     ap.add_argument("--suite-timeout", type=float, default=300, help="seconds the suite may take")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     start = time.monotonic()
     if args.child:
         kind, cfg = args.child
@@ -645,7 +646,6 @@ def main() -> None:
         sys.exit("gpu_verdicts.py: no CUDA GPU here; on a CPU run it with --smoke (tiny sizes)")
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.cache / ("verdicts-smoke" if args.smoke else "verdicts")
-    work.mkdir(parents=True, exist_ok=True)
     ctx: dict[str, Any] = {
         "cache": args.cache, "work": work.resolve(), "sizes": sizes(args.smoke), "cuda": cuda,
         "smoke": args.smoke, "suite_args": args.suite_args, "suite_timeout": args.suite_timeout,
@@ -663,6 +663,8 @@ def main() -> None:
     if wanted - {"suite"}:
         wanted.add("data")  # every part but the suite runs on the data set
     chosen = [p for p in PARTS if p in wanted]
+    if "data" in chosen:
+        work.mkdir(parents=True, exist_ok=True)
     for part in chosen:
         if ctx["left"]() < LEAST_S:
             doc["durations"][part] = {

@@ -3,10 +3,10 @@ its --smoke form (tiny sizes on a CPU), a part at a time."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -14,10 +14,15 @@ import torch
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_verdicts.py"
 
 
-def verdicts(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout
-    )
+@pytest.fixture(scope="module")
+def gpu_verdicts() -> ModuleType:
+    """The script as a module: its `main(argv)` is the command line, run in this process (its
+    measurements still run in their own processes)."""
+    spec = importlib.util.spec_from_file_location("gpu_verdicts", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def two_tests(folder: Path, failing: bool) -> Path:
@@ -29,11 +34,13 @@ def two_tests(folder: Path, failing: bool) -> Path:
     return path
 
 
-def test_suite_part_records_the_summary_and_the_failing_test_ids(tmp_path):
+def test_suite_part_records_the_summary_and_the_failing_test_ids(gpu_verdicts, tmp_path):
     tests = two_tests(tmp_path / "t", failing=True)
-    out = tmp_path / "out"
-    cp = verdicts("--smoke", "--only", "suite", "--out", str(out), "--suite-args", str(tests))
-    assert cp.returncode == 0, cp.stderr
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    gpu_verdicts.main(
+        ["--smoke", "--only", "suite", "--out", str(out), "--cache", str(cache),
+         "--suite-args", str(tests)]
+    )  # fmt: skip
 
     suite = json.loads((out / "results.json").read_text())["parts"]["suite"]
     assert suite["summary"].startswith("1 failed, 1 passed")
@@ -41,17 +48,16 @@ def test_suite_part_records_the_summary_and_the_failing_test_ids(tmp_path):
     row = next(ln for ln in (out / "results.md").read_text().splitlines() if "test suite" in ln)
     assert "test_two.py::test_other" in row and "**NO**" in row
     assert "test_two.py::test_other" in (out / "log.txt").read_text()  # the whole output is kept
+    assert not cache.exists()  # the suite alone needs no data set
 
 
 @pytest.mark.slow
-def test_a_later_call_adds_its_verdict_beside_the_earlier_parts(tmp_path):
+def test_a_later_call_adds_its_verdict_beside_the_earlier_parts(gpu_verdicts, tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
     tests = two_tests(tmp_path / "t", failing=False)
-    first = verdicts("--smoke", "--only", "suite", "--out", str(out), "--suite-args", str(tests))
-    assert first.returncode == 0, first.stderr
-
-    cp = verdicts("--smoke", "--only", "diagnose", "--out", str(out), "--cache", str(cache))
-    assert cp.returncode == 0, cp.stderr
+    common = ["--smoke", "--out", str(out), "--cache", str(cache)]
+    gpu_verdicts.main([*common, "--only", "suite", "--suite-args", str(tests)])
+    gpu_verdicts.main([*common, "--only", "diagnose"])
 
     doc = json.loads((out / "results.json").read_text())
     assert doc["parts"]["suite"]["summary"].startswith("2 passed")  # kept from the first call
@@ -63,22 +69,25 @@ def test_a_later_call_adds_its_verdict_beside_the_earlier_parts(tmp_path):
     table = (out / "results.md").read_text()
     assert f"| diagnose, full shards | {diagnosis['verdict']}" in table
     assert "| test suite | 2 passed" in table
-    assert "durations" in doc and doc["hardware"]["torch"] == torch.__version__
+    assert set(doc["durations"]) == {"suite", "data", "diagnose"}
+    assert doc["hardware"]["torch"] == torch.__version__
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the full run is allowed")
-def test_without_cuda_the_full_run_is_refused_in_one_line(tmp_path):
-    cp = verdicts("--out", str(tmp_path / "out"), "--only", "suite")
-    assert cp.returncode != 0
-    assert cp.stderr.strip() == (
+def test_without_cuda_the_full_run_is_refused_in_one_line(gpu_verdicts, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        gpu_verdicts.main(["--out", str(tmp_path / "out"), "--only", "suite"])
+    assert e.value.code == (
         "gpu_verdicts.py: no CUDA GPU here; on a CPU run it with --smoke (tiny sizes)"
     )
+    assert not (tmp_path / "out").exists()
 
 
-def test_an_out_that_is_a_file_is_refused_by_name(tmp_path):
+def test_an_out_that_is_a_file_is_refused_by_name(gpu_verdicts, tmp_path, capsys):
     file = tmp_path / "taken"
     file.write_text("x")
-    cp = verdicts("--smoke", "--out", str(file))
-    assert cp.returncode == 2
-    assert f"--out {file} is a file: give a folder" in cp.stderr
-    assert "Traceback" not in cp.stderr
+    with pytest.raises(SystemExit) as e:
+        gpu_verdicts.main(["--smoke", "--out", str(file)])
+    assert e.value.code == 2
+    assert f"--out {file} is a file: give a folder" in capsys.readouterr().err
+    assert file.read_text() == "x"
