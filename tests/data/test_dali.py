@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -38,17 +39,11 @@ def dali() -> Any:
 def make() -> Iterator[MakeLoader]:
     """`make(data, batch_size, **options)`: a GPU-preprocessing Loader on the CPU (DALI by
     default), closed after the test."""
-    made: list[Loader] = []
-
-    def new(data: Path, batch_size: int, **kw: Any) -> Loader:
-        kw = {"augment": EVAL, "device": "cpu", "preprocess": "gpu", "decoder": "dali", **kw}
-        loader = Loader(data, batch_size, **kw)
-        made.append(loader)
-        return loader
-
-    yield new
-    for loader in made:
-        loader.close()
+    defaults = {"augment": EVAL, "device": "cpu", "preprocess": "gpu", "decoder": "dali"}
+    with ExitStack() as made:
+        yield lambda data, batch_size, **kw: made.enter_context(
+            Loader(data, batch_size, **{**defaults, **kw})
+        )
 
 
 def _batches(loader: Loader) -> list[tuple[torch.Tensor, list[int]]]:

@@ -45,7 +45,8 @@ class DaliDecoder:
         cuda = self.device.type == "cuda"
         device_id = None
         if cuda:
-            device_id = self.device.index if self.device.index is not None else 0
+            index = self.device.index
+            device_id = torch.cuda.current_device() if index is None else index
         pipe = Pipeline(
             batch_size=self.batch_size,
             num_threads=self.threads,
