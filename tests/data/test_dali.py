@@ -154,6 +154,14 @@ def test_dali_strict_raises_naming_the_corrupt_sample(
         _batches(loader)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_dali_that_cannot_run_on_the_device_is_a_clear_error(dali: Any):
+    from gpufeed.data.dali import DaliDecoder
+
+    with pytest.raises(GpufeedError, match=r"DALI cannot decode on cuda:0 .*decoder='nvjpeg'"):
+        DaliDecoder(torch.device("cuda:0"), 8)
+
+
 # --- choosing the decoder ---------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpufeed.errors import GpufeedError
 from gpufeed.extras import require
 
 
@@ -36,7 +37,14 @@ class DaliDecoder:
         require("dali")  # a clear error naming the extra when DALI is missing
         self.device, self.batch_size = device, batch_size
         self.threads = threads or max(1, min(4, os.cpu_count() or 1))
-        self.pipe = self._build()
+        try:
+            self.pipe = self._build()
+        except RuntimeError as e:  # e.g. a DALI build for another CUDA than the driver's
+            raise GpufeedError(
+                f"NVIDIA DALI cannot decode on {device} ({_last_line(e)}): install the DALI "
+                "build for your CUDA (nvidia-dali-cuda130 or -cuda120), or pass "
+                "Loader(decoder='nvjpeg') or decoder='cpu'"
+            ) from None
 
     def _build(self) -> Any:
         from nvidia.dali import fn, types
