@@ -71,8 +71,8 @@ def test_dali_decodes_a_batch_into_one_zero_padded_canvas_as_libjpeg_turbo_does(
     )
     for k, w in enumerate(want):
         h, wd = w.shape[:2]
-        diff = (padded[k, :h, :wd].int() - w.int()).abs()
-        assert diff.float().mean() < 1.0 and diff.max() <= 8  # both libjpeg-turbo, other IDCT
+        # both libjpeg-turbo: the same pixels (here exactly), up to rounding in another build
+        assert (padded[k, :h, :wd].int() - w.int()).abs().max() <= 2
         assert not padded[k, h:].any() and not padded[k, :, wd:].any()
 
 
@@ -93,8 +93,9 @@ def test_dali_batches_are_the_libjpeg_turbo_batches(
     assert [y for _, y in out["dali"]] == [y for _, y in out["cpu"]]
     for (xd, _), (xc, _) in zip(out["dali"], out["cpu"], strict=True):
         assert xd.shape == xc.shape and xd.dtype == xc.dtype == torch.float32
-        # another decode (full size, not DCT-scaled) and resampling: a few levels of 255 apart
-        assert (xd - xc).abs().mean() < 0.1 and (xd - xc).abs().max() < 1.0
+        # libjpeg-turbo decodes DCT-scaled there, full size here, then resamples otherwise: a
+        # couple of levels of 255 apart on average (0.04 after normalization), 20 at most
+        assert (xd - xc).abs().mean() < 0.06 and (xd - xc).abs().max() < 0.6
 
 
 def test_dali_with_heavy_augmentation_draws_the_same_crops_and_flips(
