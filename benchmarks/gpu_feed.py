@@ -1,9 +1,9 @@
 """Does the GPU wait? The same ResNet training loop fed by every input pipeline, side by side, on one
 CUDA GPU: synthetic batches (the ceiling), the classic torchvision ImageFolder + DataLoader, gpufeed
 on CPU workers (full-size and pre-resized shards), gpufeed with GPU decoding (nvJPEG through
-torchvision, and NVIDIA DALI's decoder: `Loader(decoder="dali")`), and NVIDIA DALI's own reader
-pipeline; at augmentation loads 1 and 12 (L × (hflip, vflip, rotation)). Rows that need DALI run
-where `nvidia.dali` imports, the others are skipped with the reason printed.
+torchvision, NVIDIA DALI's decoder: `Loader(decoder="dali")`, and nvImageCodec's), and NVIDIA
+DALI's own reader pipeline; at augmentation loads 1 and 12 (L × (hflip, vflip, rotation)). Rows
+that need DALI run where `nvidia.dali` imports; rows that cannot run are skipped, saying why.
 
 Each pipeline trains in its own fresh process, so its first epoch includes its own start-up and
 cuDNN autotuning. Printed per pipeline: steady images/s (epochs after the first), share of the
@@ -40,6 +40,7 @@ installs and runs the benchmark:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import os
@@ -378,6 +379,16 @@ def pipelines(full: Path, small: Path, loads: list[int]) -> list[tuple[str, dict
                     "needs": ["dali"],
                 },
             ),
+            (
+                f"gpufeed GPU (nvImageCodec decode) L={load}",
+                {
+                    **gpufeed,
+                    "load": load,
+                    "preprocess": "gpu",
+                    "decoder": "nvimgcodec",
+                    "needs": ["cuda", "nvimgcodec"],
+                },
+            ),
             (f"DALI L={load}", {"kind": "dali", "load": load, "needs": ["cuda", "dali"]}),
         ]
     alone = {**gpufeed, "load": 1, "loader_only": True}
@@ -395,6 +406,15 @@ def pipelines(full: Path, small: Path, loads: list[int]) -> list[tuple[str, dict
             "loader alone: gpufeed GPU (DALI decode) L=1",
             {**alone, "preprocess": "gpu", "decoder": "dali", "needs": ["dali"]},
         ),
+        (
+            "loader alone: gpufeed GPU (nvImageCodec decode) L=1",
+            {
+                **alone,
+                "preprocess": "gpu",
+                "decoder": "nvimgcodec",
+                "needs": ["cuda", "nvimgcodec"],
+            },
+        ),
     ]
     return runs
 
@@ -402,12 +422,16 @@ def pipelines(full: Path, small: Path, loads: list[int]) -> list[tuple[str, dict
 SMOKE_CPU = ("synthetic", "DALI decode")  # the rows --smoke runs on a CPU
 
 
-def skip_reason(cfg: dict[str, Any], cuda: bool, dali: bool) -> str | None:
-    """Why this machine cannot run `cfg`'s row, or None."""
-    missing = [n for n in cfg.get("needs", []) if not {"cuda": cuda, "dali": dali}[n]]
+def skip_reason(cfg: dict[str, Any], have: dict[str, bool]) -> str | None:
+    """Why this machine (`have`: cuda, dali, nvimgcodec) cannot run `cfg`'s row, or None."""
+    missing = [n for n in cfg.get("needs", []) if not have[n]]
     if not missing:
         return None
-    what = {"cuda": "a CUDA GPU", "dali": 'NVIDIA DALI (pip install "gpufeed[dali]")'}
+    what = {
+        "cuda": "a CUDA GPU",
+        "dali": 'NVIDIA DALI (pip install "gpufeed[dali]")',
+        "nvimgcodec": 'nvImageCodec (pip install "gpufeed[nvimgcodec]")',
+    }
     return "needs " + " and ".join(what[n] for n in missing)
 
 
@@ -435,7 +459,12 @@ def main() -> None:
 
     from gpufeed.data.dali import dali_importable
 
-    cuda, dali = torch.cuda.is_available(), dali_importable()
+    cuda = torch.cuda.is_available()
+    have = {
+        "cuda": cuda,
+        "dali": dali_importable(),
+        "nvimgcodec": importlib.util.find_spec("nvidia.nvimgcodec") is not None,
+    }
     if args.smoke:
         args.images, args.batch_size, args.loads, args.epochs = 32, 8, [1], 2
         args.model, args.workers, args.size = "resnet18", min(args.workers, 2), 64
@@ -467,7 +496,7 @@ def main() -> None:
         runs = [r for r in runs if any(o in r[0] for o in args.only)]
     results: dict[str, Any] = {}
     for name, extra in runs:
-        why = skip_reason(extra, cuda, dali)
+        why = skip_reason(extra, have)
         if not why and args.smoke and not cuda and not any(k in name for k in SMOKE_CPU):
             why = "not in --smoke without CUDA"
         if why:

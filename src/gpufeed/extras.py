@@ -14,6 +14,10 @@ EXTRAS = {
     "bench": ("matplotlib", "charts of `gpufeed bench` experiments"),
     "gpu": ("torchvision", "JPEG decoding on the GPU (nvJPEG)"),
     "dali": ("nvidia.dali", "JPEG decoding with NVIDIA DALI (Loader(decoder='dali'))"),
+    "nvimgcodec": (
+        "nvidia.nvimgcodec",
+        "JPEG decoding with NVIDIA nvImageCodec (Loader(decoder='nvimgcodec'))",
+    ),
     "ray": (
         "ray",
         "Loader(cluster=...), preprocessing on a Ray cluster (install it on every node)",

@@ -1,7 +1,8 @@
-"""NVIDIA DALI as the device stage's decoder (`Loader(decoder="dali")`), run here with DALI's CPU
-decoder: the real pipeline (external source, decoder, padding) with the batches, exactly-once
-delivery, resumption and corrupt-sample reports of the other paths; the choice of decoder, and
-the clear error when DALI is not installed."""
+"""NVIDIA DALI (and nvImageCodec, the library under it) as the device stage's decoder
+(`Loader(decoder="dali" | "nvimgcodec")`), run here with their CPU decoders: the real pipeline
+(external source, decoder, padding) with the batches, exactly-once delivery, resumption and
+corrupt-sample reports of the other paths; the choice of decoder, and the clear error when DALI
+is not installed or cannot run on the device."""
 
 from __future__ import annotations
 
@@ -33,6 +34,13 @@ MakeLoader = Callable[..., Loader]
 @pytest.fixture
 def dali() -> Any:
     return pytest.importorskip("nvidia.dali")
+
+
+@pytest.fixture(params=["dali", "nvimgcodec"])
+def library(request: pytest.FixtureRequest) -> str:
+    """The decoder option of each library, skipped where it is not installed."""
+    pytest.importorskip({"dali": "nvidia.dali", "nvimgcodec": "nvidia.nvimgcodec"}[request.param])
+    return request.param
 
 
 @pytest.fixture
@@ -76,22 +84,22 @@ def test_dali_decodes_a_batch_into_one_zero_padded_canvas_as_libjpeg_turbo_does(
         assert not padded[k, h:].any() and not padded[k, :, wd:].any()
 
 
-# --- the Loader with decoder="dali" -----------------------------------------------------------
+# --- the Loader with decoder="dali" or "nvimgcodec" --------------------------------------------------------
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_dali_batches_are_the_libjpeg_turbo_batches(
-    shards: Path, make: MakeLoader, dali: Any, num_workers: int
+    shards: Path, make: MakeLoader, library: str, num_workers: int
 ):
     out = {}
-    for decoder in ("cpu", "dali"):
+    for decoder in ("cpu", library):
         loader = make(shards, 8, num_workers=num_workers, decoder=decoder, seed=1)
         loader.set_epoch(2)
         out[decoder] = _batches(loader)
-        want = "dali (cpu)" if decoder == "dali" else "libjpeg-turbo (feeder thread)"
+        want = f"{library} (cpu)" if decoder == library else "libjpeg-turbo (feeder thread)"
         assert loader.stats()["decoder"] == want
-    assert [y for _, y in out["dali"]] == [y for _, y in out["cpu"]]
-    for (xd, _), (xc, _) in zip(out["dali"], out["cpu"], strict=True):
+    assert [y for _, y in out[library]] == [y for _, y in out["cpu"]]
+    for (xd, _), (xc, _) in zip(out[library], out["cpu"], strict=True):
         assert xd.shape == xc.shape and xd.dtype == xc.dtype == torch.float32
         # libjpeg-turbo decodes DCT-scaled there, full size here, then resamples otherwise: a
         # couple of levels of 255 apart on average (0.04 after normalization), 20 at most
@@ -99,28 +107,29 @@ def test_dali_batches_are_the_libjpeg_turbo_batches(
 
 
 def test_dali_with_heavy_augmentation_draws_the_same_crops_and_flips(
-    shards: Path, make: MakeLoader, dali: Any
+    shards: Path, make: MakeLoader, library: str
 ):
     """Random crops, flips and rotations are drawn by the workers: the same as the CPU path's,
     so (resampled otherwise) the batches agree closely in the mean."""
     out = {
-        d: _batches(make(shards, 8, num_workers=2, decoder=d, augment=AUG)) for d in ("cpu", "dali")
+        d: _batches(make(shards, 8, num_workers=2, decoder=d, augment=AUG))
+        for d in ("cpu", library)
     }
-    assert [y for _, y in out["dali"]] == [y for _, y in out["cpu"]]
-    for (xd, _), (xc, _) in zip(out["dali"], out["cpu"], strict=True):
+    assert [y for _, y in out[library]] == [y for _, y in out["cpu"]]
+    for (xd, _), (xc, _) in zip(out[library], out["cpu"], strict=True):
         assert (xd - xc).abs().mean() < 0.15
 
 
 def test_dali_delivers_every_sample_once_per_epoch_and_resumes_mid_epoch(
-    shards: Path, make: MakeLoader, dali: Any
+    shards: Path, make: MakeLoader, library: str
 ):
-    whole = make(shards, 4, num_workers=2, seed=3)
+    whole = make(shards, 4, num_workers=2, seed=3, decoder=library)
     epochs = [_batches(whole) for _ in range(2)]  # epochs 0 and 1, no set_epoch
     for epoch in epochs:
         assert sorted(x for _, y in epoch for x in y) == list(range(48))
     assert [y for _, y in epochs[0]] != [y for _, y in epochs[1]]
 
-    loader = make(shards, 4, num_workers=2, seed=3)
+    loader = make(shards, 4, num_workers=2, seed=3, decoder=library)
     _batches(loader)  # epoch 0
     first = []
     for images, labels in loader:  # epoch 1
@@ -128,7 +137,7 @@ def test_dali_delivers_every_sample_once_per_epoch_and_resumes_mid_epoch(
         if len(first) == 5:
             state = loader.state_dict()
             break
-    resumed = make(shards, 4, num_workers=2, seed=3)
+    resumed = make(shards, 4, num_workers=2, seed=3, decoder=library)
     resumed.load_state_dict(state)
     rest = _batches(resumed)
     assert [y for _, y in first + rest] == [y for _, y in epochs[1]]
@@ -136,9 +145,9 @@ def test_dali_delivers_every_sample_once_per_epoch_and_resumes_mid_epoch(
 
 
 def test_dali_leaves_a_corrupt_jpeg_out_and_reports_it_by_key(
-    corrupt_shards: Path, make: MakeLoader, dali: Any
+    corrupt_shards: Path, make: MakeLoader, library: str
 ):
-    loader = make(corrupt_shards, 4, num_workers=0)
+    loader = make(corrupt_shards, 4, num_workers=0, decoder=library)
     got = [y for _, y in _batches(loader)]
     assert [x for b in got for x in b] == [0] * 10  # the ten good ones, the bad one left out
     (report,) = loader.stats()["corrupt_samples"]
@@ -148,19 +157,21 @@ def test_dali_leaves_a_corrupt_jpeg_out_and_reports_it_by_key(
 
 
 def test_dali_strict_raises_naming_the_corrupt_sample(
-    corrupt_shards: Path, make: MakeLoader, dali: Any
+    corrupt_shards: Path, make: MakeLoader, library: str
 ):
-    loader = make(corrupt_shards, 4, num_workers=0, strict=True)
+    loader = make(corrupt_shards, 4, num_workers=0, strict=True, decoder=library)
     with pytest.raises(CorruptSampleError, match=r"shard .*shard-00000\.tar, key \S*_bad"):
         _batches(loader)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
-def test_dali_that_cannot_run_on_the_device_is_a_clear_error(dali: Any):
+def test_a_library_that_cannot_run_on_the_device_is_a_clear_error(library: str):
     from gpufeed.data.dali import DaliDecoder
+    from gpufeed.data.nvimgcodec import NvImageCodecDecoder
 
-    with pytest.raises(GpufeedError, match=r"DALI cannot decode on cuda:0 .*decoder='nvjpeg'"):
-        DaliDecoder(torch.device("cuda:0"), 8)
+    cuda = torch.device("cuda:0")
+    with pytest.raises(GpufeedError, match=r"cannot decode on cuda:0 .*decoder='nvjpeg'"):
+        DaliDecoder(cuda, 8) if library == "dali" else NvImageCodecDecoder(cuda)
 
 
 # --- choosing the decoder ---------------------------------------------------------------------
@@ -177,7 +188,9 @@ def test_dali_asked_for_but_missing_is_a_clear_error_naming_the_extra(
 
 
 def test_an_unknown_decoder_or_nvjpeg_without_cuda_is_refused(shards: Path, make: MakeLoader):
-    with pytest.raises(ValueError, match=r"decoder='turbo': choose one of auto, dali, nvjpeg"):
+    with pytest.raises(
+        ValueError, match=r"decoder='turbo': choose one of auto, dali, nvimgcodec, nvjpeg, cpu"
+    ):
         make(shards, 4, decoder="turbo")
     with pytest.raises(GpufeedError, match=r"decoder='nvjpeg' needs a CUDA device"):
         make(shards, 4, decoder="nvjpeg")

@@ -36,6 +36,7 @@ from gpufeed.data.augment import Box, _base_grid, _normalizer
 from gpufeed.data.batch import CorruptSampleError, batch_generator, build_batch, cpu_decoder
 from gpufeed.data.dali import DaliDecoder, dali_importable
 from gpufeed.data.dataset import RawSample
+from gpufeed.data.nvimgcodec import NvImageCodecDecoder
 from gpufeed.data.plan import Position
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
@@ -64,14 +65,14 @@ _warned_gpu: list[bool] = []  # warn once per process
 
 
 def decoder_choice(spec: BatchSpec, device: torch.device) -> str:
-    """Who decodes `spec`'s batches for `device`: "workers", "dali", "nvjpeg" or "cpu" (the
-    feeder thread); a clear error when the decoder asked for cannot run here."""
+    """Who decodes `spec`'s batches for `device`: "workers", "dali", "nvimgcodec", "nvjpeg" or
+    "cpu" (the feeder thread); a clear error when the decoder asked for cannot run here."""
     if spec.handoff == "decoded":
         return "workers"
     cuda = device.type == "cuda"
-    if spec.decoder == "dali":
-        require("dali")
-        return "dali"
+    if spec.decoder in ("dali", "nvimgcodec"):
+        require(spec.decoder)
+        return spec.decoder
     if spec.decoder == "nvjpeg":
         if not cuda:
             raise GpufeedError(
@@ -92,6 +93,8 @@ def decoder_name(spec: BatchSpec, device: torch.device) -> str:
     choice = decoder_choice(spec, device)
     if choice == "dali":
         return "dali (mixed)" if device.type == "cuda" else "dali (cpu)"
+    if choice == "nvimgcodec":
+        return "nvimgcodec (cuda)" if device.type == "cuda" else "nvimgcodec (cpu)"
     return DECODER_NAMES[choice]
 
 
@@ -140,10 +143,14 @@ class DeviceStage:
         self.scale, shift = _normalizer(spec.augment.mean, spec.augment.std, device)
         self.neg_shift = -shift
         self.decoder = decoder_choice(spec, device)
-        self.dali = DaliDecoder(device, spec.batch_size) if self.decoder == "dali" else None
+        self.library: DaliDecoder | NvImageCodecDecoder | None = None
+        if self.decoder == "dali":
+            self.library = DaliDecoder(device, spec.batch_size)
+        elif self.decoder == "nvimgcodec":
+            self.library = NvImageCodecDecoder(device)
         # on CUDA, two steps on two threads: decode (first) and resample (second), each its own
-        # stream; DALI on the CPU does both on the feeder thread
-        self.split = self.cuda and self.decoder in ("dali", "nvjpeg")
+        # stream; DALI or nvImageCodec on the CPU do both on the feeder thread
+        self.split = self.cuda and self.decoder in ("dali", "nvimgcodec", "nvjpeg")
         self.stream2 = torch.cuda.Stream(device, priority=-1) if self.split else None
         self.seconds = {"wait_workers": 0.0, "first": 0.0, "second": 0.0}
         self.decoder_name = decoder_name(spec, device)
@@ -167,8 +174,8 @@ class DeviceStage:
             corrupt = list(meta["corrupt"])
         elif self.decoder == "nvjpeg":
             return self._decode_to_canvas(at, index, meta)
-        elif self.decoder == "dali":
-            part = self._dali_to_canvas(at, index, meta)
+        elif self.library is not None:
+            part = self._library_to_canvas(at, index, meta)
             return (part, None) if self.split else (self._resample(part), None)
         else:
             (images, labels), done, corrupt = self._encoded_cpu(at, index, n, meta["keys"])
@@ -302,23 +309,26 @@ class DeviceStage:
         part = (at, canvases, params, labels, corrupt, meta, filled)
         return part, done
 
-    def _dali_to_canvas(self, at: Position, index: int, meta: dict[str, Any]) -> Any:
-        """DALI decodes the slot's images into one padded batch, made float canvases here; the
-        slot may be reused at once (DALI copies its input)."""
-        assert self.dali is not None
+    def _library_to_canvas(self, at: Position, index: int, meta: dict[str, Any]) -> Any:
+        """DALI (one padded batch) or nvImageCodec (one image each) decodes the slot's images,
+        made float canvases here; the slot may be reused at once (both are done reading it)."""
         n, keys = meta["n"], meta["keys"]
-        # DALI decodes PNG and the like too: only images with an unreadable header are left out
+        # both decode PNG and the like too: only images with an unreadable header are left out
         bad = {int(i): why for i, why in meta["bad"].items() if why != "not a JPEG"}
         buf = self.slots.images[index].numpy()
         offs = self.slots.offsets[index, : n + 1].tolist()
         ok = [i for i in range(n) if i not in bad]
-        padded, failed = self.dali.decode_each(
-            [buf[offs[i] : offs[i + 1]] for i in ok], self.stream
-        )
+        data = [buf[offs[i] : offs[i + 1]] for i in ok]
+        if isinstance(self.library, DaliDecoder):
+            padded, failed = self.library.decode_each(data, self.stream)
+            canvases = [] if padded is None else padded_canvases(padded)
+        else:
+            assert self.library is not None
+            images, failed = self.library.decode_each(data, self.stream)
+            canvases = fill_canvases([im.permute(2, 0, 1) for im in images])
         bad.update({ok[j]: why for j, why in failed.items()})
         corrupt = self._report(keys, bad)
         keep = [i for i in ok if i not in bad]
-        canvases = [] if padded is None else padded_canvases(padded)
         filled = None
         if self.cuda:
             filled = torch.cuda.Event()

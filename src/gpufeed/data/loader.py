@@ -78,8 +78,9 @@ class Loader:
     device stage runs here, with the same batches, resumption and corrupt-sample reports.
 
     With `preprocess="gpu"`, `decoder` chooses who decodes on the device stage: "dali" (NVIDIA
-    DALI, `pip install "gpufeed[dali]"`; its CPU decoder when the device is the CPU), "nvjpeg"
-    (torchvision), "cpu" (libjpeg-turbo) or "auto" (the first of these that can run on CUDA).
+    DALI, `pip install "gpufeed[dali]"`; its CPU decoder when the device is the CPU),
+    "nvimgcodec" (the library under DALI, on its own), "nvjpeg" (torchvision), "cpu"
+    (libjpeg-turbo) or "auto" (DALI, else nvJPEG on CUDA; else libjpeg-turbo).
     """
 
     def __init__(

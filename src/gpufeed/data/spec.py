@@ -15,8 +15,8 @@ from gpufeed.data.augment import Augment
 # "encoded" = the undecoded image bytes, for decoding on the device.
 HANDOFFS = ("decoded", "encoded")
 # Who decodes "encoded" slots on the device stage: "auto" = DALI where importable on CUDA, else
-# nvJPEG (torchvision), else libjpeg-turbo on the feeder thread.
-DECODERS = ("auto", "dali", "nvjpeg", "cpu")
+# nvJPEG (torchvision), else libjpeg-turbo on the feeder thread; "nvimgcodec" only when asked for.
+DECODERS = ("auto", "dali", "nvimgcodec", "nvjpeg", "cpu")
 
 
 @dataclass(frozen=True)
