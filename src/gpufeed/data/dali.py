@@ -96,6 +96,8 @@ class DaliDecoder:
     ) -> tuple[torch.Tensor | None, dict[int, str]]:
         """`decode`, leaving out the images DALI cannot decode: (the canvas of the others, or
         None if none is left; {image: why} of those left out). One by one only after a failure."""
+        if not data:
+            return None, {}
         try:
             return self.decode(data, stream), {}
         except RuntimeError:

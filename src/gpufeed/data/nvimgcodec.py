@@ -51,6 +51,8 @@ class NvImageCodecDecoder:
     ) -> tuple[list[torch.Tensor], dict[int, str]]:
         """(uint8 H×W×3 images of those that decode, in order; {image: why} of the others).
         On CUDA the images are ready in `stream`'s order and valid until the next call."""
+        if not data:
+            return [], {}
         kw: dict[str, Any] = {"params": self.params}
         if stream is not None:
             kw["cuda_stream"] = int(stream.cuda_stream)
