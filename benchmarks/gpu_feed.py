@@ -1,7 +1,9 @@
 """Does the GPU wait? The same ResNet training loop fed by every input pipeline, side by side, on one
 CUDA GPU: synthetic batches (the ceiling), the classic torchvision ImageFolder + DataLoader, gpufeed
-on CPU workers (full-size and pre-resized shards), gpufeed with GPU decoding, and NVIDIA DALI when
-it is importable; at augmentation loads 1 and 12 (L × (hflip, vflip, rotation)).
+on CPU workers (full-size and pre-resized shards), gpufeed with GPU decoding (nvJPEG through
+torchvision, NVIDIA DALI's decoder: `Loader(decoder="dali")`, and nvImageCodec's), and NVIDIA
+DALI's own reader pipeline; at augmentation loads 1 and 12 (L × (hflip, vflip, rotation)). Rows
+that need DALI run where `nvidia.dali` imports; rows that cannot run are skipped, saying why.
 
 Each pipeline trains in its own fresh process, so its first epoch includes its own start-up and
 cuDNN autotuning. Printed per pipeline: steady images/s (epochs after the first), share of the
@@ -10,11 +12,35 @@ the first epoch (pipeline start included) and the data-wait share. Also the load
 
 Run (one command, on a CUDA machine): python benchmarks/gpu_feed.py --out benchmarks/results/gpu-feed
 Options: --images 8192 --batch-size 256 --workers (cores-1) --loads 1 12 --epochs 4 --model resnet50
+`--smoke`: a few images, ResNet-18 on 64×64, one load, two epochs; without CUDA it runs on the CPU the rows
+that can (synthetic, gpufeed with DALI's CPU decoder) and says why it skips the others.
+
+DALI on a GPU machine without registry access: its wheels travel with the working tree, which
+carries at most 64 MiB per call, so they go in 60 MiB pieces over consecutive calls (the machine
+stays warm between them). Here, in the repo root (Python 3.12 there):
+
+    echo /.whl/ >> .git/info/exclude
+    pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d /tmp/dali-wheels \
+      nvidia-dali-cuda130==2.4.0 nvidia-nvimgcodec-cu13==0.9.0.20 nvidia-nvjpeg==13.3.2.43 \
+      nvidia-nvjpeg2k-cu13==0.11.0.51 nvidia-nvtiff-cu13==0.8.0.82 \
+      nvidia-libnvcomp-cu13==5.3.0.16 astunparse==1.6.3 gast==0.7.0 six==1.17.0 \
+      optree==0.20.0 nvtx==0.2.17 makefun==1.16.0 libcst==1.9.0 simplejpeg
+    cd /tmp/dali-wheels && for w in *.whl; do split -b 60M -d "$w" "$w.part-"; rm "$w"; done
+
+then, per call, put the next pieces (at most 60 MiB together) alone in .whl/ and carry it:
+`run(command="mkdir -p /tmp/w && cp .whl/* /tmp/w/", carry=[".whl"])`; the last call joins them,
+installs and runs the benchmark:
+
+    cd /tmp/w && for p in *.part-00; do cat "${p%.part-00}".part-* > "${p%.part-00}"; done && \
+    cd - && python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/w/*.whl && \
+    PYTHONPATH=/tmp/site:src python3 benchmarks/gpu_feed.py --out $OUT/gpu-feed
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import os
@@ -120,7 +146,7 @@ def _classic(cfg: dict[str, Any]) -> Any:
     import torchvision.datasets as D
     import torchvision.transforms as T
 
-    tf = [T.RandomResizedCrop(224)]
+    tf = [T.RandomResizedCrop(cfg["size"])]
     for _ in range(cfg["load"]):
         tf += [T.RandomHorizontalFlip(), T.RandomVerticalFlip(), T.RandomRotation(15)]
     tf += [T.ToTensor(), T.Normalize(MEAN, STD)]
@@ -145,8 +171,9 @@ def _gpufeed(cfg: dict[str, Any]) -> Any:
         cfg["batch_size"],
         num_workers=cfg["workers"],
         preprocess=cfg["preprocess"],
-        device="cuda",
-        augment=Augment.load_factor(cfg["load"], size=(224, 224)),
+        decoder=cfg.get("decoder", "auto"),
+        device=cfg["device"],
+        augment=Augment.load_factor(cfg["load"], size=(cfg["size"], cfg["size"])),
         channels_last=True,
         drop_last=True,
     )
@@ -166,7 +193,7 @@ def _dali(cfg: dict[str, Any]) -> Any:
             random_area=[0.08, 1.0],
             random_aspect_ratio=[0.75, 4 / 3],
         )
-        images = fn.resize(images, resize_x=224, resize_y=224)
+        images = fn.resize(images, resize_x=cfg["size"], resize_y=cfg["size"])
         for _ in range(cfg["load"]):
             images = fn.flip(
                 images, horizontal=fn.random.coin_flip(), vertical=fn.random.coin_flip()
@@ -201,13 +228,13 @@ def _dali(cfg: dict[str, Any]) -> Any:
 
 
 class _Synthetic:
-    def __init__(self, batch_size: int, steps: int) -> None:
+    def __init__(self, batch_size: int, steps: int, device: str, size: int) -> None:
         import torch
 
-        self.x = torch.randn(batch_size, 3, 224, 224, device="cuda").contiguous(
+        self.x = torch.randn(batch_size, 3, size, size, device=device).contiguous(
             memory_format=torch.channels_last
         )
-        self.y = torch.randint(0, 1000, (batch_size,), device="cuda")
+        self.y = torch.randint(0, 1000, (batch_size,), device=device)
         self.steps = steps
 
     def __iter__(self):  # type: ignore[no-untyped-def]
@@ -221,7 +248,12 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     from gpufeed.train.resnet import resnet
 
     torch.backends.cudnn.benchmark = True
-    dev = torch.device("cuda")
+    dev = torch.device(cfg["device"])
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
     sampler = GpuSampler()
     model = None
     if not cfg.get("loader_only"):
@@ -229,18 +261,19 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-5)
 
         def step(x: Any, y: Any) -> None:
-            with torch.autocast("cuda", torch.bfloat16):
+            # bf16 on CUDA; float32 on a CPU (--smoke), where bf16 is emulated and very slow
+            with torch.autocast("cuda", torch.bfloat16, enabled=dev.type == "cuda"):
                 loss = torch.nn.functional.cross_entropy(model(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
 
-    torch.cuda.synchronize()
+    sync()
     t_build = time.perf_counter()
     kind = cfg["kind"]
     steps = cfg["images_n"] // cfg["batch_size"]
     loader = {
-        "synthetic": lambda c: _Synthetic(c["batch_size"], steps),
+        "synthetic": lambda c: _Synthetic(c["batch_size"], steps, c["device"], c["size"]),
         "classic": _classic,
         "gpufeed": _gpufeed,
         "dali": _dali,
@@ -267,7 +300,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
             if model is not None:
                 step(x, y)
             n += len(y)
-        torch.cuda.synchronize()
+        sync()
         sampler.active = False
         epochs.append(
             {
@@ -314,6 +347,94 @@ def run_child(cfg: dict[str, Any], timeout: float) -> dict[str, Any]:
     return {"error": (p.stderr or p.stdout)[-1500:]}
 
 
+def pipelines(full: Path, small: Path, loads: list[int]) -> list[tuple[str, dict[str, Any]]]:
+    """(name, config) of every run: `needs` lists what a row cannot run without."""
+    gpufeed = {"kind": "gpufeed", "shards": str(full)}
+    runs: list[tuple[str, dict[str, Any]]] = [("synthetic", {"kind": "synthetic", "load": 0})]
+    for load in loads:
+        runs += [
+            (f"classic torchvision L={load}", {"kind": "classic", "load": load, "needs": ["cuda"]}),
+            (f"gpufeed CPU full-size L={load}", {**gpufeed, "load": load, "preprocess": "cpu"}),
+            (
+                f"gpufeed CPU resized-256 L={load}",
+                {**gpufeed, "load": load, "shards": str(small), "preprocess": "cpu"},
+            ),
+            (
+                f"gpufeed GPU (nvJPEG) L={load}",
+                {
+                    **gpufeed,
+                    "load": load,
+                    "preprocess": "gpu",
+                    "decoder": "nvjpeg",
+                    "needs": ["cuda"],
+                },
+            ),
+            (
+                f"gpufeed GPU (DALI decode) L={load}",
+                {
+                    **gpufeed,
+                    "load": load,
+                    "preprocess": "gpu",
+                    "decoder": "dali",
+                    "needs": ["dali"],
+                },
+            ),
+            (
+                f"gpufeed GPU (nvImageCodec decode) L={load}",
+                {
+                    **gpufeed,
+                    "load": load,
+                    "preprocess": "gpu",
+                    "decoder": "nvimgcodec",
+                    "needs": ["cuda", "nvimgcodec"],
+                },
+            ),
+            (f"DALI L={load}", {"kind": "dali", "load": load, "needs": ["cuda", "dali"]}),
+        ]
+    alone = {**gpufeed, "load": 1, "loader_only": True}
+    runs += [
+        ("loader alone: gpufeed CPU full-size L=1", {**alone, "preprocess": "cpu"}),
+        (
+            "loader alone: gpufeed CPU resized-256 L=1",
+            {**alone, "shards": str(small), "preprocess": "cpu"},
+        ),
+        (
+            "loader alone: gpufeed GPU (nvJPEG) L=1",
+            {**alone, "preprocess": "gpu", "decoder": "nvjpeg", "needs": ["cuda"]},
+        ),
+        (
+            "loader alone: gpufeed GPU (DALI decode) L=1",
+            {**alone, "preprocess": "gpu", "decoder": "dali", "needs": ["dali"]},
+        ),
+        (
+            "loader alone: gpufeed GPU (nvImageCodec decode) L=1",
+            {
+                **alone,
+                "preprocess": "gpu",
+                "decoder": "nvimgcodec",
+                "needs": ["cuda", "nvimgcodec"],
+            },
+        ),
+    ]
+    return runs
+
+
+SMOKE_CPU = ("synthetic", "DALI decode")  # the rows --smoke runs on a CPU
+
+
+def skip_reason(cfg: dict[str, Any], have: dict[str, bool]) -> str | None:
+    """Why this machine (`have`: cuda, dali, nvimgcodec) cannot run `cfg`'s row, or None."""
+    missing = [n for n in cfg.get("needs", []) if not have[n]]
+    if not missing:
+        return None
+    what = {
+        "cuda": "a CUDA GPU",
+        "dali": 'NVIDIA DALI (pip install "gpufeed[dali]")',
+        "nvimgcodec": 'nvImageCodec (pip install "gpufeed[nvimgcodec]")',
+    }
+    return "needs " + " and ".join(what[n] for n in missing)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -328,15 +449,29 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=Path(".gpufeed-cache/gpu-bench"))
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=240)
+    ap.add_argument("--size", type=int, default=224, help="image side the model sees")
+    ap.add_argument("--smoke", action="store_true", help="a small, quick run (also on CPU)")
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(json.loads(args.child))), flush=True)
         return
     import torch
 
-    if not torch.cuda.is_available():
+    from gpufeed.data.dali import dali_importable
+
+    cuda = torch.cuda.is_available()
+    have = {
+        "cuda": cuda,
+        "dali": dali_importable(),
+        "nvimgcodec": importlib.util.find_spec("nvidia.nvimgcodec") is not None,
+    }
+    if args.smoke:
+        args.images, args.batch_size, args.loads, args.epochs = 32, 8, [1], 2
+        args.model, args.workers, args.size = "resnet18", min(args.workers, 2), 64
+    elif not cuda:
         sys.exit(
-            "gpu_feed.py needs a CUDA GPU (the CPU benchmark is benchmarks/feed_efficiency.py)"
+            "gpu_feed.py needs a CUDA GPU (--smoke runs a small version on the CPU; the CPU "
+            "benchmark is benchmarks/feed_efficiency.py)"
         )
     t0 = time.time()
     root, full, small = make_data(args.cache, args.images, args.quality)
@@ -353,53 +488,21 @@ def main() -> None:
         "model": args.model,
         "images": str(root),
         "images_n": args.images,
+        "device": "cuda" if cuda else "cpu",
+        "size": args.size,
     }
-    try:
-        import nvidia.dali  # noqa: F401
-
-        has_dali = True
-    except ImportError:
-        has_dali = False
-    runs: list[tuple[str, dict[str, Any]]] = [("synthetic", {"kind": "synthetic", "load": 0})]
-    for load in args.loads:
-        runs += [
-            (f"classic torchvision L={load}", {"kind": "classic", "load": load}),
-            (
-                f"gpufeed CPU full-size L={load}",
-                {"kind": "gpufeed", "load": load, "shards": str(full), "preprocess": "cpu"},
-            ),
-            (
-                f"gpufeed CPU resized-256 L={load}",
-                {"kind": "gpufeed", "load": load, "shards": str(small), "preprocess": "cpu"},
-            ),
-            (
-                f"gpufeed GPU L={load}",
-                {"kind": "gpufeed", "load": load, "shards": str(full), "preprocess": "gpu"},
-            ),
-        ]
-        if has_dali:
-            runs.append((f"DALI L={load}", {"kind": "dali", "load": load}))
-    for name, shards, mode in (
-        ("full-size", full, "cpu"),
-        ("resized-256", small, "cpu"),
-        ("full-size", full, "gpu"),
-    ):
-        runs.append(
-            (
-                f"gpufeed {mode.upper()} {name} L=1, loader alone",
-                {
-                    "kind": "gpufeed",
-                    "load": 1,
-                    "shards": str(shards),
-                    "preprocess": mode,
-                    "loader_only": True,
-                },
-            )
-        )
+    runs = pipelines(full, small, args.loads)
     if args.only:
         runs = [r for r in runs if any(o in r[0] for o in args.only)]
     results: dict[str, Any] = {}
     for name, extra in runs:
+        why = skip_reason(extra, have)
+        if not why and args.smoke and not cuda and not any(k in name for k in SMOKE_CPU):
+            why = "not in --smoke without CUDA"
+        if why:
+            print(f"{name}: skipped, {why}", flush=True)
+            results[name] = {"skipped": why}
+            continue
         res = run_child({**base, **extra}, args.timeout)
         results[name] = res
         if args.out:  # as it goes: a run cut short still leaves what it measured
@@ -415,12 +518,14 @@ def main() -> None:
                 flush=True,
             )
     ceiling = results.get("synthetic", {}).get("rate")
-    gpu = torch.cuda.get_device_name(0)
+    device = torch.cuda.get_device_name(0) if cuda else "no GPU (CPU run)"
     lines = [
         f"# GPU feed benchmark ({time.strftime('%Y-%m-%d %H:%M')})",
         "",
-        f"Device: {gpu}, {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}); "
-        f"torch {torch.__version__}. Model {args.model}, bf16 autocast, channels_last, SGD, batch "
+        f"Device: {device}, {os.cpu_count()} CPU cores "
+        f"({platform.processor() or platform.machine()}); "
+        f"torch {torch.__version__}. Model {args.model} on {args.size}×{args.size}, "
+        f"{'bf16 autocast' if cuda else 'float32'}, channels_last, SGD, batch "
         f"{args.batch_size}, {args.workers} loader workers, {args.epochs} epochs of "
         f"{args.images} photo-like JPEGs (mean {sum(sizes) / len(sizes) / 1024:.0f} KiB, short "
         "side 300-500); each pipeline in a fresh process. img/s = epochs 2.. (steady); "
@@ -431,8 +536,9 @@ def main() -> None:
         "|---|---|---|---|---|---|---|",
     ]
     for name, res in results.items():
-        if "error" in res:
-            lines.append(f"| {name} | failed | | | | | |")
+        if "skipped" in res or "error" in res:
+            status = f"skipped: {res['skipped']}" if "skipped" in res else "failed"
+            lines.append(f"| {name} | {status} | | | | | |")
             continue
         share = f"{res['rate'] / ceiling:.3f}" if ceiling else ""
         util = f"{res['gpu_util']:.0f}" if res.get("gpu_util") is not None else ""

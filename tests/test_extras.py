@@ -117,6 +117,7 @@ def test_bench_charts_without_the_bench_extra_warn_and_keep_the_results(tmp_path
     [
         ("gpu", "torchvision"),
         ("dali", "nvidia"),
+        ("nvimgcodec", "nvidia"),
         ("bench", "matplotlib"),
         ("ray", "ray"),
         ("tensorboard", "tensorboard"),

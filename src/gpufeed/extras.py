@@ -13,7 +13,11 @@ EXTRAS = {
     "s3": ("s3fs", "reading and writing s3:// data sets"),
     "bench": ("matplotlib", "charts of `gpufeed bench` experiments"),
     "gpu": ("torchvision", "JPEG decoding on the GPU (nvJPEG)"),
-    "dali": ("nvidia.dali", "the DALI comparison pipeline of benchmarks/gpu_feed.py"),
+    "dali": ("nvidia.dali", "JPEG decoding with NVIDIA DALI (Loader(decoder='dali'))"),
+    "nvimgcodec": (
+        "nvidia.nvimgcodec",
+        "JPEG decoding with NVIDIA nvImageCodec (Loader(decoder='nvimgcodec'))",
+    ),
     "ray": (
         "ray",
         "Loader(cluster=...), preprocessing on a Ray cluster (install it on every node)",

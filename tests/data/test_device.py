@@ -11,11 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gpufeed.data import device
 from gpufeed.data.augment import Augment, _rotation
 from gpufeed.data.batch import batch_generator, build_batch
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.decode import image_size
-from gpufeed.data.device import DeviceStage, resample_batch
+from gpufeed.data.device import DeviceStage, fill_canvases, padded_canvases, resample_batch
 from gpufeed.data.plan import Position
 from gpufeed.data.produce import fill_slot
 from gpufeed.data.slots import Slots
@@ -198,6 +199,23 @@ def test_images_of_a_batch_are_resampled_as_if_alone():
     for k, (image, box) in enumerate(cases):
         alone = resample_batch([image], [box], theta[k : k + 1], OUT)[0]
         torch.testing.assert_close(together[k], alone, atol=0.01, rtol=0)  # float32 coords
+
+
+def test_a_padded_batch_makes_the_canvases_of_its_images(monkeypatch: pytest.MonkeyPatch):
+    """DALI's zero-padded uint8 N×H×W×3 output gives the canvases `fill_canvases` makes of the
+    same images, split alike when one canvas would be too large."""
+    gen = torch.Generator().manual_seed(5)
+    images = [
+        _smooth_image(h, w, gen) for h, w in ((40, 52), (48, 44), (36, 60), (44, 40), (40, 40))
+    ]
+    padded = torch.zeros((5, 48, 60, 3), dtype=torch.uint8)
+    for k, im in enumerate(images):
+        padded[k, : im.shape[1], : im.shape[2]] = im.permute(1, 2, 0)
+    monkeypatch.setattr(device, "CANVAS_ELEMENTS", 2 * 3 * 48 * 60)  # two images per canvas
+    got, want = padded_canvases(padded), fill_canvases(images)
+    assert [c.shape[0] for c in got] == [c.shape[0] for c in want] == [2, 2, 1]
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert got[0].dtype == torch.float32 and got[0].is_contiguous()
 
 
 def test_no_warp_is_a_plain_crop_and_resize():

@@ -28,6 +28,7 @@ from processes import gone, wait_until
 from gpufeed.data.augment import Augment
 from gpufeed.data.batch import CorruptSampleError, batch_generator, build_batch
 from gpufeed.data.budget import default_max_host_bytes, machine_memory
+from gpufeed.data.dali import dali_importable
 from gpufeed.data.dataset import RawSample, ShardDataset
 from gpufeed.data.device import nvjpeg_available
 from gpufeed.data.loader import Loader
@@ -761,7 +762,7 @@ def test_gpu_preprocess_on_cuda_delivers_device_batches(shards: Path, make: Make
     st = loader.stats()
     assert st["device_max_allocated"] > 0
     nvjpeg = "nvjpeg (torchvision)" if nvjpeg_available() else "libjpeg-turbo (feeder thread)"
-    assert st["decoder"] == nvjpeg
+    assert st["decoder"] == ("dali (mixed)" if dali_importable() else nvjpeg)  # decoder="auto"
     cpu = make(shards, 8, num_workers=2, augment=AUG, preprocess="cpu", device="cpu", seed=1)
     xc = torch.cat([x for x, _ in cpu])
     xg = torch.cat([x for x, _ in batches]).cpu()

@@ -8,11 +8,13 @@ high-priority stream, so its few kernels slot in between the training step's:
   and this is one copy out of the slot;
 - "encoded" slots (JPEG bytes, with sizes and random parameters drawn by the workers): in two
   steps on two threads and streams, so decoding batch k+1 overlaps resampling batch k:
-  `first` = a batched nvJPEG decode (torchvision; the GPU's hardware JPEG decoder where it has
-  one) into one zero-padded canvas; `second` = crop + resize + the first augmentation warp as ONE
-  batched, supersampled bilinear resampling of all images (`sample_canvas`), then the other
-  warps and normalization, batched. Without CUDA or torchvision the same batch is made with
-  libjpeg-turbo on the feeder thread (`build_batch`), which is what the CPU tests exercise.
+  `first` = a batched decode into one zero-padded canvas, by NVIDIA DALI (`gpufeed.data.dali`:
+  the hardware JPEG decoder, own memory pools and streams) or nvJPEG through torchvision;
+  `second` = crop + resize + the first augmentation warp as ONE batched, supersampled bilinear
+  resampling of all images (`sample_canvases`), then the other warps and normalization, batched.
+  `BatchSpec.decoder` chooses (`decoder_choice`). Asked for on the CPU, DALI decodes with its CPU
+  decoder and both steps run on the feeder thread; without DALI or CUDA the same batch is made
+  with libjpeg-turbo on the feeder thread (`build_batch`).
 Random parameters come from the same per-batch generator as on CPU workers, so both paths draw
 the same crops, flips and angles.
 """
@@ -32,10 +34,13 @@ import torch.nn.functional as F
 
 from gpufeed.data.augment import Box, _base_grid, _normalizer
 from gpufeed.data.batch import CorruptSampleError, batch_generator, build_batch, cpu_decoder
+from gpufeed.data.dali import DaliDecoder, dali_importable
 from gpufeed.data.dataset import RawSample
+from gpufeed.data.nvimgcodec import NvImageCodecDecoder
 from gpufeed.data.plan import Position
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
+from gpufeed.errors import GpufeedError
 from gpufeed.extras import MissingExtra, require
 
 MAX_TAPS = 3  # supersampling taps per axis: antialiasing for downscales up to 3×
@@ -59,13 +64,45 @@ def nvjpeg_available() -> bool:
 _warned_gpu: list[bool] = []  # warn once per process
 
 
+def decoder_choice(spec: BatchSpec, device: torch.device) -> str:
+    """Who decodes `spec`'s batches for `device`: "workers", "dali", "nvimgcodec", "nvjpeg" or
+    "cpu" (the feeder thread); a clear error when the decoder asked for cannot run here."""
+    if spec.handoff == "decoded":
+        return "workers"
+    cuda = device.type == "cuda"
+    if spec.decoder in ("dali", "nvimgcodec"):
+        require(spec.decoder)
+        return spec.decoder
+    if spec.decoder == "nvjpeg":
+        if not cuda:
+            raise GpufeedError(
+                f"decoder='nvjpeg' needs a CUDA device, not {device}: use decoder='dali' or 'cpu'"
+            )
+        require("gpu")
+        return "nvjpeg"
+    if spec.decoder == "auto" and cuda:
+        if dali_importable():
+            return "dali"
+        if nvjpeg_available():
+            return "nvjpeg"
+    return "cpu"
+
+
 def decoder_name(spec: BatchSpec, device: torch.device) -> str:
     """Which decoder makes `spec`'s batches for `device`, and where it runs."""
-    if spec.handoff == "decoded":
-        return "libjpeg-turbo (CPU workers)"
-    if device.type == "cuda" and nvjpeg_available():
-        return "nvjpeg (torchvision)"
-    return "libjpeg-turbo (feeder thread)"
+    choice = decoder_choice(spec, device)
+    if choice == "dali":
+        return "dali (mixed)" if device.type == "cuda" else "dali (cpu)"
+    if choice == "nvimgcodec":
+        return "nvimgcodec (cuda)" if device.type == "cuda" else "nvimgcodec (cpu)"
+    return DECODER_NAMES[choice]
+
+
+DECODER_NAMES = {
+    "workers": "libjpeg-turbo (CPU workers)",
+    "nvjpeg": "nvjpeg (torchvision)",
+    "cpu": "libjpeg-turbo (feeder thread)",
+}
 
 
 @dataclass
@@ -105,9 +142,15 @@ class DeviceStage:
         self.stream = torch.cuda.Stream(device, priority=-1) if self.cuda else None
         self.scale, shift = _normalizer(spec.augment.mean, spec.augment.std, device)
         self.neg_shift = -shift
-        self.nvjpeg = spec.handoff == "encoded" and self.cuda and nvjpeg_available()
-        # two steps on two threads: decode (first) and resample (second), each its own stream
-        self.split = self.nvjpeg
+        self.decoder = decoder_choice(spec, device)
+        self.library: DaliDecoder | NvImageCodecDecoder | None = None
+        if self.decoder == "dali":
+            self.library = DaliDecoder(device, spec.batch_size)
+        elif self.decoder == "nvimgcodec":
+            self.library = NvImageCodecDecoder(device)
+        # on CUDA, two steps on two threads: decode (first) and resample (second), each its own
+        # stream; DALI or nvImageCodec on the CPU do both on the feeder thread
+        self.split = self.cuda and self.decoder in ("dali", "nvimgcodec", "nvjpeg")
         self.stream2 = torch.cuda.Stream(device, priority=-1) if self.split else None
         self.seconds = {"wait_workers": 0.0, "first": 0.0, "second": 0.0}
         self.decoder_name = decoder_name(spec, device)
@@ -129,8 +172,11 @@ class DeviceStage:
         if self.spec.handoff == "decoded":
             (images, labels), done = self._decoded(index, n)
             corrupt = list(meta["corrupt"])
-        elif self.nvjpeg:
+        elif self.decoder == "nvjpeg":
             return self._decode_to_canvas(at, index, meta)
+        elif self.library is not None:
+            part = self._library_to_canvas(at, index, meta)
+            return (part, None) if self.split else (self._resample(part), None)
         else:
             (images, labels), done, corrupt = self._encoded_cpu(at, index, n, meta["keys"])
         return self._batch(at, images, labels, corrupt, meta, self.stream), done
@@ -251,10 +297,7 @@ class DeviceStage:
             if not isinstance(img, Exception):
                 decoded[i] = img.permute(2, 0, 1).to(self.device, non_blocking=True)
                 del bad[i]
-        corrupt = [(keys[i][0], keys[i][1], bad[i]) for i in sorted(bad)]
-        if corrupt and self.spec.strict:
-            shard, key, why = corrupt[0]
-            raise CorruptSampleError(f"corrupt sample in shard {shard}, key {key}: {why}")
+        corrupt = self._report(keys, bad)
         done = torch.cuda.Event()  # the slot's bytes are read: it may be reused after this
         done.record(self.stream)
         keep = sorted(decoded)
@@ -266,12 +309,51 @@ class DeviceStage:
         part = (at, canvases, params, labels, corrupt, meta, filled)
         return part, done
 
+    def _library_to_canvas(self, at: Position, index: int, meta: dict[str, Any]) -> Any:
+        """DALI (one padded batch) or nvImageCodec (one image each) decodes the slot's images,
+        made float canvases here; the slot may be reused at once (both are done reading it)."""
+        n, keys = meta["n"], meta["keys"]
+        # both decode PNG and the like too: only images with an unreadable header are left out
+        bad = {int(i): why for i, why in meta["bad"].items() if why != "not a JPEG"}
+        buf = self.slots.images[index].numpy()
+        offs = self.slots.offsets[index, : n + 1].tolist()
+        ok = [i for i in range(n) if i not in bad]
+        data = [buf[offs[i] : offs[i + 1]] for i in ok]
+        if isinstance(self.library, DaliDecoder):
+            padded, failed = self.library.decode_each(data, self.stream)
+            canvases = [] if padded is None else padded_canvases(padded)
+        else:
+            assert self.library is not None
+            images, failed = self.library.decode_each(data, self.stream)
+            canvases = fill_canvases([im.permute(2, 0, 1) for im in images])
+        bad.update({ok[j]: why for j, why in failed.items()})
+        corrupt = self._report(keys, bad)
+        keep = [i for i in ok if i not in bad]
+        filled = None
+        if self.cuda:
+            filled = torch.cuda.Event()
+            filled.record(self.stream)
+        params = self.slots.params[index, :n][keep]
+        labels = self.slots.labels[index, :n][keep]
+        return (at, canvases, params, labels, corrupt, meta, filled)
+
+    def _report(
+        self, keys: list[tuple[str, str]], bad: dict[int, str]
+    ) -> list[tuple[str, str, str]]:
+        """(shard, key, why) of the images left out; raises the first in strict mode."""
+        corrupt = [(keys[i][0], keys[i][1], bad[i]) for i in sorted(bad)]
+        if corrupt and self.spec.strict:
+            shard, key, why = corrupt[0]
+            raise CorruptSampleError(f"corrupt sample in shard {shard}, key {key}: {why}")
+        return corrupt
+
     def _resample(self, part: Any) -> DeviceBatch:
         at, canvases, params, labels, corrupt, meta, decoded = part
-        stream = self.stream2
-        stream.wait_event(decoded)
-        for canvas in canvases:
-            canvas.record_stream(stream)
+        stream = self.stream2 if self.split else None
+        if stream is not None:
+            stream.wait_event(decoded)
+            for canvas in canvases:
+                canvas.record_stream(stream)
         aug = self.spec.augment
         boxes = [tuple(b) for b in params[:, 2:6].long().tolist()]
         reps = (params.shape[1] - 6) // 3
@@ -279,8 +361,13 @@ class DeviceStage:
         vflip = params[:, 6 + reps : 6 + 2 * reps].T.bool()
         angle = params[:, 6 + 2 * reps : 6 + 3 * reps].T.float()
         # page-locked, so that copying them to the device does not wait for the stream
-        warps = [w.pin_memory() for w in aug.warps((hflip, vflip, angle))]
-        x = sample_canvases(canvases, boxes, warps[0] if warps else None, aug.size)
+        warps = aug.warps((hflip, vflip, angle))
+        if self.cuda:
+            warps = [w.pin_memory() for w in warps]
+        if canvases:
+            x = sample_canvases(canvases, boxes, warps[0] if warps else None, aug.size)
+        else:  # every image of the batch was corrupt
+            x = torch.empty((0, 3, *aug.size), device=self.device)
         out = torch.empty(
             (len(boxes), 3, *aug.size),
             dtype=self.spec.dtype,
@@ -288,7 +375,7 @@ class DeviceStage:
             memory_format=self._format(),
         )
         aug.finish(x, warps[1:], out, owned=True)
-        y = labels.pin_memory().to(self.device, non_blocking=True)
+        y = labels.pin_memory().to(self.device, non_blocking=True) if self.cuda else labels
         return self._batch(at, out, y, corrupt, meta, stream)
 
 
@@ -310,6 +397,19 @@ def fill_canvases(
         part = images[i : i + per]
         out.append(_canvas(list(part), dtype, hmax, wmax))
     return out
+
+
+def padded_canvases(padded: torch.Tensor, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """uint8 N×H×W×3 images, zero-padded to one size (DALI's output) → float N×3×H×W canvases,
+    as `fill_canvases` makes them (several if one would exceed `CANVAS_ELEMENTS`)."""
+    n, h, w, _ = padded.shape
+    if dtype is None:
+        dtype = torch.float16 if padded.device.type == "cuda" else torch.float32
+    per = max(1, CANVAS_ELEMENTS // (3 * h * w))
+    return [
+        padded[i : i + per].permute(0, 3, 1, 2).to(dtype, memory_format=torch.contiguous_format)
+        for i in range(0, n, per)
+    ]
 
 
 def _canvas(part: list[torch.Tensor], dtype: torch.dtype, hmax: int, wmax: int) -> torch.Tensor:

@@ -76,6 +76,11 @@ class Loader:
     machine) moves reading, decoding and augmenting to `num_workers` Ray actors on the cluster's
     CPU nodes (default: the cluster's CPUs / WORLD_SIZE); uint8 batches stream back and only the
     device stage runs here, with the same batches, resumption and corrupt-sample reports.
+
+    With `preprocess="gpu"`, `decoder` chooses who decodes on the device stage: "dali" (NVIDIA
+    DALI, `pip install "gpufeed[dali]"`; its CPU decoder when the device is the CPU),
+    "nvimgcodec" (the library under DALI, on its own), "nvjpeg" (torchvision), "cpu"
+    (libjpeg-turbo) or "auto" (DALI, else nvJPEG on CUDA; else libjpeg-turbo).
     """
 
     def __init__(
@@ -86,6 +91,7 @@ class Loader:
         num_workers: int | None = None,
         prefetch: int = 2,
         preprocess: str = "cpu",
+        decoder: str = "auto",
         device: Any = None,
         augment: Augment | None = None,
         dtype: Any = None,
@@ -127,6 +133,7 @@ class Loader:
         if num_workers is None:
             num_workers = default_workers() if cluster is None else default_remote_workers(cluster)
         self.num_workers = num_workers
+        self.decoder = decoder
         self.augment = augment or Augment()
         self.dtype = torch.float32 if dtype is None else dtype
         self.channels_last, self.strict = channels_last, strict
@@ -175,6 +182,7 @@ class Loader:
             max_sample_bytes=self.dataset.max_sample_bytes(),
             # a cluster streams uint8 back (a quarter of float32's bytes); the device stage converts
             host_final=mode == "cpu" and self.device.type != "cuda" and self.cluster is None,
+            decoder=self.decoder,
         )
 
     def _slot_layout(self, prefetch: int) -> tuple[int, int]:

@@ -14,6 +14,9 @@ from gpufeed.data.augment import Augment
 # What a worker hands over: "decoded" = uint8 N×H×W×3 images, augmented except normalization;
 # "encoded" = the undecoded image bytes, for decoding on the device.
 HANDOFFS = ("decoded", "encoded")
+# Who decodes "encoded" slots on the device stage: "auto" = DALI where importable on CUDA, else
+# nvJPEG (torchvision), else libjpeg-turbo on the feeder thread; "nvimgcodec" only when asked for.
+DECODERS = ("auto", "dali", "nvimgcodec", "nvjpeg", "cpu")
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,11 @@ class BatchSpec:
     # workers write the final batch (dtype, normalized, layout): a device that is the CPU gains
     # nothing from uint8 and would only normalize on the training process's cores
     host_final: bool = False
+    decoder: str = "auto"  # one of DECODERS; "decoded" slots ignore it (the workers decoded)
+
+    def __post_init__(self) -> None:
+        if self.decoder not in DECODERS:
+            raise ValueError(f"decoder={self.decoder!r}: choose one of {', '.join(DECODERS)}")
 
     @property
     def host_dtype(self) -> Any:

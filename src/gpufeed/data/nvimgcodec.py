@@ -1,0 +1,68 @@
+"""NVIDIA nvImageCodec as the device stage's JPEG decoder (`Loader(decoder="nvimgcodec")`).
+
+The library under DALI's decoders, without a pipeline: one batched `Decoder.decode` call on the
+stage's CUDA stream (hardware JPEG decoder where the GPU has one, else CUDA / hybrid), whose
+output images are reused from batch to batch (so their device buffers are not allocated again
+for every batch) and read by torch in place (`__cuda_array_interface__`). An image it cannot
+decode comes back as None: the others stay in the batch. On a CPU device it decodes on the CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpufeed.errors import GpufeedError
+from gpufeed.extras import require
+
+
+class NvImageCodecDecoder:
+    """Batched decode of encoded images to uint8 H×W×3 tensors on `device`."""
+
+    def __init__(self, device: torch.device) -> None:
+        nic = require("nvimgcodec")
+        self.device, self.nic = device, nic
+        if device.type == "cuda":
+            index = torch.cuda.current_device() if device.index is None else device.index
+            options: dict[str, Any] = {"device_id": index}
+        else:
+            options = {
+                "device_id": nic.NVIMGCODEC_DEVICE_CPU_ONLY,
+                "backends": [nic.Backend(nic.BackendKind.CPU_ONLY)],
+            }
+        try:
+            self.decoder = nic.Decoder(**options)
+        except RuntimeError as e:
+            raise GpufeedError(
+                f"nvImageCodec cannot decode on {device} ({e}): install the build for your CUDA "
+                "(nvidia-nvimgcodec-cu13 or -cu12), or pass Loader(decoder='nvjpeg') or 'cpu'"
+            ) from None
+        self.params = nic.DecodeParams(
+            color_spec=nic.ColorSpec.SRGB,
+            apply_exif_orientation=False,  # as the other decoders: the header's size holds
+        )
+        self._reuse: list[Any] = []  # the last batch's output images, decoded into again
+
+    def decode_each(
+        self, data: Sequence[np.ndarray], stream: Any = None
+    ) -> tuple[list[torch.Tensor], dict[int, str]]:
+        """(uint8 H×W×3 images of those that decode, in order; {image: why} of the others).
+        On CUDA the images are ready in `stream`'s order and valid until the next call."""
+        if not data:
+            return [], {}
+        kw: dict[str, Any] = {"params": self.params}
+        if stream is not None:
+            kw["cuda_stream"] = int(stream.cuda_stream)
+        if len(self._reuse) >= len(data):
+            kw["images"] = self._reuse[: len(data)]
+        out = self.decoder.decode([bytes(d) for d in data], **kw)
+        bad = {i: "cannot decode image (nvImageCodec)" for i, im in enumerate(out) if im is None}
+        good = [im for im in out if im is not None]
+        if not bad and len(out) > len(self._reuse):
+            self._reuse = list(out)
+        if self.device.type == "cuda":
+            return [torch.as_tensor(im, device=self.device) for im in good], bad
+        return [torch.from_numpy(np.asarray(im.cpu())) for im in good], bad
