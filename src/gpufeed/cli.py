@@ -71,6 +71,14 @@ def written(error: OSError, *targets: str | None) -> str:
     return named[0] if named else where
 
 
+def echo_result(result: object) -> None:
+    """Print what a command returned (it renders itself: `__rich__`) on stdout; long lines of
+    evidence stay whole for the terminal to wrap."""
+    from rich.console import Console
+
+    Console().print(result, crop=False)
+
+
 def check_seconds(option: str, value: float | None) -> None:
     """Refuse a duration that is not a finite number of seconds above 0."""
     if value is not None and not 0 < value < math.inf:
@@ -433,7 +441,7 @@ def demo_cmd(
     """Profile a naive training pipeline, show its bottleneck, then fix it with the gpufeed loader."""
     from gpufeed.demo.compare import demo_config, run_demo
 
-    run_demo(demo_config(tiny, images, steps, model, batch_size, image_size), out)
+    echo_result(run_demo(demo_config(tiny, images, steps, model, batch_size, image_size), out))
 
 
 @app.command("diagnose")
@@ -488,7 +496,7 @@ def diagnose_cmd(
     check_count("--batch-size", batch_size, 1)
     check_count("--image-size", image_size, 1)
 
-    diagnose(
+    result = diagnose(
         data,
         model,
         batch_size,
@@ -500,6 +508,7 @@ def diagnose_cmd(
         channels_last=channels_last,
         compile=compile,
     )
+    echo_result(result)
 
 
 @app.command("tune")
@@ -539,7 +548,7 @@ def tune_cmd(
     check_count("--batch-size", batch_size, 1)
     check_count("--image-size", image_size, 1)
 
-    tune(
+    result = tune(
         data,
         model,
         batch_size,
@@ -550,6 +559,7 @@ def tune_cmd(
         seconds,
         repeats=repeats,
     )
+    echo_result(result)
 
 
 def main() -> None:

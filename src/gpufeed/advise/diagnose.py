@@ -31,10 +31,11 @@ from gpufeed.advise.measure import (
     measure_together,
     model_classes,
 )
+from gpufeed.advise.progress import progress_notes
 from gpufeed.devices import default_device
 
 if TYPE_CHECKING:
-    from rich.console import Console, Group
+    from rich.console import Group
 
     from gpufeed.advise.offload import OffloadAdvice
 
@@ -281,16 +282,15 @@ def diagnose(
     workers: int | None = None,
     image_size: int = 224,
     seconds: float = 4.0,
-    console: Console | None = None,
+    progress: bool = True,
     precision: str | None = "auto",
     channels_last: bool | None = None,
     compile: bool = False,
 ) -> Diagnosis:
-    """Measure loader alone, model alone and both together with the job's settings; print the
-    verdict (from the together figure) and, if input-bound, measured alternatives."""
-    from rich.console import Console
-
-    console = console or Console()
+    """Measure loader alone, model alone and both together with the job's settings; return the
+    verdict (from the together figure) and, if input-bound, measured alternatives. It prints
+    nothing but, with `progress`, what it is measuring (on stderr)."""
+    note = progress_notes(progress)
     device = check_device(device or default_device())
     for name, value, least in (
         ("--batch-size", batch_size, 1),
@@ -303,10 +303,6 @@ def diagnose(
     net = build_model(model)  # fail early on a bad model, before measuring anything
     spec = resolve_data(data)
     workers = assumed_workers(device) if workers is None else workers
-
-    def note(text: str) -> None:
-        console.print(f"[dim]  {text}[/]")
-
     desc, loader = make_pipeline(spec, batch_size, workers, image_size, device)
     note(f"measuring the loader alone: {desc} …")
     loader_rate = measure_loader(loader, seconds=seconds)
@@ -347,7 +343,6 @@ def diagnose(
 
     rates, hw = (loader_rate.images_per_s, nw, model_rate.images_per_s), loader_rate.batch_shape
     result.offload = offload_advice(*rates, max(1, usable_cores() - 1), tuple(hw[-2:]))
-    console.print(result)
     return result
 
 
