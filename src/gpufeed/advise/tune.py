@@ -203,9 +203,8 @@ def _search(
     repeats: int = 3,
 ) -> None:
     """Coordinate search from the defaults: workers, then prefetch, preprocess, batch size."""
-    import torch
-
     from gpufeed.data.augment import Augment
+    from gpufeed.data.choose import choose_preprocess
     from gpufeed.data.loader import Loader, default_workers
 
     def run(trial: Trial) -> bool:
@@ -283,10 +282,18 @@ def _search(
     for depth in (4, 8):
         if run(Trial(batch_size, best.num_workers, depth, "cpu")):
             return
-    if torch.cuda.is_available() and result.device == "cuda":
-        best = result.best if result.trials else base
-        if run(Trial(batch_size, best.num_workers, best.prefetch, "gpu")):
-            return
+    # CPU workers or the GPU: the Loader's own choice (data/choose.py), on trials measured here
+    best = result.best if result.trials else base
+
+    def rate(mode: str) -> float:
+        trial = Trial(batch_size, best.num_workers, best.prefetch, mode)
+        run(trial)  # measured once: the CPU one already is
+        done = [t for t in result.trials if t.settings() == trial.settings()]
+        return done[0].images_per_s if done else 0.0  # a skipped trial loses
+
+    choose_preprocess("auto", result.device, None, rate)
+    if result.stopped_early:
+        return
     if allow_batch_change:
         best = result.best if result.trials else base
         for b in (batch_size // 2, batch_size * 2):
