@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from rich.console import Group
 
     from gpufeed.advise.offload import OffloadAdvice
+    from gpufeed.data.augment import Augment
 
 WAITING = 0.1  # together, steps blocked on the loader this share of the time or more: input-bound
 
@@ -146,7 +147,7 @@ def make_pipeline(
         from gpufeed.advise.naive import naive_loader
 
         try:
-            loader = naive_loader(spec.where, batch_size, workers, image_size)
+            loader = naive_loader(spec.where, batch_size, workers, recipe(image_size))
         except ValueError as e:
             raise MeasureError(f"--data {spec.where}: {e}") from None
         return f"PyTorch DataLoader + Pillow decode, num_workers={workers}", loader
@@ -155,10 +156,17 @@ def make_pipeline(
     )
 
 
+def recipe(image_size: int) -> Augment:
+    """The augmentation both pipelines apply (the naive baseline and the gpufeed Loader), so that
+    they do the same work: `Augment.load_factor(1)` at the training image size."""
+    from gpufeed.data.augment import Augment
+
+    return Augment.load_factor(1, size=(image_size, image_size))
+
+
 def _gpufeed_loader(
     shards: str, batch_size: int, workers: int, image_size: int, device: str, preprocess: str
 ) -> Any:
-    from gpufeed.data.augment import Augment
     from gpufeed.data.loader import Loader
     from gpufeed.data.shards import ShardError
 
@@ -169,8 +177,7 @@ def _gpufeed_loader(
             num_workers=workers,
             preprocess=preprocess,
             device=device,
-            # the naive baseline's recipe (advise.naive), so both pipelines do the same work
-            augment=Augment.load_factor(1, size=(image_size, image_size)),
+            augment=recipe(image_size),
         )
     except (ShardError, ValueError) as e:
         raise MeasureError(f"--data {shards}: {e}") from None
@@ -224,7 +231,7 @@ def alternatives(
             plans.append(
                 (
                     f"PyTorch DataLoader + Pillow decode, num_workers={cores}",
-                    lambda: naive_loader(spec.where, batch_size, cores, image_size),
+                    lambda: naive_loader(spec.where, batch_size, cores, recipe(image_size)),
                 )
             )
         shards: list[Path] = []

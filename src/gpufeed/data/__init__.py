@@ -4,7 +4,8 @@ Shards: pack, index existing WebDataset tars (indexer), format (shards), local/S
 the dataset (dataset), decode, augment; `pack` lives in packing. The Loader (loader) is a pipeline: plan (which samples, which
 worker), workers/produce/batch (read, decode, transform into host slots), feeder and device (the
 device stage), budget (host memory), spec (one BatchSpec shared by every stage), remote (Ray).
-Measuring a loader: rate. Tuned settings read back: settings (`load_settings`).
+Measuring a loader: rate; CPU or GPU preprocessing, chosen once: choose. Tuned settings read
+back: settings (`load_settings`).
 
 The public names are imported on first use, so `import gpufeed.data` costs nothing; none of them
 shares its name with a submodule.
