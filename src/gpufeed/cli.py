@@ -139,6 +139,11 @@ def ls_cmd(
 
     from gpufeed.commands.ls import list_runs
 
+    if not os.path.exists(out) and out != DEFAULT_RUNS_DIR:  # no default folder: no runs yet
+        raise GpufeedError(
+            f"{out}: no such folder; pass the folder given to `gpufeed profile --out` "
+            f"(default ./{DEFAULT_RUNS_DIR})"
+        )
     if os.path.exists(out) and not os.path.isdir(out):
         raise GpufeedError(f"{out} is a file, not a folder of runs: pass the folder given to --out")
     list_runs(out)
@@ -193,7 +198,12 @@ def report_cmd(
 def trace_cmd(
     runs: Annotated[list[str], typer.Argument(help=RUNS_HELP)],
     out: Annotated[
-        str | None, typer.Option("--out", "-o", help="JSON file (default: RUN/trace.json)")
+        str | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="JSON file (default: RUN/trace.json; with --merge, RUN/trace-merged.json)",
+        ),
     ] = None,
     start: Annotated[
         float | None, typer.Option("--start", help="window start, seconds from the run's start")
@@ -202,7 +212,7 @@ def trace_cmd(
         float | None, typer.Option("--end", help="window end, seconds from the run's start")
     ] = None,
     max_mb: Annotated[
-        float, typer.Option("--max-mb", help="refuse traces larger than this")
+        float, typer.Option("--max-mb", help="refuse traces larger than this many MB")
     ] = MAX_MB,
     merge: Annotated[
         str | None,
@@ -212,7 +222,12 @@ def trace_cmd(
         ),
     ] = None,
 ) -> None:
-    """Write a Chrome/Perfetto trace: step and data-wait spans per rank, system metric counters."""
+    """Write a Chrome/Perfetto trace of a run (several RUNs, one per host, are read as one).
+
+    Per rank: step spans split into data wait, forward, backward and optimizer; evaluation passes
+    on a track of their own. System metric counters and CPU by process role. With --merge, these
+    tracks are added to a torch.profiler trace, aligned in time.
+    """
     from gpufeed.commands.trace import write_trace
 
     try:

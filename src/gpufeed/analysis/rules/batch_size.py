@@ -20,7 +20,11 @@ class BatchSize(Rule):
 
     id = "BatchSize"
     params: ClassVar[dict[str, Param]] = {
-        "util_p95": Param(60.0, "p95 SM utilization % below which the GPU counts as underused"),
+        "util_p95": Param(
+            60.0,
+            "p95 GPU utilization % (share of time some kernel ran, NVML utilization.gpu) below "
+            "which the GPU counts as underused",
+        ),
         "mem_share": Param(0.5, "p95 used / total GPU memory below which memory counts as unused"),
         "wait_share": Param(
             0.1, "data-wait share at or above which the input pipeline is blamed instead"

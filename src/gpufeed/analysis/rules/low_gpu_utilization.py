@@ -21,7 +21,11 @@ class LowGPUUtilization(Rule):
 
     id = "LowGPUUtilization"
     params: ClassVar[dict[str, Param]] = {
-        "low_p95": Param(70.0, "p95 SM utilization % below which a GPU counts as underused"),
+        "low_p95": Param(
+            70.0,
+            "p95 GPU utilization % (share of time some kernel ran, NVML utilization.gpu) below "
+            "which a GPU counts as underused",
+        ),
         "dip": Param(10.0, "utilization % below which a sample counts as a dip"),
         "dip_share": Param(0.2, "share of samples in dips that makes a busy GPU fluctuate"),
         "min_samples": Param(10, "GPU samples needed in the window"),
