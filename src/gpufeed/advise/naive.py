@@ -2,15 +2,16 @@
 and fully decodes every JPEG with Pillow, then augments it one image at a time in Pillow (random
 resized crop, flips, rotation, to-tensor, normalize), behind a plain PyTorch DataLoader.
 
-Its recipe IS a `gpufeed.data.augment.Augment` (crop scale and ratio, flip probabilities, rotation
-degrees, load factor, mean/std; crop boxes, flips and angles drawn by the Augment itself), so a
-comparison against the gpufeed loader with the same Augment differs only in how the work is done.
+Its recipe IS a `gpufeed.data.augment.Augment` (output size, crop scale and ratio, flip
+probabilities, rotation degrees, load factor, mean/std, eval crop), so a comparison against the
+gpufeed loader given the same Augment differs only in how the work is done.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,28 +58,41 @@ class NaiveImageFolder:
         from PIL import Image
 
         aug = self.augment
-        # the Augment draws this image's crop, flips and angles, from the worker's torch seed
-        gen = torch.Generator().manual_seed(int(torch.randint(2**62, ())))
         path, label = self.items[i]
         with Image.open(path) as im:
             img = im.convert("RGB")  # full-size decode, every time
-        ((top, left, h, w),) = aug.boxes([(img.height, img.width)], gen)
         out_h, out_w = aug.size
+        top, left, h, w = self._box(img.height, img.width)
         img = img.resize(
             (out_w, out_h), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h)
         )
-        hflip, vflip, angle = (t[:, 0].tolist() for t in aug.flips_and_angles(1, gen))
-        for h_, v_, a_ in zip(hflip, vflip, angle, strict=True):
-            if h_:
+        for _ in range(aug.load if aug.train else 0):
+            if random.random() < aug.hflip:
                 img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-            if v_:
+            if random.random() < aug.vflip:
                 img = img.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
             if aug.degrees:
-                img = img.rotate(math.degrees(a_), resample=Image.Resampling.BILINEAR)
+                angle = random.uniform(-aug.degrees, aug.degrees)
+                img = img.rotate(angle, resample=Image.Resampling.BILINEAR)
         # torchvision's ToTensor then Normalize, op for op
         x = torch.from_numpy(np.array(img, np.uint8)).permute(2, 0, 1).contiguous()
         x = x.to(torch.float32).div(255)
         return x.sub_(torch.from_numpy(self.mean)).div_(torch.from_numpy(self.std)), label
+
+    def _box(self, h: int, w: int) -> tuple[int, int, int, int]:
+        """(top, left, height, width) to crop: torchvision's RandomResizedCrop with the Augment's
+        scale and ratio (10 tries, then a center square), or the Augment's own eval crop."""
+        aug = self.augment
+        if not aug.train:
+            return aug.boxes([(h, w)], None)[0]  # type: ignore[arg-type]  # draws nothing
+        for _ in range(10):
+            target = h * w * random.uniform(*aug.scale)
+            ratio = math.exp(random.uniform(math.log(aug.ratio[0]), math.log(aug.ratio[1])))
+            cw, ch = round(math.sqrt(target * ratio)), round(math.sqrt(target / ratio))
+            if 0 < cw <= w and 0 < ch <= h:
+                return random.randint(0, h - ch), random.randint(0, w - cw), ch, cw
+        side = min(h, w)
+        return (h - side) // 2, (w - side) // 2, side, side
 
 
 def naive_loader(
