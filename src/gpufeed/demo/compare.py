@@ -5,7 +5,8 @@
    workers) under `gpufeed profile`, as a user would, and show the findings;
 3. pack the images pre-resized into shards, train the same model, batch, image size and number of
    steps with the gpufeed loader under the profiler;
-4. print the before/after table with the measured speedup, and the two HTML reports.
+4. return both runs: the result prints itself (`__rich__`) as the before/after table with the
+   measured speedup and the two HTML reports; progress goes to stderr.
 """
 
 from __future__ import annotations
