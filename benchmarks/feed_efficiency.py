@@ -180,7 +180,7 @@ def run_gpufeed(shards: Path, args: argparse.Namespace, step_s: float) -> Run:
 def run_baseline(folder: Path, args: argparse.Namespace, step_s: float) -> Run:
     held = [
         torch.utils.data.DataLoader(
-            NaiveImageFolder(folder, image_size=SIZE, load=args.load),  # type: ignore[arg-type]
+            NaiveImageFolder(folder, Augment.load_factor(args.load, size=(SIZE, SIZE))),  # type: ignore[arg-type]
             batch_size=args.batch_size,
             shuffle=True,
             num_workers=args.workers,

@@ -72,7 +72,7 @@ def _time(make: Callable[[], Any], workers: int) -> tuple[float, float]:
 def baseline(root: Path, load: int, workers: int) -> tuple[float, float]:
     return _time(
         lambda: torch.utils.data.DataLoader(
-            NaiveImageFolder(root, image_size=SIZE, load=load),  # type: ignore[arg-type]
+            NaiveImageFolder(root, Augment.load_factor(load, size=(SIZE, SIZE))),  # type: ignore[arg-type]
             batch_size=BATCH,
             shuffle=True,
             num_workers=workers,

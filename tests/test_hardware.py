@@ -6,7 +6,8 @@ import os
 
 import torch
 
-from gpufeed.hardware import describe, hardware, usable_cores
+from gpufeed.data.budget import usable_cores
+from gpufeed.hardware import describe, hardware
 
 
 def test_records_cpu_cores_memory_gpus_and_versions() -> None:

@@ -71,6 +71,14 @@ def written(error: OSError, *targets: str | None) -> str:
     return named[0] if named else where
 
 
+def echo_result(result: object) -> None:
+    """Print what a command returned (it renders itself: `__rich__`) on stdout; long lines of
+    evidence stay whole for the terminal to wrap."""
+    from rich.console import Console
+
+    Console().print(result, crop=False)
+
+
 def check_seconds(option: str, value: float | None) -> None:
     """Refuse a duration that is not a finite number of seconds above 0."""
     if value is not None and not 0 < value < math.inf:
@@ -131,6 +139,11 @@ def ls_cmd(
 
     from gpufeed.commands.ls import list_runs
 
+    if not os.path.exists(out) and out != DEFAULT_RUNS_DIR:  # no default folder: no runs yet
+        raise GpufeedError(
+            f"{out}: no such folder; pass the folder given to `gpufeed profile --out` "
+            f"(default ./{DEFAULT_RUNS_DIR})"
+        )
     if os.path.exists(out) and not os.path.isdir(out):
         raise GpufeedError(f"{out} is a file, not a folder of runs: pass the folder given to --out")
     list_runs(out)
@@ -185,7 +198,12 @@ def report_cmd(
 def trace_cmd(
     runs: Annotated[list[str], typer.Argument(help=RUNS_HELP)],
     out: Annotated[
-        str | None, typer.Option("--out", "-o", help="JSON file (default: RUN/trace.json)")
+        str | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="JSON file (default: RUN/trace.json; with --merge, RUN/trace-merged.json)",
+        ),
     ] = None,
     start: Annotated[
         float | None, typer.Option("--start", help="window start, seconds from the run's start")
@@ -194,7 +212,7 @@ def trace_cmd(
         float | None, typer.Option("--end", help="window end, seconds from the run's start")
     ] = None,
     max_mb: Annotated[
-        float, typer.Option("--max-mb", help="refuse traces larger than this")
+        float, typer.Option("--max-mb", help="refuse traces larger than this many MB")
     ] = MAX_MB,
     merge: Annotated[
         str | None,
@@ -204,7 +222,12 @@ def trace_cmd(
         ),
     ] = None,
 ) -> None:
-    """Write a Chrome/Perfetto trace: step and data-wait spans per rank, system metric counters."""
+    """Write a Chrome/Perfetto trace of a run (several RUNs, one per host, are read as one).
+
+    Per rank: step spans split into data wait, forward, backward and optimizer; evaluation passes
+    on a track of their own. System metric counters and CPU by process role. With --merge, these
+    tracks are added to a torch.profiler trace, aligned in time.
+    """
     from gpufeed.commands.trace import write_trace
 
     try:
@@ -433,7 +456,7 @@ def demo_cmd(
     """Profile a naive training pipeline, show its bottleneck, then fix it with the gpufeed loader."""
     from gpufeed.demo.compare import demo_config, run_demo
 
-    run_demo(demo_config(tiny, images, steps, model, batch_size, image_size), out)
+    echo_result(run_demo(demo_config(tiny, images, steps, model, batch_size, image_size), out))
 
 
 @app.command("diagnose")
@@ -488,7 +511,7 @@ def diagnose_cmd(
     check_count("--batch-size", batch_size, 1)
     check_count("--image-size", image_size, 1)
 
-    diagnose(
+    result = diagnose(
         data,
         model,
         batch_size,
@@ -500,6 +523,7 @@ def diagnose_cmd(
         channels_last=channels_last,
         compile=compile,
     )
+    echo_result(result)
 
 
 @app.command("tune")
@@ -539,7 +563,7 @@ def tune_cmd(
     check_count("--batch-size", batch_size, 1)
     check_count("--image-size", image_size, 1)
 
-    tune(
+    result = tune(
         data,
         model,
         batch_size,
@@ -550,6 +574,7 @@ def tune_cmd(
         seconds,
         repeats=repeats,
     )
+    echo_result(result)
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from gpufeed.data.budget import usable_cores
 from gpufeed.profiler.session import machine_meta
 
-__all__ = ["hardware", "usable_cores"]
+__all__ = ["describe", "hardware"]
 
 _EXTRA_LIBRARIES = (
     "simplejpeg",

@@ -86,6 +86,21 @@ def test_a_slow_loader_is_input_bound_and_more_workers_are_measured():
     assert alt.images_per_s > 1.3 * d.loader.images_per_s  # two sleeping workers overlap
 
 
+def test_from_python_it_returns_the_diagnosis_and_prints_nothing_on_stdout(
+    capfd: pytest.CaptureFixture[str],
+):
+    d = diagnose(f"{THIS}:fast_loader", model=f"{THIS}:tiny_cnn", device="cpu", seconds=0.5)
+    out, err = capfd.readouterr()
+    assert out == ""  # the command line prints what it returns (tests/test_cli.py)
+    assert "measuring the loader alone" in err  # progress, on stderr
+    assert d.verdict in ("input-bound", "compute-bound") and d.offload is not None
+    diagnose(
+        f"{THIS}:fast_loader", model=f"{THIS}:tiny_cnn", device="cpu", seconds=0.5, progress=False
+    )
+    out, err = capfd.readouterr()
+    assert out == "" and "measuring" not in err
+
+
 def test_a_heavy_model_is_compute_bound_with_no_idle_time():
     d = diagnose(f"{THIS}:fast_loader", model="resnet18", device="cpu", seconds=1.5)
     assert d.verdict == "compute-bound"

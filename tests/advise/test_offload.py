@@ -1,18 +1,11 @@
 """Offload advice: when the host's cores cannot keep up with the model, how many remote CPU
-cores and how much network would; and that `gpufeed diagnose` says it."""
+cores and how much network would (that `gpufeed diagnose` prints it: tests/test_cli.py)."""
 
 from __future__ import annotations
 
 import pytest
-import torch
-from rich.console import Console
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-from gpufeed.advise.diagnose import diagnose
 from gpufeed.advise.offload import offload_advice
-
-THIS = __file__
 
 
 def test_a_host_with_enough_cores_needs_no_offload():
@@ -38,19 +31,3 @@ def test_a_host_short_of_cores_is_told_how_many_remote_cores_and_how_much_networ
 def test_rates_that_are_not_positive_are_refused():
     with pytest.raises(ValueError, match="positive"):
         offload_advice(0, 1, 100, host_cores=4)
-
-
-def tensors() -> DataLoader:
-    return DataLoader(TensorDataset(torch.randn(64, 3, 32, 32), torch.zeros(64)), batch_size=16)
-
-
-def tiny_cnn() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=4), nn.Flatten(), nn.LazyLinear(2))
-
-
-def test_diagnose_prints_the_offload_advice():
-    console = Console(record=True, width=200)
-    diagnose(
-        f"{THIS}:tensors", model=f"{THIS}:tiny_cnn", device="cpu", seconds=0.5, console=console
-    )
-    assert "offload to CPU nodes:" in console.export_text()

@@ -80,11 +80,15 @@ def test_tune_finds_settings_at_least_as_fast_as_the_defaults(shards: Path, tmp_
     assert images.shape[1:] == (3, 32, 32) and images.shape[0] <= settings["batch_size"]
 
 
-def test_tune_stops_as_soon_as_the_loader_outruns_the_model(shards: Path, tmp_path: Path):
+def test_tune_stops_as_soon_as_the_loader_outruns_the_model(
+    shards: Path, capfd: pytest.CaptureFixture[str]
+):
     r = tune(
         str(shards), model=f"{THIS}:sluggish_model", batch_size=16, device="cpu", image_size=32,
         out=None, seconds=1.0, repeats=1,
     )  # fmt: skip
+    out, err = capfd.readouterr()
+    assert out == "" and "trial 1:" in err  # returned, not printed; progress on stderr
     assert r.model_images_per_s is not None and r.model_images_per_s < 16 / 0.2 * 1.01
     # measured end to end (the model trained on the loader's batches), the search stops at the
     # first trial that keeps the model fed: usually the defaults, on a busy machine a later one
@@ -125,9 +129,12 @@ def test_a_tune_result_prints_itself_with_rich():
     from gpufeed.advise.tune import Trial, TuneResult
 
     trials = [Trial(64, 1, 2, "cpu", 100.0, "default"), Trial(64, 4, 2, "cpu", 300.0)]
-    r = TuneResult("data-dir", "cpu", 224, trials, out=Path("gpufeed-tune.json"))
-    console = Console(record=True, width=200)
+    # run strings are printed as they are, never read as markup
+    note = r"skipped 8 workers: [bold]max_host_bytes[/] too small for C:\data\\"
+    r = TuneResult("data[1]", "cpu", 224, trials, out=Path("gpufeed-tune.json"), notes=[note])
+    console = Console(record=True, width=300)
     console.print(r)
     out = console.export_text()
-    assert "gpufeed tune: data-dir" in out and "← best" in out and "×3.00" in out
+    assert "gpufeed tune: data[1]" in out and "← best" in out and "×3.00" in out
     assert "settings written to gpufeed-tune.json" in out
+    assert note in out

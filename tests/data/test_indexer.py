@@ -267,6 +267,38 @@ def test_the_index_command_reports_bad_input_in_one_line(tmp_path: Path):
     assert "Traceback" not in res.output and "nothing-0.tar not found" in res.output
 
 
+@pytest.fixture
+def http_folder(tmp_path: Path) -> Iterator[str]:
+    """A folder served over HTTP on 127.0.0.1 (an empty one: every shard is missing)."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_http_shard_error_names_the_url_and_its_endpoint_not_s3(http_folder: str):
+    import socket
+
+    with pytest.raises(ShardError) as missing:
+        index_shards(f"{http_folder}/x.tar", progress=False)
+    assert f"{http_folder}/x.tar" in str(missing.value) and "not found" in str(missing.value)
+    assert "S3" not in str(missing.value)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}/x.tar"
+    res = CliRunner().invoke(app, ["index", closed])
+    assert res.exit_code == 2 and f"cannot read {closed}: cannot connect" in res.output
+    assert "S3" not in res.output
+
+
 def test_shards_on_s3_are_indexed_and_streamed(
     s3_env: str, wds_dir: Path, make: Callable[..., Loader]
 ):

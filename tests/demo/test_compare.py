@@ -108,3 +108,21 @@ def test_demo_says_when_the_after_run_is_still_input_bound_and_what_to_do_next()
     assert json.loads(still.to_json())["after_input_bound"] is True
     fed = _result(0.03, [])
     assert not fed.after_input_bound and "no longer input-bound" in next_step(fed)
+
+
+def test_a_demo_result_prints_itself_with_rich():
+    """What `gpufeed demo` prints at the end is the returned DemoResult, rendered by itself."""
+    from rich.console import Console
+
+    result = _result(0.03, [])
+    result.naive.findings = [
+        {"rule": "DataLoaderBottleneck", "severity": "critical", "title": "Data [wait]",
+         "evidence": {"data_wait_share": 0.7}, "recommendation": "Set num_workers=7."}
+    ]  # fmt: skip
+    console = Console(record=True, width=200)
+    console.print(result, crop=False)
+    out = console.export_text()
+    assert "Findings for the naive run" in out and "Data [wait]" in out
+    assert "data_wait_share=0.7" in out and "Set num_workers=7." in out
+    assert "Before / after (measured)" in out and "speedup ×3.00" in out
+    assert "no longer input-bound" in out and "naive.html" in out and "gpufeed.html" in out

@@ -31,12 +31,14 @@ from gpufeed.advise.measure import (
     measure_together,
     model_classes,
 )
+from gpufeed.advise.progress import progress_notes
 from gpufeed.devices import default_device
 
 if TYPE_CHECKING:
-    from rich.console import Console, Group
+    from rich.console import Group
 
     from gpufeed.advise.offload import OffloadAdvice
+    from gpufeed.data.augment import Augment
 
 WAITING = 0.1  # together, steps blocked on the loader this share of the time or more: input-bound
 
@@ -145,7 +147,7 @@ def make_pipeline(
         from gpufeed.advise.naive import naive_loader
 
         try:
-            loader = naive_loader(spec.where, batch_size, workers, image_size)
+            loader = naive_loader(spec.where, batch_size, workers, recipe(image_size))
         except ValueError as e:
             raise MeasureError(f"--data {spec.where}: {e}") from None
         return f"PyTorch DataLoader + Pillow decode, num_workers={workers}", loader
@@ -154,10 +156,17 @@ def make_pipeline(
     )
 
 
+def recipe(image_size: int) -> Augment:
+    """The augmentation both pipelines apply (the naive baseline and the gpufeed Loader), so that
+    they do the same work: `Augment.load_factor(1)` at the training image size."""
+    from gpufeed.data.augment import Augment
+
+    return Augment.load_factor(1, size=(image_size, image_size))
+
+
 def _gpufeed_loader(
     shards: str, batch_size: int, workers: int, image_size: int, device: str, preprocess: str
 ) -> Any:
-    from gpufeed.data.augment import Augment
     from gpufeed.data.loader import Loader
     from gpufeed.data.shards import ShardError
 
@@ -168,8 +177,7 @@ def _gpufeed_loader(
             num_workers=workers,
             preprocess=preprocess,
             device=device,
-            # the naive baseline's recipe (advise.naive), so both pipelines do the same work
-            augment=Augment.load_factor(1, size=(image_size, image_size)),
+            augment=recipe(image_size),
         )
     except (ShardError, ValueError) as e:
         raise MeasureError(f"--data {shards}: {e}") from None
@@ -223,7 +231,7 @@ def alternatives(
             plans.append(
                 (
                     f"PyTorch DataLoader + Pillow decode, num_workers={cores}",
-                    lambda: naive_loader(spec.where, batch_size, cores, image_size),
+                    lambda: naive_loader(spec.where, batch_size, cores, recipe(image_size)),
                 )
             )
         shards: list[Path] = []
@@ -281,16 +289,15 @@ def diagnose(
     workers: int | None = None,
     image_size: int = 224,
     seconds: float = 4.0,
-    console: Console | None = None,
+    progress: bool = True,
     precision: str | None = "auto",
     channels_last: bool | None = None,
     compile: bool = False,
 ) -> Diagnosis:
-    """Measure loader alone, model alone and both together with the job's settings; print the
-    verdict (from the together figure) and, if input-bound, measured alternatives."""
-    from rich.console import Console
-
-    console = console or Console()
+    """Measure loader alone, model alone and both together with the job's settings; return the
+    verdict (from the together figure) and, if input-bound, measured alternatives. It prints
+    nothing but, with `progress`, what it is measuring (on stderr)."""
+    note = progress_notes(progress)
     device = check_device(device or default_device())
     for name, value, least in (
         ("--batch-size", batch_size, 1),
@@ -303,10 +310,6 @@ def diagnose(
     net = build_model(model)  # fail early on a bad model, before measuring anything
     spec = resolve_data(data)
     workers = assumed_workers(device) if workers is None else workers
-
-    def note(text: str) -> None:
-        console.print(f"[dim]  {text}[/]")
-
     desc, loader = make_pipeline(spec, batch_size, workers, image_size, device)
     note(f"measuring the loader alone: {desc} …")
     loader_rate = measure_loader(loader, seconds=seconds)
@@ -347,7 +350,6 @@ def diagnose(
 
     rates, hw = (loader_rate.images_per_s, nw, model_rate.images_per_s), loader_rate.batch_shape
     result.offload = offload_advice(*rates, max(1, usable_cores() - 1), tuple(hw[-2:]))
-    console.print(result)
     return result
 
 

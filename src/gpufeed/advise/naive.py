@@ -2,8 +2,9 @@
 and fully decodes every JPEG with Pillow, then augments it one image at a time in Pillow (random
 resized crop, flips, rotation, to-tensor, normalize), behind a plain PyTorch DataLoader.
 
-It applies the same augmentations as `gpufeed.data.augment.Augment` at load factor L, so a
-comparison against the gpufeed loader differs only in how the work is done.
+Its recipe IS a `gpufeed.data.augment.Augment` (output size, crop scale and ratio, flip
+probabilities, rotation degrees, load factor, mean/std, eval crop), so a comparison against the
+gpufeed loader given the same Augment differs only in how the work is done.
 """
 
 from __future__ import annotations
@@ -16,22 +17,28 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufeed.data.augment import IMAGENET_MEAN, IMAGENET_STD
+from gpufeed.data.augment import Augment
 
 if TYPE_CHECKING:
     import torch
-    from PIL import Image
 
 
 class NaiveImageFolder:
-    """`root/<class>/<image>` (or a list file) as (3×S×S float tensor, label) items, decoded per item.
+    """`root/<class>/<image>` (or a list file) as (3×H×W float tensor, label) items, decoded per
+    item and augmented by `augment` (default: `Augment.load_factor(1)`, the seed experiments').
 
     A map-style dataset (torch's DataLoader needs only `__len__` and `__getitem__`).
     """
 
-    def __init__(self, root: str | os.PathLike[str], image_size: int = 224, load: int = 1) -> None:
+    def __init__(self, root: str | os.PathLike[str], augment: Augment | None = None) -> None:
         from gpufeed.data.packing import PackError, list_inputs
 
+        self.augment = Augment.load_factor(1) if augment is None else augment
+        if self.augment.transform is not None:
+            raise ValueError(
+                "the naive baseline applies Augment's crop, flips, rotation and normalization, "
+                "not Augment.transform: compare without a transform"
+            )
         try:
             items, classes, _ = list_inputs(root)
         except PackError as e:
@@ -40,10 +47,8 @@ class NaiveImageFolder:
         if not self.items:
             raise ValueError(f"no images found in {root}: expected ROOT/<class>/<image> files")
         self.classes = classes
-        self.image_size = image_size
-        self.load = load
-        self.mean = np.array(IMAGENET_MEAN, np.float32).reshape(3, 1, 1)
-        self.std = np.array(IMAGENET_STD, np.float32).reshape(3, 1, 1)
+        self.mean = np.array(self.augment.mean, np.float32).reshape(3, 1, 1)
+        self.std = np.array(self.augment.std, np.float32).reshape(3, 1, 1)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -52,47 +57,49 @@ class NaiveImageFolder:
         import torch
         from PIL import Image
 
+        aug = self.augment
         path, label = self.items[i]
         with Image.open(path) as im:
             img = im.convert("RGB")  # full-size decode, every time
-        img = _random_resized_crop(img, self.image_size)
-        for _ in range(self.load):
-            if random.random() < 0.5:
+        out_h, out_w = aug.size
+        top, left, h, w = self._box(img.height, img.width)
+        img = img.resize(
+            (out_w, out_h), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h)
+        )
+        for _ in range(aug.load if aug.train else 0):
+            if random.random() < aug.hflip:
                 img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-            if random.random() < 0.5:
+            if random.random() < aug.vflip:
                 img = img.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
-            img = img.rotate(random.uniform(-15.0, 15.0), resample=Image.Resampling.BILINEAR)
+            if aug.degrees:
+                angle = random.uniform(-aug.degrees, aug.degrees)
+                img = img.rotate(angle, resample=Image.Resampling.BILINEAR)
         # torchvision's ToTensor then Normalize, op for op
         x = torch.from_numpy(np.array(img, np.uint8)).permute(2, 0, 1).contiguous()
         x = x.to(torch.float32).div(255)
         return x.sub_(torch.from_numpy(self.mean)).div_(torch.from_numpy(self.std)), label
 
-
-def _random_resized_crop(img: Image.Image, size: int) -> Image.Image:
-    """torchvision's RandomResizedCrop((size, size), scale=(0.08, 1), ratio=(3/4, 4/3)), bilinear."""
-    from PIL import Image
-
-    w, h = img.size
-    area = w * h
-    for _ in range(10):
-        target = area * random.uniform(0.08, 1.0)
-        ratio = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
-        cw, ch = round(math.sqrt(target * ratio)), round(math.sqrt(target / ratio))
-        if 0 < cw <= w and 0 < ch <= h:
-            x, y = random.randint(0, w - cw), random.randint(0, h - ch)
-            break
-    else:
-        cw, ch = min(w, h), min(w, h)
-        x, y = (w - cw) // 2, (h - ch) // 2
-    return img.resize((size, size), Image.Resampling.BILINEAR, box=(x, y, x + cw, y + ch))
+    def _box(self, h: int, w: int) -> tuple[int, int, int, int]:
+        """(top, left, height, width) to crop: torchvision's RandomResizedCrop with the Augment's
+        scale and ratio (10 tries, then a center square), or the Augment's own eval crop."""
+        aug = self.augment
+        if not aug.train:
+            return aug.boxes([(h, w)], None)[0]  # type: ignore[arg-type]  # draws nothing
+        for _ in range(10):
+            target = h * w * random.uniform(*aug.scale)
+            ratio = math.exp(random.uniform(math.log(aug.ratio[0]), math.log(aug.ratio[1])))
+            cw, ch = round(math.sqrt(target * ratio)), round(math.sqrt(target / ratio))
+            if 0 < cw <= w and 0 < ch <= h:
+                return random.randint(0, h - ch), random.randint(0, w - cw), ch, cw
+        side = min(h, w)
+        return (h - side) // 2, (w - side) // 2, side, side
 
 
 def naive_loader(
     root: str | os.PathLike[str],
     batch_size: int,
     num_workers: int = 1,
-    image_size: int = 224,
-    load: int = 1,
+    augment: Augment | None = None,
     **dataloader_options: Any,
 ) -> torch.utils.data.DataLoader:
     """The classic `DataLoader(ImageFolder(root, transform), shuffle=True)` with too few workers."""
@@ -100,7 +107,7 @@ def naive_loader(
 
     if not Path(root).exists():
         raise ValueError(f"image folder {root} does not exist")
-    dataset = NaiveImageFolder(root, image_size=image_size, load=load)
+    dataset = NaiveImageFolder(root, augment)
     return torch.utils.data.DataLoader(
         dataset,  # type: ignore[arg-type]
         batch_size=batch_size,

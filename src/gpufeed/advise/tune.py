@@ -19,6 +19,7 @@ import math
 import os
 import statistics
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,11 +33,12 @@ from gpufeed.advise.measure import (
     measure_together,
     model_classes,
 )
+from gpufeed.advise.progress import progress_notes
 from gpufeed.data.settings import SETTING_KEYS
 from gpufeed.devices import default_device
 
 if TYPE_CHECKING:
-    from rich.console import Console, Group
+    from rich.console import Group
 
     from gpufeed.advise.offload import OffloadAdvice
 
@@ -128,16 +130,15 @@ def tune(
     allow_batch_change: bool = False,
     out: str | os.PathLike[str] | None = DEFAULT_OUT,
     seconds: float = 2.5,
-    console: Console | None = None,
+    progress: bool = True,
     repeats: int = 3,
 ) -> TuneResult:
-    """Run the trials, print them as a table and write the winner to `out` (None: don't write)."""
-    from rich.console import Console
-
+    """Run the trials and write the winner to `out` (None: don't write); return them all. It
+    prints nothing but, with `progress`, each trial as it starts (on stderr)."""
     from gpufeed.advise.inputs import pack_sample, resolve_data
     from gpufeed.data.budget import usable_cores
 
-    console = console or Console()
+    note = progress_notes(progress)
     device = check_device(device or default_device())
     if batch_size < 1 or image_size < 16:
         raise MeasureError("--batch-size must be at least 1 and --image-size at least 16")
@@ -156,14 +157,14 @@ def tune(
         shards = spec.where
         notes = []
         if spec.kind == "folder":
-            console.print("[dim]  an image folder: packing a pre-resized sample to tune on …[/]")
+            note("an image folder: packing a pre-resized sample to tune on …")
             shards = str(pack_sample(spec.where, Path(tmp), image_size))
             notes.append("tuned on a pre-resized sample of the image folder; pack it to use them")
         result = TuneResult(data, device, image_size, [], model, notes=notes)
         if net is not None:
             from gpufeed.advise.measure import cpu_threads_beside, measure_model
 
-            console.print(f"[dim]  measuring the model alone: {model} on {device} …[/]")
+            note(f"measuring the model alone: {model} on {device} …")
             shape = (batch_size, 3, image_size, image_size)
             train = TrainSettings.for_device(device)
             with cpu_threads_beside(max(1, usable_cores() - 1), device):
@@ -171,7 +172,7 @@ def tune(
                     net, shape, device, seconds, settings=train
                 ).images_per_s
         _search(
-            result, shards, batch_size, allow_batch_change, usable_cores(), seconds, console, net,
+            result, shards, batch_size, allow_batch_change, usable_cores(), seconds, note, net,
             repeats,
         )  # fmt: skip
         if not result.trials:
@@ -187,7 +188,6 @@ def tune(
         rates = (best.images_per_s, best.num_workers, result.model_images_per_s)
         hw = (image_size, image_size)
         result.offload = offload_advice(*rates, max(1, usable_cores() - 1), hw)
-    console.print(result)
     return result
 
 
@@ -198,23 +198,22 @@ def _search(
     allow_batch_change: bool,
     cores: int,
     seconds: float,
-    console: Console,
+    note: Callable[[str], None],
     net: Any = None,
     repeats: int = 3,
 ) -> None:
     """Coordinate search from the defaults: workers, then prefetch, preprocess, batch size."""
-    import torch
-
     from gpufeed.data.augment import Augment
+    from gpufeed.data.choose import choose_preprocess
     from gpufeed.data.loader import Loader, default_workers
 
     def run(trial: Trial) -> bool:
         """Measure a trial; True when the search should stop (the loader outruns the model)."""
         if any(t.settings() == trial.settings() for t in result.trials):
             return False
-        console.print(
-            f"[dim]  trial {len(result.trials) + 1}: {trial.num_workers} workers, prefetch "
-            f"{trial.prefetch}, {trial.preprocess}, batch {trial.batch_size} …[/]"
+        note(
+            f"trial {len(result.trials) + 1}: {trial.num_workers} workers, prefetch "
+            f"{trial.prefetch}, {trial.preprocess}, batch {trial.batch_size} …"
         )
         try:
             loader = Loader(
@@ -283,10 +282,18 @@ def _search(
     for depth in (4, 8):
         if run(Trial(batch_size, best.num_workers, depth, "cpu")):
             return
-    if torch.cuda.is_available() and result.device == "cuda":
-        best = result.best if result.trials else base
-        if run(Trial(batch_size, best.num_workers, best.prefetch, "gpu")):
-            return
+    # CPU workers or the GPU: the Loader's own choice (data/choose.py), on trials measured here
+    best = result.best if result.trials else base
+
+    def rate(mode: str) -> float:
+        trial = Trial(batch_size, best.num_workers, best.prefetch, mode)
+        run(trial)  # measured once: the CPU one already is
+        done = [t for t in result.trials if t.settings() == trial.settings()]
+        return done[0].images_per_s if done else 0.0  # a skipped trial loses
+
+    choose_preprocess("auto", result.device, None, rate)
+    if result.stopped_early:
+        return
     if allow_batch_change:
         best = result.best if result.trials else base
         for b in (batch_size // 2, batch_size * 2):
@@ -298,11 +305,13 @@ def _render(result: TuneResult) -> Group:
     """`TuneResult.__rich__`: what `gpufeed tune` prints at the end."""
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     parts: list[Any] = []
 
     best = result.best
-    table = Table(title=f"gpufeed tune: {result.data}", title_justify="left")
+    # run strings (paths, error messages in the notes) are Text, never read as markup
+    table = Table(title=Text(f"gpufeed tune: {result.data}"), title_justify="left")
     cols = (
         "#",
         "workers",
@@ -327,7 +336,7 @@ def _render(result: TuneResult) -> Group:
             f"{t.images_per_s:,.1f}",
             f"±{t.spread / 2:.0%}" if math.isfinite(t.spread) else "–",
             f"×{t.images_per_s / result.default.images_per_s:.2f}",
-            t.note + (" ← best" if t is best else ""),
+            Text(t.note + (" ← best" if t is best else "")),
             style=style,
         )
     parts.append(table)
@@ -343,9 +352,9 @@ def _render(result: TuneResult) -> Group:
             f"end; {state}"
         )
     for n in result.notes:
-        parts.append(f"[dim]{n}[/]")
+        parts.append(Text(n, style="dim"))
     if result.out is not None:
-        parts.append(f"settings written to {result.out}: Loader(data, **load_settings(path))")
+        parts.append(Text(f"settings written to {result.out}: Loader(data, **load_settings(path))"))
     if result.offload is not None:
         parts.append(result.offload.text())
     return Group(*parts)

@@ -1,10 +1,12 @@
 """FEED: pack images into shards and load them fast (local or S3, CPU or GPU preprocessing).
 
-Shards: pack, index existing WebDataset tars (indexer), format (shards), local/S3 reads (source),
-the dataset (dataset), decode, augment; `pack` lives in packing. The Loader (loader) is a pipeline: plan (which samples, which
-worker), workers/produce/batch (read, decode, transform into host slots), feeder and device (the
-device stage), budget (host memory), spec (one BatchSpec shared by every stage), remote (Ray).
-Measuring a loader: rate. Tuned settings read back: settings (`load_settings`).
+Shards: `pack` (packing), index existing WebDataset tars (indexer), format (shards), local/S3
+reads (source), the dataset (dataset), decode, augment. The Loader (loader) is a pipeline: plan
+(which samples, which worker), workers/produce/batch (read, decode, transform into host slots),
+slots (the shared host buffers), feeder and device (the device stage), budget (host memory), spec
+(one BatchSpec shared by every stage), remote (Ray).
+Measuring a loader: rate; CPU or GPU preprocessing, chosen once: choose. Tuned settings read
+back: settings (`load_settings`).
 
 The public names are imported on first use, so `import gpufeed.data` costs nothing; none of them
 shares its name with a submodule.

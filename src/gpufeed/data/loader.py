@@ -9,7 +9,6 @@ decode on the GPU, in a side stream) → the training loop, which only waits on 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 from collections.abc import Iterator
@@ -19,18 +18,17 @@ import torch
 
 from gpufeed.data.augment import Augment
 from gpufeed.data.budget import default_max_host_bytes, host_bytes, machine_memory, usable_cores
+from gpufeed.data.choose import PREPROCESS_MODES, choose_preprocess, trial_rate
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.device import CANVAS_ELEMENTS, DeviceStage, decoder_name
 from gpufeed.data.feeder import Feeder
 from gpufeed.data.plan import BatchPlan, Position
-from gpufeed.data.rate import measure_loader
 from gpufeed.data.remote import RayPool, cluster_option, default_remote_workers
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
 from gpufeed.data.workers import InlinePool, WorkerPool
 from gpufeed.devices import default_device
 
-PREPROCESS_MODES = ("cpu", "gpu", "auto")
 DEVICE_DEPTH = 2  # batches the feeder keeps ready on the device
 _STATE_KEYS = ("seed", "world_size", "rank", "num_workers", "batch_size", "samples", "drop_last")
 
@@ -163,7 +161,9 @@ class Loader:
             "first_batch_waits": [],
         }
         self._corrupt: list[tuple[str, str, str]] = []
-        self.preprocess, self.preprocess_reason = self._choose(preprocess)
+        self.preprocess, self.preprocess_reason = choose_preprocess(
+            preprocess, self.device, self.cluster, self._trial_rate
+        )
         self.prefetch = self._bound_prefetch(prefetch)
         self._stats["decoder"] = decoder_name(self.spec(), self.device)
 
@@ -224,16 +224,10 @@ class Loader:
         grids = 2 * self.batch_size * h * w * 2 * 4
         return ahead + decoded + 2 * CANVAS_ELEMENTS + grids
 
-    def _choose(self, preprocess: str) -> tuple[str, str]:
-        if preprocess != "auto":
-            return preprocess, "requested"
-        if self.cluster is not None:
-            return "cpu", f"on the Ray cluster {self.cluster}"
-        if self.device.type != "cuda" or not torch.cuda.is_available():
-            return "cpu", "no CUDA device: preprocessing on CPU workers"
-        rates = {}
-        for mode in ("cpu", "gpu"):
-            trial = Loader(
+    def _trial_rate(self, mode: str) -> float:
+        """Images/s of a short trial of this Loader's settings with `mode` preprocessing."""
+        return trial_rate(
+            Loader(
                 self.dataset,
                 self.batch_size,
                 num_workers=self.num_workers,
@@ -245,14 +239,7 @@ class Loader:
                 drop_last=self.drop_last,
                 max_host_bytes=self.max_host_bytes,
             )
-            try:
-                rates[mode] = measure_loader(
-                    trial, seconds=math.inf, max_batches=6, warmup=3
-                ).images_per_s
-            finally:
-                trial.close()
-        best = max(rates, key=rates.__getitem__)
-        return best, "measured images/s " + ", ".join(f"{m}={r:.0f}" for m, r in rates.items())
+        )
 
     # --- the training-loop interface ---------------------------------------------------------------
 

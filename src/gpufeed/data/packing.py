@@ -3,7 +3,8 @@
 Policy for bad input (nothing is dropped silently: every case is listed by path and reason in
 the summary):
 - unreadable, zero-byte or non-image files, JPEGs that fail `verify`, broken symlinks, FIFOs and
-  other non-regular files, hidden files, files outside a class folder: skipped;
+  other non-regular files, files outside a class folder: skipped;
+- hidden files and folders (`.DS_Store`, `.gpufeed-synth.json`, `.git/`): ignored, not listed;
 - unreadable folders: skipped, with a warning (their images are missing from the pack);
 - PNG/other formats and grayscale/CMYK JPEGs: converted to RGB JPEG at `quality` (16-bit images
   are scaled to 8 bits, not clipped);
@@ -139,7 +140,8 @@ def _special(st: os.stat_result) -> str:
 
 def _walk_class(root: Path, d: Path, skipped: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
     """(path, relative name, class) of every regular file under class folder `d`; every other
-    entry (unreadable folder, broken or folder symlink, FIFO, hidden file...) goes to `skipped`."""
+    entry (unreadable folder, broken or folder symlink, FIFO...) goes to `skipped`; hidden files
+    and folders are ignored."""
     rows: list[tuple[str, str, str]] = []
 
     def unreadable(e: OSError) -> None:
@@ -154,12 +156,11 @@ def _walk_class(root: Path, d: Path, skipped: list[tuple[str, str]]) -> list[tup
         for name in sorted(dirs):
             if os.path.islink(os.path.join(top, name)):
                 skipped.append((os.path.join(top, name), "symbolic link to a folder: not followed"))
-        dirs[:] = sorted(n for n in dirs if not os.path.islink(os.path.join(top, n)))
-        for name in sorted(files):
+        dirs[:] = sorted(
+            n for n in dirs if not n.startswith(".") and not os.path.islink(os.path.join(top, n))
+        )
+        for name in sorted(n for n in files if not n.startswith(".")):
             path = os.path.join(top, name)
-            if name.startswith("."):
-                skipped.append((path, "hidden file"))
-                continue
             try:
                 st = os.stat(path)
             except FileNotFoundError:
@@ -228,7 +229,7 @@ def list_inputs(
         if not class_dirs:
             raise PackError(f"{src} has no class sub-folders: expected SRC/<class>/<image> files")
         for p in entries:
-            if p not in class_dirs:
+            if p not in class_dirs and not p.name.startswith("."):
                 skipped.append((str(p), "not in a class sub-folder"))
         for d in class_dirs:
             rows += _walk_class(src, d, skipped)

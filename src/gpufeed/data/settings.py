@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gpufeed.data.choose import PREPROCESS_MODES
 from gpufeed.errors import GpufeedError
 
 __all__ = ["SETTING_KEYS", "SettingsError", "load_settings"]
@@ -49,8 +50,9 @@ def load_settings(path: str | os.PathLike[str]) -> dict[str, Any]:
     for key in ("batch_size", "num_workers", "prefetch"):
         if not isinstance(loader[key], int) or loader[key] < (1 if key != "num_workers" else 0):
             raise SettingsError(f"{p}: loader.{key} = {loader[key]!r} is not a valid count")
-    if loader["preprocess"] not in ("cpu", "gpu", "auto"):
+    if loader["preprocess"] not in PREPROCESS_MODES:
         raise SettingsError(
-            f"{p}: loader.preprocess = {loader['preprocess']!r}: use cpu, gpu or auto"
+            f"{p}: loader.preprocess = {loader['preprocess']!r}: use one of "
+            + ", ".join(PREPROCESS_MODES)
         )
     return {k: loader[k] for k in SETTING_KEYS}

@@ -163,10 +163,17 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def endpoint_of(fs: Any) -> str:
-    """The endpoint an S3 filesystem talks to, for error messages."""
-    client = getattr(fs, "client_kwargs", None) or {}
-    return str(getattr(fs, "endpoint_url", None) or client.get("endpoint_url") or "AWS S3")
+def endpoint_of(fs: Any, url: str = "") -> str:
+    """The endpoint a remote filesystem talks to, for error messages: an S3 filesystem's (AWS S3
+    when none is set), else the scheme and host of `url` (http://HOST:PORT)."""
+    from urllib.parse import urlsplit
+
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    if "s3" in protocols:
+        client = getattr(fs, "client_kwargs", None) or {}
+        return str(getattr(fs, "endpoint_url", None) or client.get("endpoint_url") or "AWS S3")
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.netloc else f"{parts.scheme or '?'}://"
 
 
 def call_remote(fs: Any, method: str, *args: Any, timeout: float, **kwargs: Any) -> Any:
@@ -217,10 +224,12 @@ def _refused(endpoint: str) -> str:
 
 def remote_error(what: str, url: str, fs: Any, exc: BaseException, deadline: float) -> ShardError:
     """One clear ShardError for a failed remote operation, naming the URL and the endpoint."""
-    endpoint = endpoint_of(fs)
+    endpoint = endpoint_of(fs, url)
     names = _names(exc)
     if isinstance(exc, FileNotFoundError) and "bucket" in str(exc).lower():
         why = "the bucket does not exist; create it or fix the URL"
+    elif isinstance(exc, FileNotFoundError) and (refused := _refused(endpoint)):
+        why = f"cannot connect ({refused}); check the URL's host and port and that it is up"
     elif isinstance(exc, FileNotFoundError):
         why = "not found; check the URL"
     elif isinstance(exc, PermissionError):
@@ -244,7 +253,8 @@ def remote_error(what: str, url: str, fs: Any, exc: BaseException, deadline: flo
         )
     else:
         why = f"{type(exc).__name__}: {exc}"
-    return ShardError(f"cannot {what} {url} at {endpoint}: {why}")
+    at = "" if url.startswith(endpoint) else f" at {endpoint}"
+    return ShardError(f"cannot {what} {url}{at}: {why}")
 
 
 class Source:
@@ -681,7 +691,9 @@ class Destination:
             on_retry=lambda: None,
         )
         if isinstance(out, BaseException):
-            raise remote_error(what, self.url, fs, out, self.timeout) from out
+            named = args and str(args[0]).startswith(f"{self.url}/")  # a file, not the bucket
+            where = str(args[0]) if named else self.url
+            raise remote_error(what, where, fs, out, self.timeout) from out
         return out
 
     def check(self) -> None:

@@ -5,7 +5,8 @@
    workers) under `gpufeed profile`, as a user would, and show the findings;
 3. pack the images pre-resized into shards, train the same model, batch, image size and number of
    steps with the gpufeed loader under the profiler;
-4. print the before/after table with the measured speedup, and the two HTML reports.
+4. return both runs: the result prints itself (`__rich__`) as the before/after table with the
+   measured speedup and the two HTML reports; progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from gpufeed.errors import GpufeedError
 
 if TYPE_CHECKING:
-    from rich.console import Console
+    from rich.console import Group
 
     from gpufeed.analysis.run import Run
 
@@ -96,6 +97,11 @@ class DemoResult:
     config: DemoConfig
     naive: PipelineResult
     gpufeed: PipelineResult
+
+    def __rich__(self) -> Group:
+        """The naive run's findings, the before/after table, the measured speedup, what to do
+        next and where the reports are: what `gpufeed demo` prints at the end."""
+        return _render(self)
 
     @property
     def speedup(self) -> float:
@@ -349,9 +355,10 @@ def summarize(pipeline: str, run_dir: Path, figures: dict[str, Any]) -> Pipeline
 
 
 def run_demo(
-    cfg: DemoConfig, work: str | os.PathLike[str] = DEFAULT_WORK_DIR, console: Console | None = None
+    cfg: DemoConfig, work: str | os.PathLike[str] = DEFAULT_WORK_DIR, progress: bool = True
 ) -> DemoResult:
-    """Run the whole demo, printing progress, findings and the before/after table."""
+    """Run the whole demo and return both runs (the result prints itself). With `progress`, what
+    runs and its progress bars are shown on stderr; nothing is printed on stdout."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -363,9 +370,8 @@ def run_demo(
     )
 
     from gpufeed.hardware import describe, hardware
-    from gpufeed.present.terminal import print_findings
 
-    console = console or Console()
+    console = Console(stderr=True, quiet=not progress)
     work = Path(work)
     try:
         work.mkdir(parents=True, exist_ok=True)
@@ -392,44 +398,42 @@ def run_demo(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task(
-            "photo-like images (generated once, then cached)", total=cfg.images
-        )
-        images = demo_images(work, cfg, on_images=lambda n, t=task: progress.update(t, completed=n))
+    with Progress(*columns, console=console, transient=False) as bars:
+        task = bars.add_task("photo-like images (generated once, then cached)", total=cfg.images)
+        images = demo_images(work, cfg, on_images=lambda n, t=task: bars.update(t, completed=n))
         results = {}
         for pipeline in ("naive", "gpufeed"):
             if pipeline == "naive":
                 data = images
                 what = f"naive pipeline: Pillow full decode, num_workers={cfg.naive_workers}"
             else:
-                task = progress.add_task(
-                    f"pack shards, pre-resized to {cfg.pack_resize} px", total=1
-                )
+                task = bars.add_task(f"pack shards, pre-resized to {cfg.pack_resize} px", total=1)
                 data = demo_shards(images, cfg)
-                progress.update(task, completed=1)
+                bars.update(task, completed=1)
                 what = f"gpufeed loader: pre-resized shards, num_workers={cfg.loader_workers()}"
-            task = progress.add_task(f"train, {what}", total=cfg.steps)
+            task = bars.add_task(f"train, {what}", total=cfg.steps)
             run_dir, figures = profile_training(
                 pipeline,
                 data,
                 cfg,
                 work,
-                on_step=lambda n, t=task: progress.update(t, completed=min(n, cfg.steps)),
+                on_step=lambda n, t=task: bars.update(t, completed=min(n, cfg.steps)),
             )
             results[pipeline] = summarize(pipeline, run_dir, figures)
-            if pipeline == "naive":
-                print_findings(results["naive"].findings, console, "Findings for the naive run")
     result = DemoResult(cfg, results["naive"], results["gpufeed"])
-    print_comparison(console, result)
     (work / "demo-result.json").write_text(result.to_json() + "\n")
     return result
 
 
-def print_comparison(console: Console, result: DemoResult) -> None:
-    """The before/after table, the measured speedup, what to do next and where the reports are."""
+def _render(result: DemoResult) -> Group:
+    """`DemoResult.__rich__`: the naive run's findings, the before/after table, the measured
+    speedup, what to do next and where the reports are."""
+    from rich.console import Group
     from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
+
+    from gpufeed.present.terminal import findings_view
 
     def pct(v: float) -> str:
         return "–" if math.isnan(v) else f"{v:.0f}%"
@@ -446,17 +450,16 @@ def print_comparison(console: Console, result: DemoResult) -> None:
             pct(r.gpu_util),
             str(r.workers),
         )
-    console.print()
-    console.print(table)
-    console.print(
+    color = "yellow" if result.after_input_bound else "green"
+    return Group(
+        findings_view(result.naive.findings, "Findings for the naive run"),
+        "",
+        table,
         f"[bold green]speedup ×{result.speedup:.2f}[/] "
         f"({result.gpufeed.images_per_s:,.1f} vs {result.naive.images_per_s:,.1f} images/s, "
-        f"same model, batch, image size and {result.config.steps} steps)"
-    )
-    console.print(
+        f"same model, batch, image size and {result.config.steps} steps)",
         "[dim]From the profiler: images/s and data wait over the steps after 3 warm-up steps, "
-        "utilization over the training phase.[/]"
+        "utilization over the training phase.[/]",
+        f"[{color}]{escape(next_step(result))}[/]",
+        Text(f"reports: {result.naive.report}\n         {result.gpufeed.report}"),
     )
-    color = "yellow" if result.after_input_bound else "green"
-    console.print(f"[{color}]{escape(next_step(result))}[/]")
-    console.print(f"reports: {result.naive.report}\n         {result.gpufeed.report}")

@@ -38,11 +38,14 @@ class _Announced:
 
 def build_loader(args: argparse.Namespace) -> Any:
     """The naive DataLoader over the image folder, or the gpufeed Loader over the shards."""
+    from gpufeed.data.augment import Augment
+
+    # one recipe for both pipelines, so they do the same work
+    recipe = Augment.load_factor(1, size=(args.image_size, args.image_size))
     if args.pipeline == "naive":
         from gpufeed.advise.naive import naive_loader
 
-        return naive_loader(args.data, args.batch_size, args.workers, args.image_size)
-    from gpufeed.data.augment import Augment
+        return naive_loader(args.data, args.batch_size, args.workers, recipe)
     from gpufeed.data.loader import Loader
 
     return Loader(
@@ -51,8 +54,7 @@ def build_loader(args: argparse.Namespace) -> Any:
         num_workers=args.workers,
         prefetch=args.prefetch,
         preprocess=args.preprocess,
-        # the naive baseline's recipe (advise.naive), so both pipelines do the same work
-        augment=Augment.load_factor(1, size=(args.image_size, args.image_size)),
+        augment=recipe,
     )
 
 

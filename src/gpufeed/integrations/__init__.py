@@ -4,4 +4,6 @@
   ``pytorch_lightning``), ``Trainer(callbacks=[GpufeedCallback()])``.
 - ``gpufeed.integrations.huggingface.GpufeedCallback``: a Hugging Face ``TrainerCallback``,
   ``Trainer(..., callbacks=[GpufeedCallback()])``.
+
+What both do (profile from the fit's start to its end, then write the report) lives in ``fit``.
 """

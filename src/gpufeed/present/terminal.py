@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -169,10 +169,22 @@ def print_findings(
     title: str = "Findings",
 ) -> None:
     """Each finding: severity, title, expected speedup, its evidence numbers and the action."""
-    console = console or Console()
-    console.print(f"\n[bold]{_m(title)}[/]", emoji=False)
+    (console or Console()).print(findings_view(findings, title), crop=False)
+
+
+def findings_view(findings: list[Finding] | list[dict[str, Any]], title: str = "Findings") -> Group:
+    """What `print_findings` prints, as one renderable (for results that print themselves). Print
+    it with `crop=False`: evidence and actions stay one line each, for the terminal to wrap."""
+
+    def line(markup: str, soft_wrap: bool = False) -> Text:
+        text = Text.from_markup(markup, emoji=False)
+        if soft_wrap:  # one long line the terminal wraps, as console.print(soft_wrap=True)
+            text.no_wrap, text.overflow = True, "ignore"
+        return text
+
+    lines = [line(f"\n[bold]{_m(title)}[/]")]
     if not findings:
-        console.print("  no bottleneck found")
+        lines.append(line("  no bottleneck found"))
     colors = {"critical": "red", "warning": "yellow", "info": "blue"}
     for f in findings:
         d = f if isinstance(f, dict) else f.to_dict()
@@ -180,10 +192,11 @@ def print_findings(
         speed = f" (expected speedup ×{d['est_speedup']:.2f})" if d.get("est_speedup") else ""
         # Titles, evidence and recommendations can embed run strings (hosts, argv, paths).
         head = f"[{color}]{_m(str(d['severity']).upper())}[/] [bold]{_m(d['title'], True)}[/]"
-        console.print(head + speed, emoji=False)
+        lines.append(line(head + speed))
         ev = ", ".join(f"{k}={v}" for k, v in d["evidence"].items())
-        console.print(f"    evidence: {_m(ev)}", soft_wrap=True, emoji=False)
-        console.print(f"    → {_m(d['recommendation'], True)}", soft_wrap=True, emoji=False)
+        lines.append(line(f"    evidence: {_m(ev)}", soft_wrap=True))
+        lines.append(line(f"    → {_m(d['recommendation'], True)}", soft_wrap=True))
+    return Group(*lines)
 
 
 def print_runs(

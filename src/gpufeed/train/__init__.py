@@ -1,4 +1,5 @@
-"""MODEL: ResNets and a training loop (AMP, channels_last, DDP).
+"""MODEL: ResNets (resnet), a training loop with AMP and channels_last (loop) and DDP set-up
+from torchrun's environment (distributed).
 
 ``from gpufeed.train import resnet, fit, SyntheticData, setup_distributed`` (imports torch).
 """

@@ -14,6 +14,8 @@ def test_every_rule_has_an_id_a_docstring_documented_params_and_cpu_only_behavio
         assert rule.id == rid and rule.summary() and rule.cpu_only
         for name, param in rule.all_params().items():
             assert param.doc, f"{rid}.{name} has no doc"
+            # NVML's utilization.gpu is the share of time some kernel ran, not SM occupancy
+            assert "SM utilization" not in param.doc, f"{rid}.{name}"
 
 
 def test_findings_come_most_severe_first_then_by_speedup(builder: RunBuilder) -> None:

@@ -1,5 +1,6 @@
-"""The built-in bottleneck rules, one module per rule; the registry (`RULES`, `run_rules`, the
-`--set` parameters) lives in `registry`, re-exported here so `gpufeed.analysis.rules` is the import path.
+"""The built-in bottleneck rules, one module per rule, on what every rule shares: the base class
+and its parameters (base) and what rules read from a run (context). The registry (`RULES`,
+`run_rules`, the `--set` parameters) lives in `registry`, re-exported here as the import path.
 """
 
 from __future__ import annotations

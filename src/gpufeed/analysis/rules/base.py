@@ -47,6 +47,8 @@ class Param:
 
 # Every rule also accepts `enabled` (e.g. `--set StepOutlier.enabled=false`).
 ENABLED = Param(True, "run this rule")
+# What rules' GPU-utilization thresholds compare against (NVML utilization.gpu).
+GPU_UTIL_P95 = "p95 GPU utilization % (share of time some kernel ran; not SM occupancy)"
 
 
 class Rule:

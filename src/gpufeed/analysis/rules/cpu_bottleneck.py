@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import Param, Rule
+from gpufeed.analysis.rules.base import GPU_UTIL_P95, Param, Rule
 from gpufeed.analysis.rules.context import Context, fmt_pct, pct, speedup_without, wait_share
 
 
@@ -26,9 +26,7 @@ class CPUBottleneck(Rule):
 
     id = "CPUBottleneck"
     params: ClassVar[dict[str, Param]] = {
-        "gpu_util_p95": Param(
-            70.0, "p95 GPU utilization % below which the GPU counts as underused"
-        ),
+        "gpu_util_p95": Param(70.0, f"{GPU_UTIL_P95} below which the GPU counts as underused"),
         "busy": Param(85.0, "% of one core at which a process counts as CPU-saturated"),
         "host_busy": Param(90.0, "median whole-host CPU % at which the host counts as saturated"),
         "wait_share": Param(

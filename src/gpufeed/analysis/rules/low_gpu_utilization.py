@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import Param, Rule
+from gpufeed.analysis.rules.base import GPU_UTIL_P95, Param, Rule
 from gpufeed.analysis.rules.context import Context, fmt_pct, pct, wait_share
 
 
@@ -21,7 +21,7 @@ class LowGPUUtilization(Rule):
 
     id = "LowGPUUtilization"
     params: ClassVar[dict[str, Param]] = {
-        "low_p95": Param(70.0, "p95 SM utilization % below which a GPU counts as underused"),
+        "low_p95": Param(70.0, f"{GPU_UTIL_P95} below which a GPU counts as underused"),
         "dip": Param(10.0, "utilization % below which a sample counts as a dip"),
         "dip_share": Param(0.2, "share of samples in dips that makes a busy GPU fluctuate"),
         "min_samples": Param(10, "GPU samples needed in the window"),

@@ -1,0 +1,53 @@
+"""The command line prints what a command returns, on stdout (progress on stderr), and turns bad
+input into one `gpufeed: error:` line with exit code 2."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from typer.testing import CliRunner
+
+from gpufeed.cli import app
+
+THIS = __file__  # the user objects below are named as THIS:function, like a user's train.py
+runner = CliRunner()
+
+
+def tensors() -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(64, 3, 32, 32), torch.zeros(64)), batch_size=16)
+
+
+def tiny_cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=4), nn.Flatten(), nn.LazyLinear(2))
+
+
+def test_diagnose_prints_the_diagnosis_it_returns_with_the_offload_advice():
+    data, model = f"{THIS}:tensors", f"{THIS}:tiny_cnn"
+    args = ["diagnose", "--data", data, "--model", model, "--device", "cpu", "--seconds", "0.5"]
+    res = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "gpufeed diagnose:" in res.stdout and "BOUND" in res.stdout
+    assert "offload to CPU nodes:" in res.stdout
+    assert "measuring the loader alone" in res.stderr  # progress, not the result
+    assert "measuring" not in res.stdout
+
+
+def test_ls_of_a_folder_that_does_not_exist_says_so_and_exits_2(tmp_path):
+    res = runner.invoke(app, ["ls", str(tmp_path / "nope")])
+    assert res.exit_code == 2
+    assert f"{tmp_path / 'nope'}: no such folder" in res.stderr and res.stdout == ""
+
+
+def test_ls_without_runs_yet_says_how_to_make_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./gpufeed-runs here: nothing profiled yet, not an error
+    res = runner.invoke(app, ["ls"])
+    assert res.exit_code == 0 and "No runs under gpufeed-runs/" in res.stdout
+
+
+def test_trace_help_says_what_trace_does_now():
+    res = runner.invoke(app, ["trace", "--help"], env={"COLUMNS": "200"})
+    text = " ".join(res.stdout.split())
+    assert "several RUNs, one per host, are read as one" in text
+    assert "forward, backward and optimizer" in text and "evaluation passes" in text
+    assert "--merge" in text and "RUN/trace-merged.json" in text
