@@ -29,6 +29,7 @@ from gpufeed.advise.measure import (
     TrainSettings,
     build_model,
     check_device,
+    cpu_threads_beside,
     measure_loader,
     measure_together,
     model_classes,
@@ -162,7 +163,7 @@ def tune(
             notes.append("tuned on a pre-resized sample of the image folder; pack it to use them")
         result = TuneResult(data, device, image_size, [], model, notes=notes)
         if net is not None:
-            from gpufeed.advise.measure import cpu_threads_beside, measure_model
+            from gpufeed.advise.measure import measure_model
 
             note(f"measuring the model alone: {model} on {device} …")
             shape = (batch_size, 3, image_size, image_size)
@@ -239,14 +240,16 @@ def _search(
                 else:
                     train = TrainSettings.for_device(result.device)
                     size = result.image_size
-                    rate = measure_together(
-                        net,
-                        loader,
-                        result.device,
-                        seconds,
-                        settings=train,
-                        classes=model_classes(net, size, size, result.device),
-                    )
+                    # on a CPU device the model trains on the cores this trial's workers leave
+                    with cpu_threads_beside(trial.num_workers, result.device):
+                        rate = measure_together(
+                            net,
+                            loader,
+                            result.device,
+                            seconds,
+                            settings=train,
+                            classes=model_classes(net, size, size, result.device),
+                        )
                     rates.append(rate.images_per_s)
                     waits.append(rate.data_wait_share)
         except MeasureError as e:  # a limit met while running (memory cap, device): skip, say why

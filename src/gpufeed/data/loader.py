@@ -233,6 +233,7 @@ class Loader:
                 num_workers=self.num_workers,
                 preprocess=mode,
                 device=self.device,
+                decoder=self.decoder,
                 augment=self.augment,
                 dtype=self.dtype,
                 channels_last=self.channels_last,
