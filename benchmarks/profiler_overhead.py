@@ -6,6 +6,7 @@ Baseline: the loop run as plain `python` (no gpufeed at all). Runs alternate (pl
 best runs (least disturbed by other load), the recorder's cost per event and the sampler's per tick.
 
     .venv/bin/python benchmarks/profiler_overhead.py [--pairs 3] [--seconds 6] [--threads N]
+    .venv/bin/python benchmarks/profiler_overhead.py --parts   # per-event costs only, no runs
 """
 
 from __future__ import annotations
@@ -101,9 +102,13 @@ def recorder_cost(n: int = 50_000) -> tuple[float, float]:
     return per_batch, per_step
 
 
-def forward_hook_cost(n: int = 20_000) -> float:
-    """Microseconds the model hooks add to one forward + backward of the model being optimized
-    (forward pre/post hooks, the autograd hook on its output and the end-of-backward callback)."""
+def forward_hook_cost(n: int = 2000, rounds: int = 15) -> tuple[float, float]:
+    """Microseconds the model hooks add to one forward + backward of the model being optimized,
+    as (best-of-rounds difference, median of per-round differences), in CPU time of this process
+    (its flush thread included). Rounds alternate a chunk
+    without the hooks and one with them (installed afresh: the first optimizer step finds the
+    model), so that a busy machine's drifts hit both; the fastest chunk of each side is the one
+    least disturbed by other load."""
     import torch
 
     from gpufeed.profiler import autopatch
@@ -113,23 +118,28 @@ def forward_hook_cost(n: int = 20_000) -> float:
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     x = torch.zeros(2, 4)
 
-    def loop() -> float:
-        t = time.perf_counter()
+    def chunk() -> float:
+        # CPU time of this process: another job taking the core does not count, unlike wall time
+        t = time.process_time()
         for _ in range(n):
             model(x).sum().backward()
-        return (time.perf_counter() - t) / n * 1e6
+        return (time.process_time() - t) / n * 1e6
 
-    bare = min(loop() for _ in range(3))
+    chunk()  # warm-up
+    bare, hooked = [], []
     with tempfile.TemporaryDirectory() as d:
-        os.environ[ENV_RUN_DIR] = d
-        autopatch.install()
-        model(x).sum().backward()
-        opt.step()  # the first step finds the model and hooks it
-        hooked = min(loop() for _ in range(3))
-        autopatch.close()
-        autopatch.uninstall()
-        del os.environ[ENV_RUN_DIR]
-    return hooked - bare
+        for _ in range(rounds):
+            bare.append(chunk())
+            os.environ[ENV_RUN_DIR] = d
+            autopatch.install()
+            model(x).sum().backward()
+            opt.step()  # the first step finds the model and hooks it
+            hooked.append(chunk())
+            autopatch.close()
+            autopatch.uninstall()
+            del os.environ[ENV_RUN_DIR]
+    diffs = [h - b for b, h in zip(bare, hooked, strict=True)]
+    return min(hooked) - min(bare), statistics.median(diffs)
 
 
 def flush_cost(steps_per_flush: int = 200, flushes: int = 50) -> float:
@@ -178,6 +188,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0, help="timed seconds per run")
     ap.add_argument("--interval", type=float, default=0.2)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--parts", action="store_true", help="per-event costs only (no loop runs)")
     args = ap.parse_args()
 
     import platform
@@ -193,10 +204,16 @@ def main() -> None:
     )
     per_batch, per_step = recorder_cost()
     print(f"recorder: {per_batch:.2f} us per recorded batch, {per_step:.2f} us per recorded step")
-    print(f"model hooks: {forward_hook_cost():.2f} us per forward + backward of the trained model")
+    best, median = forward_hook_cost()
+    print(
+        f"model hooks: {best:.2f} us per forward + backward of the trained model "
+        f"(best of rounds; median of per-round differences {median:.2f} us)"
+    )
     print(f"flush: {flush_cost():.2f} ms CPU per flush of 200 steps (one flush per 0.5 s)")
     print(f"sampler: {sampler_cost():.2f} ms CPU per tick (one tick per {args.interval} s)")
 
+    if args.parts:
+        return
     plain, profiled, cpu_plain, cpu_profiled = [], [], [], []
     with tempfile.TemporaryDirectory() as d:
         script = Path(d) / "loop.py"
