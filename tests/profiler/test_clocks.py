@@ -4,11 +4,17 @@ a step's marks only once all of them are done (driven here by clocks whose readi
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import textwrap
 import time
 
+import numpy as np
 import pytest
+import torch
 
 import gpufeed
+from gpufeed.analysis.stats import step_summary
 from gpufeed.profiler.clocks import CudaClock, HostClock, Spans
 from gpufeed.profiler.steps import Recorder
 from gpufeed.profiler.store import read_store
@@ -214,3 +220,61 @@ def test_gpu_phases_stay_empty_where_the_model_is_not_on_a_gpu(tmp_path):
     steps = gpufeed.load(tmp_path).steps
     assert steps[["gpu_time", "gpu_forward", "gpu_backward", "gpu_optimizer"]].isna().all().all()
     assert steps["backward"].to_numpy() == pytest.approx(0.002, abs=1e-6)
+
+
+# A small conv net trained on CUDA under `gpufeed.profile()`, with torch raising on any host sync
+# (the data is made on the GPU first: copying it there would be the loop's own sync).
+CUDA_CONV_LOOP = textwrap.dedent(
+    """
+    import sys, torch
+    import torch.nn.functional as F
+    import gpufeed
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10),
+    ).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    xs = torch.randn(8, 32, 3, 64, 64, device="cuda")
+    ys = torch.randint(0, 10, (8, 32), device="cuda")
+    with gpufeed.profile(out=sys.argv[1], interval=0.1) as p:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for epoch in range(4):
+                for x, y in zip(xs, ys):
+                    opt.zero_grad(set_to_none=True)
+                    F.cross_entropy(model(x), y).backward()
+                    opt.step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    print("RUN", p.run_dir)
+    """
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_model_gets_gpu_phases_from_events_without_any_host_sync(tmp_path):
+    script = tmp_path / "conv.py"
+    script.write_text(CUDA_CONV_LOOP)
+    cp = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert cp.returncode == 0, cp.stderr[-3000:]  # a host sync would have raised in the loop
+    run = gpufeed.load(cp.stdout.split("RUN", 1)[1].strip())
+    steps = run.steps
+    assert len(steps) == 32 and run.meta["dropped_events"] == 0
+    # The first optimizer step finds the model; every later step has its phases on the GPU clock.
+    later = steps.iloc[1:]
+    gpu = later[["gpu_forward", "gpu_backward", "gpu_optimizer"]].to_numpy(dtype=float)
+    assert np.isfinite(gpu).all() and (gpu > 0).all()
+    steady = later.iloc[8:]  # past the first epoch's warm-up (cuDNN picks its kernels)
+    work = steady[["gpu_forward", "gpu_backward", "gpu_optimizer"]].sum(axis=1)
+    assert (work < steady["duration"]).all()
+    assert (steady["gpu_time"] >= 0.99 * work).all()  # the step's GPU span holds its phases
+    assert step_summary(run)["phase_clock"] == "cuda"
