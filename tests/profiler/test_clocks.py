@@ -4,8 +4,6 @@ a step's marks only once all of them are done (driven here by clocks whose readi
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -222,11 +220,12 @@ def test_gpu_phases_stay_empty_where_the_model_is_not_on_a_gpu(tmp_path):
     assert steps["backward"].to_numpy() == pytest.approx(0.002, abs=1e-6)
 
 
-# A small conv net trained on CUDA under `gpufeed.profile()`, with torch raising on any host sync
-# (the data is made on the GPU first: copying it there would be the loop's own sync).
+# A small conv net trained on CUDA under `gpufeed.profile()` (run under `gpufeed profile`, which it
+# joins), with torch raising on any host sync (the data is made on the GPU first: copying it there
+# would be the loop's own sync).
 CUDA_CONV_LOOP = textwrap.dedent(
     """
-    import sys, torch
+    import torch
     import torch.nn.functional as F
     import gpufeed
 
@@ -239,7 +238,7 @@ CUDA_CONV_LOOP = textwrap.dedent(
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     xs = torch.randn(8, 32, 3, 64, 64, device="cuda")
     ys = torch.randint(0, 10, (8, 32), device="cuda")
-    with gpufeed.profile(out=sys.argv[1], interval=0.1) as p:
+    with gpufeed.profile(interval=0.1):
         torch.cuda.set_sync_debug_mode("error")
         try:
             for epoch in range(4):
@@ -249,24 +248,16 @@ CUDA_CONV_LOOP = textwrap.dedent(
                     opt.step()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    print("RUN", p.run_dir)
     """
 )
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_cuda_model_gets_gpu_phases_from_events_without_any_host_sync(tmp_path):
-    script = tmp_path / "conv.py"
-    script.write_text(CUDA_CONV_LOOP)
-    cp = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "runs")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def test_a_cuda_model_gets_gpu_phases_from_events_without_any_host_sync(run_profiled):
+    cp, run_dir = run_profiled(CUDA_CONV_LOOP, timeout=300)
     assert cp.returncode == 0, cp.stderr[-3000:]  # a host sync would have raised in the loop
-    run = gpufeed.load(cp.stdout.split("RUN", 1)[1].strip())
+    run = gpufeed.load(run_dir)
     steps = run.steps
     assert len(steps) == 32 and run.meta["dropped_events"] == 0
     # The first optimizer step finds the model; every later step has its phases on the GPU clock.
