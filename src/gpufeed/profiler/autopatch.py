@@ -6,7 +6,7 @@ The model is found without the user's help: until the first optimizer step globa
 the outermost modules called; at that step those sharing parameters with the optimizer become the
 models and the global hooks (which slow every module call) are removed. A model's calls are then
 timed by a `__call__` on its class that lets other instances straight through: torch's module
-hooks would cost ~10 µs per call, this about one. Where the model lives on a CUDA device the same
+hooks cost ~10 µs per call, this a few µs. Where the model lives on a CUDA device the same
 points also record CUDA events (`Recorder.gpu_mark`), read later: never a host sync.
 
 Hooks are installed when torch's modules are imported (a post-import hook on `sys.meta_path`), so
