@@ -6,6 +6,7 @@ Baseline: the loop run as plain `python` (no gpufeed at all). Runs alternate (pl
 best runs (least disturbed by other load), the recorder's cost per event and the sampler's per tick.
 
     .venv/bin/python benchmarks/profiler_overhead.py [--pairs 3] [--seconds 6] [--threads N]
+    .venv/bin/python benchmarks/profiler_overhead.py --parts   # per-event costs only, no runs
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 # A small MLP on resident tensors, batches served by a real DataLoader without workers (so the
 # DataLoader hook runs every step) and no input wait: each step is pure compute, ~5 ms here.
@@ -101,35 +103,64 @@ def recorder_cost(n: int = 50_000) -> tuple[float, float]:
     return per_batch, per_step
 
 
-def forward_hook_cost(n: int = 20_000) -> float:
+class _Tiny:
+    """A model whose forward and backward do almost nothing (returns its parameter): what the hooks
+    add stands out of a busy machine's noise, unlike beside a real layer's ~150 us."""
+
+    @staticmethod
+    def make() -> Any:
+        import torch
+
+        class Tiny(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.zeros(()))
+
+            def forward(self, x: Any) -> Any:
+                return self.w
+
+        return Tiny()
+
+
+def forward_hook_cost(n: int = 1000, rounds: int = 40, tiny: bool = False) -> tuple[float, float]:
     """Microseconds the model hooks add to one forward + backward of the model being optimized
-    (forward pre/post hooks, the autograd hook on its output and the end-of-backward callback)."""
+    (`torch.nn.Linear(4, 4)`, or with `tiny` a model that does nothing: see `_Tiny`),
+    as (best-of-rounds difference, median of per-round differences), in CPU time of this process
+    (its flush thread included). Rounds alternate a chunk
+    without the hooks and one with them (installed afresh: the first optimizer step finds the
+    model), so that a busy machine's drifts hit both; the fastest chunk of each side is the one
+    least disturbed by other load."""
     import torch
 
     from gpufeed.profiler import autopatch
     from gpufeed.profiler.session import ENV_RUN_DIR
 
-    model = torch.nn.Linear(4, 4)
+    model = _Tiny.make() if tiny else torch.nn.Linear(4, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     x = torch.zeros(2, 4)
 
-    def loop() -> float:
-        t = time.perf_counter()
+    def chunk() -> float:
+        # CPU time of this process: another job taking the core does not count, unlike wall time
+        t = time.process_time()
         for _ in range(n):
             model(x).sum().backward()
-        return (time.perf_counter() - t) / n * 1e6
+        return (time.process_time() - t) / n * 1e6
 
-    bare = min(loop() for _ in range(3))
+    chunk()  # warm-up
+    bare, hooked = [], []
     with tempfile.TemporaryDirectory() as d:
-        os.environ[ENV_RUN_DIR] = d
-        autopatch.install()
-        model(x).sum().backward()
-        opt.step()  # the first step finds the model and hooks it
-        hooked = min(loop() for _ in range(3))
-        autopatch.close()
-        autopatch.uninstall()
-        del os.environ[ENV_RUN_DIR]
-    return hooked - bare
+        for _ in range(rounds):
+            bare.append(chunk())
+            os.environ[ENV_RUN_DIR] = d
+            autopatch.install()
+            model(x).sum().backward()
+            opt.step()  # the first step finds the model and hooks it
+            hooked.append(chunk())
+            autopatch.close()
+            autopatch.uninstall()
+            del os.environ[ENV_RUN_DIR]
+    diffs = [h - b for b, h in zip(bare, hooked, strict=True)]
+    return min(hooked) - min(bare), statistics.median(diffs)
 
 
 def flush_cost(steps_per_flush: int = 200, flushes: int = 50) -> float:
@@ -178,6 +209,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0, help="timed seconds per run")
     ap.add_argument("--interval", type=float, default=0.2)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--parts", action="store_true", help="per-event costs only (no loop runs)")
     args = ap.parse_args()
 
     import platform
@@ -193,10 +225,18 @@ def main() -> None:
     )
     per_batch, per_step = recorder_cost()
     print(f"recorder: {per_batch:.2f} us per recorded batch, {per_step:.2f} us per recorded step")
-    print(f"model hooks: {forward_hook_cost():.2f} us per forward + backward of the trained model")
+    for tiny in (False, True):
+        best, median = forward_hook_cost(tiny=tiny)
+        print(
+            f"model hooks: {best:.2f} us per forward + backward of the trained model "
+            f"({'a model doing nothing' if tiny else 'Linear(4, 4)'}; best of rounds; "
+            f"median of per-round differences {median:.2f} us)"
+        )
     print(f"flush: {flush_cost():.2f} ms CPU per flush of 200 steps (one flush per 0.5 s)")
     print(f"sampler: {sampler_cost():.2f} ms CPU per tick (one tick per {args.interval} s)")
 
+    if args.parts:
+        return
     plain, profiled, cpu_plain, cpu_profiled = [], [], [], []
     with tempfile.TemporaryDirectory() as d:
         script = Path(d) / "loop.py"

@@ -71,3 +71,30 @@ def test_step_summary(make_run):
 def test_step_summary_without_steps_is_nan(make_run):
     s = step_summary(gpufeed.load(make_run()))
     assert s["steps"] == 0 and math.isnan(s["steps_per_s"]) and math.isnan(s["data_wait_share"])
+
+
+def test_step_phases_take_the_gpu_clock_where_cuda_events_timed_the_model():
+    import pandas as pd
+
+    from gpufeed.analysis.stats import step_phases
+
+    steps = pd.DataFrame(
+        {
+            "duration": [0.010, 0.010, 0.010],
+            "data_wait": [0.002, 0.006, np.nan],
+            "forward": [0.001, 0.001, 0.001],  # host: launch time only
+            "backward": [0.001, 0.001, 0.001],
+            "optimizer": [0.001, 0.001, 0.001],
+            "other": [0.005, 0.001, 0.007],
+        }
+    )
+    host, clock = step_phases(steps)
+    assert clock == "host" and host["other"].tolist() == [0.005, 0.001, 0.007]
+    gpu = steps.assign(gpu_forward=0.002, gpu_backward=0.004, gpu_optimizer=0.001)
+    parts, clock = step_phases(gpu)
+    assert clock == "cuda"
+    assert parts["backward"].tolist() == [0.004] * 3
+    # what the wall time leaves; never negative where GPU work overlapped the next batch's wait
+    assert parts["other"].tolist() == pytest.approx([0.001, 0.0, 0.003])
+    unmeasured = gpu.assign(gpu_forward=np.nan, gpu_backward=np.nan, gpu_optimizer=np.nan)
+    assert step_phases(unmeasured)[1] == "host"

@@ -124,3 +124,33 @@ def test_report_with_evaluation_renders_in_chromium(run_dir: Path) -> None:
     assert '<table id="step-phases">' in dom and ">Evaluation<" in dom
     breakdown = dom[dom.index('id="chart-step-breakdown"') :]
     assert "main-svg" in breakdown[:200_000] and "forward, ms" in breakdown[:200_000]
+
+
+def test_report_and_show_use_the_gpu_clock_for_the_model_phases_where_it_was_measured(
+    run_dir: Path,
+) -> None:
+    from rich.console import Console
+
+    from gpufeed.present.terminal import print_run
+
+    run = gpufeed.load(run_dir)
+    host = Console(record=True, width=200)
+    print_run(run, [], host)
+    assert "Step phases (host time): data wait" in host.export_text()
+
+    # As a CUDA run records them: GPU work between events, here a fixed 1, 2 and 0.5 ms per step.
+    gpu = run.steps.assign(gpu_forward=1e-3, gpu_backward=2e-3, gpu_optimizer=0.5e-3)
+    on_gpu = dataclasses.replace(run, steps=gpu)
+    s = step_summary(on_gpu)
+    assert s["phase_clock"] == "cuda"
+    timed = gpu[np.isfinite(gpu["duration"])]
+    assert s["backward_share"] == pytest.approx(2e-3 * len(timed) / timed["duration"].sum())
+    page = render_html(on_gpu, [])
+    table = re.search(r'<table id="step-phases">(.*?)</table>', page, re.S).group(1)
+    assert "<td>forward (GPU)</td>" in table and "<td>2.00 ms</td>" in table
+    assert "<td>data wait</td>" in table  # the wait is the host's, as before
+    title = _figures(page)["chart-step-breakdown"]["layout"]["title"]
+    assert "GPU time from CUDA events" in json.dumps(title)
+    console = Console(record=True, width=200)
+    print_run(on_gpu, [], console)
+    assert "Step phases (GPU time from CUDA events): data wait" in console.export_text()

@@ -19,12 +19,20 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     gpu.pcie_rx / gpu.pcie_tx  "0"..         bytes/s
     GPU rows exist only where NVML reported them; nothing is ever invented.
 
-``steps``     columns: host, rank, local_rank, pid, step, start, end, duration, data_wait, samples, gpu_time
+``steps``     columns: host, rank, local_rank, pid, step, start, end, duration, data_wait, samples, gpu_time,
+              forward, backward, optimizer, other, gpu_forward, gpu_backward, gpu_optimizer
     One row per training step per rank. A step spans from the end of the previous step (or the first
     batch request) to the end of its optimizer step, so ``duration`` INCLUDES ``data_wait`` (seconds
     the step spent blocked on the DataLoader iterator). ``samples``: leading dim of the batch (NaN
     if unknown). ``gpu_time``: seconds of GPU work from CUDA events (NaN on CPU). ``rank`` is 0 for
     single-process runs.
+    Phases, host clock (seconds, NaN where the hooks did not see the model): ``forward``,
+    ``backward``, ``optimizer`` (host time in the trained model's forward, in backward passes, in
+    optimizer steps; on a GPU that is launch time, not GPU work) and ``other`` = duration minus
+    data wait and those three.
+    Phases, GPU clock (seconds of the CUDA stream between CUDA events recorded at the same points;
+    NaN unless the trained model lives on a CUDA device): ``gpu_forward``, ``gpu_backward``,
+    ``gpu_optimizer``. `analysis.stats.phase_columns` picks the GPU clock where it was measured.
 
 ``processes`` columns: time, host, pid, role, cpu, rss
     role in {"main", "worker", "other"}: "main" = a training process (one per rank),
@@ -90,6 +98,9 @@ STEP_COLUMNS = [
     "backward",
     "optimizer",
     "other",
+    "gpu_forward",
+    "gpu_backward",
+    "gpu_optimizer",
 ]
 EVAL_COLUMNS = [
     "host",
@@ -209,10 +220,12 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
             rank, local, pid = info.get("rank", 0), info.get("local_rank", 0), info.get("pid")
             ranks.append({k: info.get(k) for k in _RANK_KEYS})
             phases = {row[0]: row[1:] for row in data["phases"]}
+            gpu_phases = {row[0]: row[1:] for row in data["gpu_phases"]}
+            unknown = (None, None, None)
             for step, start, end, wait, samples, gpu in data["steps"]:
-                fwd, bwd, opt = phases.get(step, (None, None, None))
                 row = (host, rank, local, pid, step, start, end, None, wait, samples, gpu)
-                steps.append((*row, fwd, bwd, opt, None))
+                host_clock = phases.get(step, unknown)
+                steps.append((*row, *host_clock, None, *gpu_phases.get(step, unknown)))
             evals += [(host, rank, pid, a, b, None, n, s, w) for a, b, n, s, w in data["evals"]]
             workers.setdefault(host, set()).update(pid for pid, _ in data["workers"])
 

@@ -138,7 +138,8 @@ def evaluation_passes(run: Run) -> pd.DataFrame:
 
 def step_summary(run: Run) -> dict[str, Any]:
     """Training steps only: steps, ranks, steps/s (per rank), samples/s (all ranks), step time p50/p95,
-    data-wait share (NaN = unknown: no step had a measured wait), phase shares; evaluation apart.
+    data-wait share (NaN = unknown: no step had a measured wait), phase shares (``phase_clock``
+    says which clock timed forward, backward and optimizer: `step_phases`); evaluation apart.
 
     Rates divide by the time spent in training steps (evaluation passes are not steps, so they do
     not dilute throughput); ``eval_time`` and ``eval_passes`` say how long evaluation took per rank.
@@ -160,6 +161,7 @@ def step_summary(run: Run) -> dict[str, Any]:
         else 0.0,
         "eval_passes": int(evals.groupby(["host", "rank"]).size().max()) if len(evals) else 0,
         **{f"{p}_share": math.nan for p in PHASES},
+        "phase_clock": "host",
     }
     if len(timed) == 0:
         return out
@@ -176,24 +178,49 @@ def step_summary(run: Run) -> dict[str, Any]:
         else math.nan,
         step_p50=float(np.percentile(durations, 50)),
         step_p95=float(np.percentile(durations, 95)),
-        data_wait_share=_share(timed, "data_wait"),
+        data_wait_share=_share(timed["duration"], timed["data_wait"]),
         training_time=train_time,
     )
+    parts, out["phase_clock"] = step_phases(timed)
     for p in PHASES:
-        if p in timed:
-            out[f"{p}_share"] = _share(timed, p)
+        out[f"{p}_share"] = _share(timed["duration"], parts[p])
     return out
 
 
 # Parts of a training step, in the order they happen.
 PHASES = ("data_wait", "forward", "backward", "optimizer", "other")
+# Where the GPU clock timed a phase (CUDA events, `analysis.run`), its column.
+GPU_PHASE_COLUMNS = {
+    "forward": "gpu_forward",
+    "backward": "gpu_backward",
+    "optimizer": "gpu_optimizer",
+}
 
 
-def _share(steps: pd.DataFrame, column: str) -> float:
-    """Share of step time in `column`, over the steps where it was measured; NaN where none was."""
-    known = steps[np.isfinite(steps[column].to_numpy(dtype=float))]
-    total = float(known["duration"].sum())
-    return float(known[column].clip(lower=0.0).sum() / total) if total > 0 else math.nan
+def step_phases(steps: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Each step's PHASES (seconds, NaN where not measured) and the clock of its model phases:
+    "cuda" where CUDA events timed the model's GPU work (the host clock would only time kernel
+    launches), else "host". On the GPU clock "other" is what the step's wall time leaves (never
+    below zero: GPU work may overlap the next batch's wait)."""
+    parts = steps.reindex(columns=list(PHASES)).astype(float)
+    gpu = all(c in steps for c in GPU_PHASE_COLUMNS.values()) and bool(
+        np.isfinite(steps["gpu_forward"].to_numpy(dtype=float)).any()
+    )
+    if not gpu:
+        return parts, "host"
+    for phase, column in GPU_PHASE_COLUMNS.items():
+        parts[phase] = steps[column].astype(float)
+    known = parts[["data_wait", "forward", "backward", "optimizer"]].fillna(0.0).sum(axis=1)
+    other = (steps["duration"].astype(float) - known).clip(lower=0.0)
+    parts["other"] = other.where(parts["forward"].notna())
+    return parts, "cuda"
+
+
+def _share(durations: pd.Series, values: pd.Series) -> float:
+    """Share of step time in `values`, over the steps where it was measured; NaN where none was."""
+    known = np.isfinite(values.to_numpy(dtype=float))
+    total = float(durations[known].sum())
+    return float(values[known].clip(lower=0.0).sum() / total) if total > 0 else math.nan
 
 
 def _finite_min(values: list[Any]) -> float:

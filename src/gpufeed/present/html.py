@@ -283,22 +283,25 @@ def _metric_value(metric: str, value: float, column: str) -> str:
 
 def _step_phases(run: Run) -> list[dict[str, str]]:
     """Rows (phase, share of step time, mean per step) for the parts of a training step; "unknown"
-    where a part was not measured (data wait outside a DataLoader, phases of an older run)."""
-    from gpufeed.analysis.stats import PHASES, step_summary
+    where a part was not measured (data wait outside a DataLoader, phases of an older run). The
+    model's phases are GPU time where CUDA events measured it ("(GPU)" after their names)."""
+    from gpufeed.analysis.stats import PHASES, step_phases, step_summary
 
     steps = run.steps[np.isfinite(run.steps["duration"].to_numpy(dtype=float))]
     if len(steps) == 0:
         return []
     s = step_summary(run)
+    parts, clock = step_phases(steps)
     rows = []
     for p in PHASES:
         share = s[f"{p}_share"]
-        values = steps[p].to_numpy(dtype=float) if p in steps else np.array([])
+        values = parts[p].to_numpy(dtype=float)
         values = values[np.isfinite(values)]
         known = math.isfinite(share) and values.size > 0
+        on_gpu = clock == "cuda" and p in ("forward", "backward", "optimizer")
         rows.append(
             {
-                "phase": p.replace("_", " "),
+                "phase": p.replace("_", " ") + (" (GPU)" if on_gpu else ""),
                 "share": _num(100 * share, "%", 1) if known else "unknown",
                 "mean": _num(1e3 * float(values.mean()), " ms", 2) if known else "unknown",
             }
@@ -483,24 +486,23 @@ def _lowest_rank(steps: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 def _breakdown(steps: pd.DataFrame, max_points: int) -> tuple[dict[str, Any], str]:
     """Stacked bars per step of the lowest rank: data wait, forward, backward, optimizer, other
-    where the hooks measured them, else data wait vs the rest; an unmeasured data wait is never
-    drawn as zero, it stays inside "other" and the note says so."""
-    from gpufeed.analysis.stats import PHASES
+    where the hooks measured them (GPU time where CUDA events did), else data wait vs the rest; an
+    unmeasured data wait is never drawn as zero, it stays inside "other" and the note says so."""
+    from gpufeed.analysis.stats import PHASES, step_phases
 
     rank, label = _lowest_rank(steps)
+    phases, clock = step_phases(rank)
     n = len(rank)
     per = max(1, math.ceil(n / max_points))
     idx = np.arange(n) // per
     count = np.bincount(idx)
     dur = rank["duration"].to_numpy(dtype=float)
     wait = rank["data_wait"].to_numpy(dtype=float)
-    split = (
-        all(p in rank for p in PHASES[1:]) and np.isfinite(rank["forward"].to_numpy(float)).any()
-    )
+    split = bool(np.isfinite(phases["forward"].to_numpy(float)).any())
     parts: dict[str, np.ndarray] = {}
     if split:
         for p in PHASES[1:-1]:
-            parts[p] = np.nan_to_num(rank[p].to_numpy(dtype=float))
+            parts[p] = np.nan_to_num(phases[p].to_numpy(dtype=float))
     known_wait = np.nan_to_num(wait)
     parts = {"data_wait": known_wait, **parts}
     parts["other"] = np.maximum(dur - sum(parts.values()), 0.0)
@@ -516,6 +518,8 @@ def _breakdown(steps: pd.DataFrame, max_points: int) -> tuple[dict[str, Any], st
         for p, v in parts.items()
     ]
     title = "Per-step phases" if split else "Per-step breakdown: data wait vs compute"
+    if split and clock == "cuda":
+        title += " (forward, backward, optimizer: GPU time from CUDA events)"
     fig = _fig(traces, title, "step", "ms")
     fig["layout"] |= {"barmode": "stack", "bargap": 0}
     note = label

@@ -45,7 +45,7 @@ _UNITS: dict[str, tuple[str, float, int]] = {
 def print_run(run: Run, findings: list[Finding], console: Console | None = None) -> None:
     """Print a run's summary: what ran, phases, step throughput, a percentile table per metric, and
     the given findings."""
-    from gpufeed.analysis.stats import phases, step_summary
+    from gpufeed.analysis.stats import PHASES, phases, step_summary
 
     console = console or Console()
     meta = run.meta
@@ -107,6 +107,15 @@ def print_run(run: Run, findings: list[Finding], console: Console | None = None)
             else "unknown",
         )
         console.print(table)
+        if math.isfinite(s["forward_share"]):
+            clock = "GPU time from CUDA events" if s["phase_clock"] == "cuda" else "host time"
+            shares = " · ".join(
+                f"{p.replace('_', ' ')} {_percent(s[f'{p}_share'])}"
+                if math.isfinite(s[f"{p}_share"])
+                else f"{p.replace('_', ' ')} unknown"
+                for p in PHASES
+            )
+            console.print(f"Step phases ({clock}): {shares}")
         if s["eval_passes"]:
             console.print(
                 f"Evaluation: {s['eval_passes']} passes, {_seconds(s['eval_time'])} "

@@ -1,10 +1,13 @@
 """Zero-code PyTorch hooks: optimizer steps end steps, DataLoader `__next__` measures data wait,
-forward hooks on the model being optimized (and an autograd hook on its output) time forward and
-backward and tell training from evaluation, `autocast.__enter__` notes the precision.
+the model being optimized's calls and `torch.autograd.backward` time forward and backward and tell
+training from evaluation, `autocast.__enter__` notes the precision.
 
 The model is found without the user's help: until the first optimizer step global module hooks note
 the outermost modules called; at that step those sharing parameters with the optimizer become the
-models, get their own hooks, and the global hooks (which slow every module call) are removed.
+models and the global hooks (which slow every module call) are removed. A model's calls are then
+timed by a `__call__` on its class that lets other instances straight through: torch's module
+hooks cost ~10 µs per call, this a few µs. Where the model lives on a CUDA device the same
+points also record CUDA events (`Recorder.gpu_mark`), read later: never a host sync.
 
 Hooks are installed when torch's modules are imported (a post-import hook on `sys.meta_path`), so
 this module imports no torch itself. A process gets a recorder, and a store file, only at its first
@@ -16,12 +19,14 @@ from __future__ import annotations
 
 import atexit
 import importlib.abc
+import itertools
 import os
 import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 from gpufeed.profiler.session import ENV_RUN_DIR, identity, steps_store_path, warn_once
@@ -33,16 +38,20 @@ _lock = threading.Lock()
 _optimizer_hook: Any = None
 _optimizer_pre_hook: Any = None
 _global_hooks: list[Any] = []  # global module hooks, removed once the models are known
-_model_hooks: list[Any] = []
+_model_ids: frozenset[int] = frozenset()  # ids of the models whose calls are timed
+_patched_classes: list[tuple[type, Any]] = []  # (model class, its own __call__ or None)
+_is_grad_enabled: Callable[[], bool] | None = None
 _roots: dict[int, Any] = {}  # id -> weakref of the outermost modules called before the first step
 _depth = 0  # nesting of module calls while global hooks are on
 _forwards: list[tuple[float, int | None, bool, bool]] = []  # root forwards in progress
 _opt_t0 = 0.0
-_backward_t0: float | None = None
+_opt_g0: Any = None
+_backward_depth = 0  # nested backward calls (checkpointing, double backward) count once
 _MAX_ROOTS = 64
 _original_next: Callable[[Any], Any] | None = None
 _original_iter: Callable[[Any], Any] | None = None
 _original_enter: Callable[[Any], Any] | None = None
+_original_backward: Callable[..., Any] | None = None
 _pending_autocast: tuple[str, Any] | None = None  # autocast entered before this process trained
 _installed = False
 hook_errors = 0  # hook calls that failed in this process (their events are dropped)
@@ -144,17 +153,22 @@ os.register_at_fork(after_in_child=reset)
 
 
 def _on_optimizer_pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    global _opt_t0
-    _opt_t0 = time.perf_counter()
+    global _opt_t0, _opt_g0
+    _opt_t0 = perf_counter()
+    _opt_g0 = _gpu_begins(_recorder)
 
 
 def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    global _opt_g0
     try:
+        t1 = perf_counter()
+        g0, _opt_g0 = _opt_g0, None
         rec = _recorder if _recorder is not None else _create()
         if rec:
+            g1 = rec.gpu_mark() if g0 is not None else None
             if rec.models is None:
-                rec.models = _settle_models(optimizer)
-            rec.on_optimizer(_opt_t0 or time.perf_counter(), time.perf_counter())
+                rec.models = _settle_models(optimizer, rec)
+            rec.on_optimizer(_opt_t0 or t1, t1, g0, g1)
             rec.on_optimizer_step(optimizer)
     except Exception as e:
         hook_failed(e)
@@ -169,60 +183,71 @@ def _input_size(args: Any, kwargs: Any) -> int | None:
 def _forward_begins(module: Any, args: Any, kwargs: Any = None) -> None:
     torch = sys.modules["torch"]
     n = _input_size(args, kwargs)
-    _forwards.append((time.perf_counter(), n, torch.is_grad_enabled(), bool(module.training)))
+    _forwards.append((perf_counter(), n, torch.is_grad_enabled(), bool(module.training)))
 
 
-def _forward_ends(module: Any, output: Any) -> None:
-    t1 = time.perf_counter()
+def _forward_ends(module: Any) -> None:
+    t1 = perf_counter()
     if not _forwards:
         return
     t0, n, grad, training = _forwards.pop()
     rec = _recorder
     if rec:
         rec.on_forward(id(module), t0, t1, n, grad, training)
-        if grad:
-            out = _grad_tensor(output)
-            if out is not None:
-                out.register_hook(_backward_begins)
 
 
-def _grad_tensor(value: Any, depth: int = 0) -> Any:
-    """The first tensor in a model's output (nested tuples, lists, dicts) that requires grad."""
-    if getattr(value, "requires_grad", False) and hasattr(value, "register_hook"):
-        return value
-    if depth < 3:
-        if isinstance(value, (list, tuple)):
-            items = value
-        elif isinstance(value, dict):
-            items = value.values()
-        else:
-            return None
-        for item in items:
-            found = _grad_tensor(item, depth + 1)
-            if found is not None:
-                return found
-    return None
-
-
-def _backward_begins(grad: Any) -> None:
-    global _backward_t0
+def _gpu_begins(rec: Any) -> Any:
+    """A GPU mark where the recorder takes them (a model on a CUDA device), else None."""
     try:
-        if _backward_t0 is None:
-            _backward_t0 = time.perf_counter()
-            sys.modules["torch"].autograd.Variable._execution_engine.queue_callback(_backward_ends)
+        return rec.gpu_mark() if rec and rec.gpu_phases else None
     except Exception as e:
         hook_failed(e)
+        return None
 
 
-def _backward_ends() -> None:
-    global _backward_t0
-    t0, _backward_t0 = _backward_t0, None
-    try:
+def _timed_call(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A model class's `__call__`: times the calls of the models (host clock, and GPU marks where
+    the recorder takes them); every other instance of the class goes straight to `original`."""
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if id(self) not in _model_ids:
+            return original(self, *args, **kwargs)
         rec = _recorder
-        if rec and t0 is not None:
-            rec.on_backward(t0, time.perf_counter())
-    except Exception as e:
-        hook_failed(e)
+        t0 = perf_counter()
+        g0 = _gpu_begins(rec)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            t1 = perf_counter()
+            try:
+                if rec:
+                    g1 = rec.gpu_mark() if g0 is not None else None
+                    n = _input_size(args, kwargs)
+                    rec.on_forward(id(self), t0, t1, n, _is_grad_enabled(), self.training, g0, g1)
+            except Exception as e:
+                hook_failed(e)
+
+    return __call__
+
+
+def _backward(*args: Any, **kwargs: Any) -> Any:
+    """`torch.autograd.backward` (what `Tensor.backward` calls), timed: a backward pass."""
+    global _backward_depth
+    rec = _recorder
+    if not rec or _backward_depth:
+        return _original_backward(*args, **kwargs)  # type: ignore[misc]
+    _backward_depth += 1
+    t0 = perf_counter()
+    g0 = _gpu_begins(rec)
+    try:
+        return _original_backward(*args, **kwargs)  # type: ignore[misc]
+    finally:
+        t1 = perf_counter()
+        _backward_depth -= 1
+        try:
+            rec.on_backward(t0, t1, g0, rec.gpu_mark() if g0 is not None else None)
+        except Exception as e:
+            hook_failed(e)
 
 
 def _global_pre(module: Any, args: Any) -> None:
@@ -234,7 +259,7 @@ def _global_pre(module: Any, args: Any) -> None:
                 _roots[id(module)] = weakref.ref(module)
             _forward_begins(module, args)
         except Exception as e:
-            _forwards.append((time.perf_counter(), None, True, True))
+            _forwards.append((perf_counter(), None, True, True))
             hook_failed(e)
 
 
@@ -243,29 +268,16 @@ def _global_post(module: Any, args: Any, output: Any) -> None:
     _depth = max(0, _depth - 1)
     if _depth == 0:
         try:
-            _forward_ends(module, output)
+            _forward_ends(module)
         except Exception as e:
             hook_failed(e)
 
 
-def _model_pre(module: Any, args: Any, kwargs: Any) -> None:
-    try:
-        _forward_begins(module, args, kwargs)
-    except Exception as e:
-        _forwards.append((time.perf_counter(), None, True, True))
-        hook_failed(e)
-
-
-def _model_post(module: Any, args: Any, kwargs: Any, output: Any) -> None:
-    try:
-        _forward_ends(module, output)
-    except Exception as e:
-        hook_failed(e)
-
-
-def _settle_models(optimizer: Any) -> frozenset[int]:
-    """The roots seen so far that hold the optimizer's parameters get hooks of their own; the
-    global module hooks go. Returns their ids (empty: forward and backward stay unmeasured)."""
+def _settle_models(optimizer: Any, rec: Recorder) -> frozenset[int]:
+    """The roots seen so far that hold the optimizer's parameters become the models, their calls
+    timed (`_timed_call`); the global module hooks go. On a CUDA model the recorder takes GPU marks
+    from now on. Returns their ids (empty: forward and backward stay unmeasured)."""
+    global _model_ids, _is_grad_enabled
     params = {id(p) for group in optimizer.param_groups for p in group["params"]}
     models = []
     for ref in list(_roots.values()):
@@ -274,12 +286,26 @@ def _settle_models(optimizer: Any) -> frozenset[int]:
             models.append(module)
     _remove_global_hooks()
     _roots.clear()
-    for module in models:
-        _model_hooks.append(module.register_forward_pre_hook(_model_pre, with_kwargs=True))
-        _model_hooks.append(
-            module.register_forward_hook(_model_post, with_kwargs=True, always_call=True)
-        )
-    return frozenset(id(m) for m in models)
+    _is_grad_enabled = sys.modules["torch"].is_grad_enabled
+    _model_ids = frozenset(id(m) for m in models)
+    for cls in {type(m) for m in models}:
+        if not any(cls is c for c, _ in _patched_classes):
+            _patched_classes.append((cls, cls.__dict__.get("__call__")))
+            cls.__call__ = _timed_call(cls.__call__)
+    on_gpu = any(p.is_cuda for m in models for p in itertools.islice(m.parameters(), 1))
+    rec.gpu_phases = on_gpu and rec.cuda_ready()
+    return _model_ids
+
+
+def _unpatch_models() -> None:
+    global _model_ids
+    _model_ids = frozenset()
+    for cls, own in _patched_classes:
+        if own is None:
+            del cls.__call__
+        else:
+            cls.__call__ = own
+    _patched_classes.clear()
 
 
 def _remove_global_hooks() -> None:
@@ -301,21 +327,21 @@ def _record(event: str, *args: Any) -> None:
 
 
 def _next(self: Any) -> Any:
-    t0 = time.perf_counter()
+    t0 = perf_counter()
     try:
         batch = _original_next(self)  # type: ignore[misc]
     except StopIteration:
-        _record("on_wait", t0, time.perf_counter(), self)
+        _record("on_wait", t0, perf_counter(), self)
         raise
-    _record("on_batch", t0, time.perf_counter(), batch, self)
+    _record("on_batch", t0, perf_counter(), batch, self)
     return batch
 
 
 def _iter(self: Any) -> Any:
     # Starting an epoch's iterator (worker processes, pickling the dataset for them) is input time.
-    t0 = time.perf_counter()
+    t0 = perf_counter()
     it = _original_iter(self)  # type: ignore[misc]
-    _record("on_iter_start", t0, time.perf_counter(), it)
+    _record("on_iter_start", t0, perf_counter(), it)
     return it
 
 
@@ -346,7 +372,7 @@ def _patch_optimizer(module: Any) -> None:
 
 
 def _patch_modules(module: Any) -> None:
-    if not _global_hooks and not _model_hooks:
+    if not _global_hooks and not _model_ids:
         _global_hooks.append(module.register_module_forward_pre_hook(_global_pre))
         _global_hooks.append(module.register_module_forward_hook(_global_post, always_call=True))
 
@@ -370,6 +396,13 @@ def _patch_autocast(module: Any) -> None:
         cls.__enter__ = _enter_autocast
 
 
+def _patch_backward(module: Any) -> None:
+    global _original_backward
+    if _original_backward is None:
+        _original_backward = module.backward
+        module.backward = _backward
+
+
 def install() -> None:
     """Install the hooks now for torch modules already imported, else when they are imported."""
     global _installed
@@ -387,15 +420,13 @@ def install() -> None:
 def uninstall() -> None:
     """Remove the hooks (end of `gpufeed.profile()` in a process that was not launched under it)."""
     global _optimizer_hook, _optimizer_pre_hook, _original_next, _original_iter, _original_enter
-    global _installed
+    global _installed, _original_backward
     if _optimizer_hook is not None:
         _optimizer_hook.remove()
         _optimizer_pre_hook.remove()
         _optimizer_hook = _optimizer_pre_hook = None
     _remove_global_hooks()
-    for handle in _model_hooks:
-        handle.remove()
-    _model_hooks.clear()
+    _unpatch_models()
     _roots.clear()
     if _original_next is not None:
         sys.modules["torch.utils.data.dataloader"]._BaseDataLoaderIter.__next__ = _original_next
@@ -406,6 +437,9 @@ def uninstall() -> None:
     if _original_enter is not None:
         sys.modules["torch.amp.autocast_mode"].autocast.__enter__ = _original_enter
         _original_enter = None
+    if _original_backward is not None:
+        sys.modules["torch.autograd"].backward = _original_backward
+        _original_backward = None
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportFinder)]
     _installed = False
 
@@ -415,6 +449,7 @@ _PATCHES: dict[str, Callable[[Any], None]] = {
     "torch.utils.data.dataloader": _patch_dataloader,
     "torch.amp.autocast_mode": _patch_autocast,
     "torch.nn.modules.module": _patch_modules,
+    "torch.autograd": _patch_backward,
 }
 
 

@@ -4,7 +4,8 @@ The training thread only reads a clock and appends a tuple per event (about a mi
 fetched, forwards of the model being optimized, backward passes, optimizer steps. A flush thread
 turns each step's events into its phases (`split_step`: data wait, forward, backward, optimizer,
 evaluation passes taken out), writes them to this process's store every FLUSH_INTERVAL seconds, and
-resolves CUDA events by polling `Event.query()`, so the host is never synchronized. If the store
+reads the step's CUDA events (its span and, where the model lives on a GPU, its phases on the GPU
+clock: `clocks`) once `Event.query()` says they are done, so the host is never synchronized. If the store
 cannot be written, events are dropped and counted, one warning is printed, and training goes on.
 The recorder also notes what precision the steps computed in (autocast per step, the optimizer's
 parameter dtype once).
@@ -25,12 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpufeed.profiler.clocks import CudaClock, Spans
 from gpufeed.profiler.session import FLUSH_INTERVAL, warn_once
 from gpufeed.profiler.store import Store
 
 NAN = math.nan
-# Steps waiting for their CUDA events at most; older ones keep gpu_time NaN.
-_MAX_PENDING_GPU = 4096
+# The phases timed on the GPU clock, as `Spans` names them (and the store's gpu_phases columns).
+GPU_PHASES = ("forward", "backward", "optimizer")
 # Short names of torch dtypes, as meta "precision" spells them.
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 
@@ -96,8 +98,9 @@ def _autocast_active(device_type: str) -> bool:
 
 @dataclass
 class StepParts:
-    """One training step split into phases (host seconds; NaN where not measured) and the
-    evaluation pass found among its events, if any: (start, end, batches, samples, data_wait)."""
+    """One training step split into phases (host seconds; NaN where not measured), the evaluation
+    pass found among its events, if any: (start, end, batches, samples, data_wait), and the GPU
+    clock's marks of its training phases: (phase, begin, end)."""
 
     start: float
     data_wait: float
@@ -106,6 +109,7 @@ class StepParts:
     backward: float
     optimizer: float
     evaluation: tuple[float, float, int, float, float] | None
+    gpu: list[tuple[str, Any, Any]]
 
 
 def split_step(
@@ -118,8 +122,10 @@ def split_step(
     """Split one step's events (in order) into phases and take evaluation out of it.
 
     Events: ("f", t0, t1, samples, iterator id[, True at the epoch's end]) a batch fetched; ("F", t0, t1, samples, module id,
-    grad enabled, module.training) a forward of a root module; ("B", t0, t1) a backward pass;
-    ("O", t0, t1) an optimizer step. A forward is evaluation when it runs without grad, or in eval()
+    grad enabled, module.training[, gpu begin, gpu end]) a forward of a root module; ("B", t0, t1[,
+    gpu begin, gpu end]) a backward pass; ("O", t0, t1[, gpu begin, gpu end]) an optimizer step.
+    GPU marks (None where not taken) of training forwards, backward passes and optimizer steps
+    go to `gpu`. A forward is evaluation when it runs without grad, or in eval()
     mode with no backward after it; the batches fetched before it, and every later batch of the same
     iterator, are evaluation too. The step then starts where the evaluation ended. Data wait is the
     DataLoader's blocked time where batches came from one; else (any other iterator) the host time
@@ -142,6 +148,7 @@ def split_step(
     fwd = bwd = opt = 0.0
     n_fwd, opt_seen, fwd_samples, fwd_known, primary = 0, False, 0.0, True, None
     gap, mark, since_mark = 0.0, start, 0.0
+    gpu: list[tuple[str, Any, Any]] = []
 
     def to_eval(t0: float, t1: float, wait: float, batches: int, n: float | None) -> None:
         nonlocal ev
@@ -188,6 +195,8 @@ def split_step(
             gap += max(0.0, e[1] - mark - since_mark)
             fwd += e[2] - e[1]
             n_fwd += 1
+            if len(e) > 7 and e[7] is not None:
+                gpu.append(("forward", e[7], e[8]))
             primary = e[4] if primary is None else primary
             if e[4] == primary:
                 if e[3] is None:
@@ -200,10 +209,14 @@ def split_step(
                 gap += max(0.0, e[1] - mark - since_mark)
             bwd += e[2] - e[1]
             mark, since_mark = max(mark, e[2]), 0.0
+            if len(e) > 3 and e[3] is not None:
+                gpu.append(("backward", e[3], e[4]))
         elif kind == "O":
             opt += e[2] - e[1]
             opt_seen = True
             mark = max(mark, e[2])
+            if len(e) > 3 and e[3] is not None:
+                gpu.append(("optimizer", e[3], e[4]))
     for p in pending:
         to_training(p)
     first_train = next(
@@ -232,14 +245,30 @@ def split_step(
         bwd if n_fwd else NAN,
         opt if opt_seen else NAN,
         (ev[0], ev[1], ev[2], ev[3], ev[4]) if ev is not None else None,
+        gpu,
     )
+
+
+def gpu_marks(events: list[tuple]) -> list[Any]:
+    """Every GPU mark a step's events hold (see `split_step`), evaluation forwards' included."""
+    marks = []
+    for e in events:
+        kind = e[0]
+        if kind == "F":
+            if len(e) > 7:
+                marks += e[7:9]
+        elif kind != "f" and len(e) > 3:
+            marks += e[3:5]
+    return [m for m in marks if m is not None]
 
 
 class Recorder:
     """Records the steps of one training process into its own store file.
 
     `autocast` is set by the autocast hook to (device_type, dtype) when an enabled autocast region
-    is entered; the step in progress then counts as computed in that dtype.
+    is entered; the step in progress then counts as computed in that dtype. `gpu_phases` is set by
+    the hooks when the model being optimized lives on a CUDA device: they then take `gpu_mark()`s
+    around forward, backward and optimizer step, and the steps get GPU-clock phases.
     """
 
     def __init__(
@@ -272,9 +301,12 @@ class Recorder:
         self._last_iter = 0
         self._cuda = None  # torch.cuda once it is initialized
         self._gpu_off = False  # CUDA events failed once: GPU time is not measured any more
+        self._clock: CudaClock | None = None  # made at the first GPU mark
+        self._spans: Spans | None = None  # steps whose GPU marks wait to be read (flush thread)
+        self._saved_span_drops = 0
+        self.gpu_phases = False
         self._ev_start: Any = None
         self._ev_prev_end: Any = None
-        self._pending_gpu: deque[tuple[int, Any, Any]] = deque()
         self.autocast: tuple[str, Any] | None = None
         self._autocast_steps: dict[Any, int] = {}  # autocast dtype -> steps that ran under it
         self._params: str | None = None  # precision of the optimizer's parameters, "" if none
@@ -312,8 +344,8 @@ class Recorder:
             now = time.time()
             for w in getattr(iterator, "_workers", ()):
                 self._workers.append((w.pid, now))
-        if self._ev_start is None and self._cuda_ready():
-            self._ev_start = self._record_event()
+        if self._ev_start is None and self.cuda_ready():
+            self._ev_start = self.gpu_mark()
 
     def on_wait(self, t0: float, t1: float, iterator: Any = None) -> None:
         """A DataLoader `__next__` blocked from t0 to t1 and ended the epoch (StopIteration)."""
@@ -328,20 +360,30 @@ class Recorder:
         self._events.append(("f", t0, t1, None, _serial(iterator)))
 
     def on_forward(
-        self, module_id: int, t0: float, t1: float, n: int | None, grad: bool, training: bool
+        self,
+        module_id: int,
+        t0: float,
+        t1: float,
+        n: int | None,
+        grad: bool,
+        training: bool,
+        g0: Any = None,
+        g1: Any = None,
     ) -> None:
-        """A root module's forward ran from t0 to t1 on a batch of n (grad mode, train mode)."""
-        self._events.append(("F", t0, t1, n, module_id, grad, training))
-        if self._ev_start is None and self._cuda_ready():
-            self._ev_start = self._record_event()
+        """A root module's forward ran from t0 to t1 on a batch of n (grad mode, train mode); g0, g1:
+        its GPU marks (`gpu_mark()`), None where not taken."""
+        self._events.append(("F", t0, t1, n, module_id, grad, training, g0, g1))
+        if self._ev_start is None:
+            # the forward's own mark starts the step's GPU span where it has one
+            self._ev_start = g0 if g0 is not None or not self.cuda_ready() else self.gpu_mark()
 
-    def on_backward(self, t0: float, t1: float) -> None:
-        """A backward pass through the model ran from t0 to t1."""
-        self._events.append(("B", t0, t1))
+    def on_backward(self, t0: float, t1: float, g0: Any = None, g1: Any = None) -> None:
+        """A backward pass ran from t0 to t1 (g0, g1: its GPU marks, or None)."""
+        self._events.append(("B", t0, t1, g0, g1))
 
-    def on_optimizer(self, t0: float, t1: float) -> None:
+    def on_optimizer(self, t0: float, t1: float, g0: Any = None, g1: Any = None) -> None:
         """An optimizer's step ran from t0 to t1 (any optimizer; the step itself ends elsewhere)."""
-        self._events.append(("O", t0, t1))
+        self._events.append(("O", t0, t1, g0, g1))
 
     def on_optimizer_step(self, optimizer: Any) -> None:
         """Optimizer post-step hook: ends a step unless explicit steps or another optimizer lead."""
@@ -369,11 +411,12 @@ class Recorder:
         t = time.perf_counter()
         start = self._start if self._start is not None else NAN
         ev0 = ev1 = None
-        if self._cuda_ready():
-            ev1 = self._record_event()
+        if self.cuda_ready():
+            ev1 = self.gpu_mark()
             ev0 = (self._ev_start or self._ev_prev_end) if ev1 is not None else None
         if len(self._queue) < self._capacity:
-            self._queue.append((self._step, start, t, self._events, samples, ev0, ev1))
+            row = (self._step, start, t, self._events, samples, ev0, ev1, self._ev_start)
+            self._queue.append(row)
         else:
             self.dropped += 1
         amp = self.autocast
@@ -393,7 +436,8 @@ class Recorder:
             return dtype_name(max(counts, key=counts.__getitem__))
         return self._params or None
 
-    def _cuda_ready(self) -> bool:
+    def cuda_ready(self) -> bool:
+        """Whether this process initialized CUDA (and CUDA events have not failed): GPU marks work."""
         if self._cuda is not None:
             return not self._gpu_off
         torch = sys.modules.get("torch")
@@ -406,18 +450,21 @@ class Recorder:
             self._cuda_failed(e)
         return False
 
-    def _record_event(self) -> Any:
-        """A timing event recorded on the current stream now; None (and no more tries) if CUDA fails."""
+    def gpu_mark(self) -> Any:
+        """A CUDA timing event recorded on the current stream now (from the clock's pool); None at
+        the pool's cap, and None from then on if CUDA fails. Only where `cuda_ready()`."""
         try:
-            ev = self._cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
+            clock = self._clock
+            if clock is None:
+                clock = self._clock = CudaClock(self._cuda)
+            return clock.mark()
         except Exception as e:
             self._cuda_failed(e)
             return None
 
     def _cuda_failed(self, error: BaseException) -> None:
         self._gpu_off = True
+        self.gpu_phases = False
         self._ev_start = self._ev_prev_end = None
         warn_once(
             "cuda-events",
@@ -446,19 +493,9 @@ class Recorder:
         with self._flush_lock:
             rows = _drain(self._queue)
             workers = _drain(self._workers)
-            for step, _, _, _, _, ev0, ev1 in rows:
-                if ev0 is not None and ev1 is not None:
-                    self._pending_gpu.append((step, ev0, ev1))
-            while len(self._pending_gpu) > _MAX_PENDING_GPU:
-                self._pending_gpu.popleft()
-            gpu_times = self._resolve_gpu_times()
-            closing_tail = self._closing and bool(self._events)
-            idle = not rows and not workers and not gpu_times and not closing_tail
-            if idle and self._store is not None:
-                return
             off = self._offset
             step_rows, phase_rows, eval_rows = [], [], []
-            for step, start, end, events, explicit, _, _ in rows:
+            for step, start, end, events, explicit, ev0, ev1, own_start in rows:
                 parts = split_step(start, events, self.models, self._eval_iters, self._train_iters)
                 samples = parts.samples if explicit is None else explicit
                 step_rows.append(
@@ -468,6 +505,16 @@ class Recorder:
                 if parts.evaluation is not None:
                     t0, t1, batches, n, wait = parts.evaluation
                     eval_rows.append((t0 + off, t1 + off, batches, n, wait))
+                if self._clock is not None:
+                    if self._spans is None:
+                        self._spans = Spans(self._clock)
+                    owned = [own_start, ev1, *gpu_marks(events)]
+                    self._spans.add(step, [("step", ev0, ev1), *parts.gpu], owned)
+            gpu_times, gpu_rows = self._resolve_gpu_times()
+            closing_tail = self._closing and bool(self._events)
+            idle = not rows and not workers and not gpu_times and not gpu_rows
+            if idle and not closing_tail and self._store is not None:
+                return
             if self._closing and self._events:
                 # evaluation after the last training step (a final validation pass)
                 tail = split_step(NAN, self._events, self.models, self._eval_iters).evaluation
@@ -500,6 +547,7 @@ class Recorder:
                     gpu_times,
                     steps=step_rows,
                     phases=phase_rows,
+                    gpu_phases=gpu_rows,
                     evals=eval_rows,
                     workers=workers,
                 )
@@ -512,19 +560,26 @@ class Recorder:
                 self.dropped += len(rows)
                 self._warn(e)
 
-    def _resolve_gpu_times(self) -> list[tuple[float, int]]:
-        done: list[tuple[float, int]] = []
-        pending = self._pending_gpu
-        while pending:
-            step, ev0, ev1 = pending[0]
-            try:
-                if not ev1.query():
-                    break  # events complete in order; later ones are not done either
-                done.append((ev0.elapsed_time(ev1) / 1000.0, step))
-            except Exception:
-                pass  # a failed query leaves gpu_time NaN, it never stops recording
-            pending.popleft()
-        return done
+    def _resolve_gpu_times(self) -> tuple[list[tuple[float, int]], list[tuple]]:
+        """(gpu_time, step) pairs and gpu_phases rows of the steps whose CUDA events are done.
+
+        Steps dropped for waiting too long (beyond `clocks.MAX_PENDING`) count as dropped events;
+        an event that fails to read leaves its figures NaN, it never stops recording."""
+        spans = self._spans
+        if spans is None:
+            return [], []
+        times, phases = [], []
+        for step, seconds in spans.resolve():
+            if "step" in seconds:
+                times.append((seconds["step"], step))
+            if any(p in seconds for p in GPU_PHASES):
+                phases.append((step, *(seconds.get(p, NAN) for p in GPU_PHASES)))
+        self.dropped += spans.dropped - self._saved_span_drops
+        self._saved_span_drops = spans.dropped
+        return times, phases
+
+    def _gpu_pending(self) -> bool:
+        return bool(self._queue) or (self._spans is not None and len(self._spans) > 0)
 
     def _warn(self, error: BaseException) -> None:
         if not self._warned:
@@ -544,9 +599,9 @@ class Recorder:
         self._closing = True
         # Training is over: GPU times still in flight may be waited for, briefly.
         deadline = time.monotonic() + gpu_wait
-        while self._pending_gpu and time.monotonic() < deadline:
+        while self._gpu_pending() and time.monotonic() < deadline:
             self._safe_flush()
-            if self._pending_gpu:
+            if self._gpu_pending():
                 time.sleep(0.01)
         self._safe_flush()
         with self._flush_lock:

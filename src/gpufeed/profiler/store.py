@@ -23,6 +23,8 @@ CREATE TABLE IF NOT EXISTS processes (time REAL, pid INTEGER, role TEXT, cpu REA
 CREATE TABLE IF NOT EXISTS workers (pid INTEGER PRIMARY KEY, time REAL);
 CREATE TABLE IF NOT EXISTS phases (step INTEGER PRIMARY KEY, forward REAL, backward REAL,
                                    optimizer REAL);
+CREATE TABLE IF NOT EXISTS gpu_phases (step INTEGER PRIMARY KEY, forward REAL, backward REAL,
+                                       optimizer REAL);
 CREATE TABLE IF NOT EXISTS evals (start REAL, "end" REAL, batches INTEGER, samples REAL,
                                   data_wait REAL);
 """
@@ -33,6 +35,7 @@ TABLES = {
     "processes": ("time", "pid", "role", "cpu", "rss"),
     "workers": ("pid", "time"),
     "phases": ("step", "forward", "backward", "optimizer"),
+    "gpu_phases": ("step", "forward", "backward", "optimizer"),
     "evals": ("start", "end", "batches", "samples", "data_wait"),
 }
 
@@ -66,7 +69,8 @@ class Store:
             for table, data in rows.items():
                 cols = TABLES[table]
                 marks = ",".join("?" * len(cols))
-                verb = "INSERT OR REPLACE" if table in ("steps", "workers", "phases") else "INSERT"
+                keyed = table in ("steps", "workers", "phases", "gpu_phases")
+                verb = "INSERT OR REPLACE" if keyed else "INSERT"
                 db.executemany(f"{verb} INTO {table} VALUES ({marks})", data)
             if gpu_times:
                 db.executemany("UPDATE steps SET gpu_time=? WHERE step=?", gpu_times)

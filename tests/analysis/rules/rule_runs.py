@@ -41,7 +41,7 @@ class RunBuilder:
         for i, (dur, wait, end) in enumerate(zip(d, w, ends, strict=True)):
             self._steps.append(
                 (self.host, rank, rank, 1000 + rank, i, end - dur, end, dur, wait, samples, np.nan)
-                + (np.nan,) * 4  # phases forward, backward, optimizer, other: not measured
+                + (np.nan,) * 7  # phases (host clock, other, GPU clock): not measured
             )
         self.ranks.append(
             {
