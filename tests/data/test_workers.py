@@ -7,6 +7,7 @@ never waited on forever; workers stop when told to, and when the training proces
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -35,13 +36,18 @@ NEVER = threading.Event()  # a stop event nobody sets
 
 
 def _parts(
-    data: Path, batch_size: int, workers: int, per_worker: int = 2, strict: bool = False
+    data: Path,
+    batch_size: int,
+    workers: int,
+    per_worker: int = 2,
+    strict: bool = False,
+    augment: Augment = SMALL,
 ) -> tuple[BatchPlan, Slots]:
     ds = ShardDataset(data, seed=1, shuffle_buffer=8)
     plan = BatchPlan(ds, batch_size, workers, drop_last=False)
     spec = BatchSpec(
         batch_size=batch_size,
-        augment=SMALL,
+        augment=augment,
         handoff="decoded",
         dtype=torch.float32,
         channels_last=False,
@@ -167,6 +173,44 @@ def test_starting_a_pool_with_a_dead_worker_names_it(shards: Path, make_pool):
     with pytest.raises(LoaderWorkerError, match=rf"loader worker 1 \(pid {victim.pid}\)"):
         pool.start(Position(0, 0))
         pool.get(Position(0, 1), NEVER)
+
+
+class _Haunted:
+    """A garbage cycle (only a collector frees it) that writes down which process finalized it,
+    as a DALI pipeline left to the collector shuts down its threads when finalized."""
+
+    def __init__(self, diary: Path) -> None:
+        self.diary, self.me = diary, self
+
+    def __del__(self) -> None:
+        with open(self.diary, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+def _collect(batch: torch.Tensor) -> torch.Tensor:
+    gc.collect()  # a full collection in the worker, on every batch
+    return batch
+
+
+def test_workers_never_finalize_objects_inherited_from_the_training_process(
+    shards: Path, tmp_path: Path
+):
+    diary = tmp_path / "finalized"
+    plan, slots = _parts(shards, 4, 1, augment=Augment(size=(16, 16), transform=_collect))
+    gc.disable()  # keep the cycle alive until the worker is forked
+    try:
+        _Haunted(diary)
+        pool = WorkerPool(plan, slots)
+    finally:
+        gc.enable()
+    try:
+        pool.start(Position(0, 0))
+        for b in range(3):
+            _take(pool, slots, Position(0, b))
+    finally:
+        pool.close()
+    gc.collect()
+    assert diary.read_text().split() == [str(os.getpid())]  # finalized here, and only here
 
 
 def test_workers_run_at_a_lower_priority_than_the_training_process(shards: Path, make_pool):

@@ -549,7 +549,11 @@ def _run(
         return
     import multiprocessing as mp
 
-    with mp.get_context("spawn" if _threads_started() else "fork").Pool(workers) as pool:
+    from gpufeed.data.forking import frozen_heap
+
+    with frozen_heap():
+        pool = mp.get_context("spawn" if _threads_started() else "fork").Pool(workers)
+    with pool:
         yield from pool.imap(_convert_item, args, chunksize=4)
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from gpufeed.data.dataset import RawSample
+from gpufeed.data.forking import frozen_heap
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.produce import fill_slot
 from gpufeed.data.slots import Slots
@@ -105,18 +106,19 @@ class WorkerPool:
         ctx = mp.get_context(method)
         self.conns: list[Any] = []
         self.processes: list[Any] = []
-        for w in range(plan.workers):
-            mine, theirs = ctx.Pipe(duplex=True)
-            p = ctx.Process(
-                target=_worker_main,
-                args=(w, theirs, plan, slots, nice, os.getpid()),
-                name=f"gpufeed-loader-{w}",
-                daemon=True,
-            )
-            p.start()
-            theirs.close()
-            self.conns.append(mine)
-            self.processes.append(p)
+        with frozen_heap():  # a child never finalizes the parent's objects (see forking)
+            for w in range(plan.workers):
+                mine, theirs = ctx.Pipe(duplex=True)
+                p = ctx.Process(
+                    target=_worker_main,
+                    args=(w, theirs, plan, slots, nice, os.getpid()),
+                    name=f"gpufeed-loader-{w}",
+                    daemon=True,
+                )
+                p.start()
+                theirs.close()
+                self.conns.append(mine)
+                self.processes.append(p)
 
     def start(self, at: Position) -> None:
         """Every worker starts (again) from `at`; batches made before are dropped."""
