@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpufeed.data.augment import Augment
+from gpufeed.data.augment import Augment, sampling_grid
 
 
 def _smooth(n: int = 4, size: int = 64) -> torch.Tensor:
@@ -170,3 +170,9 @@ def test_a_worker_transform_that_changes_the_batch_shape_is_a_clear_error():
     aug = Augment(transform=lambda x: x[:, :1])
     with pytest.raises(ValueError, match=r"returned \(2, 1, 8, 8\).*transform_on='device'"):
         aug.worker_transform(torch.zeros(2, 3, 8, 8, dtype=torch.uint8))
+
+
+def test_the_sampling_grid_is_affine_grids():
+    theta = torch.randn(5, 2, 3, generator=torch.Generator().manual_seed(0))
+    want = F.affine_grid(theta, [5, 3, 24, 40], align_corners=False)
+    assert torch.allclose(sampling_grid(theta, (24, 40)), want, atol=1e-6)

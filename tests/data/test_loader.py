@@ -450,6 +450,12 @@ def test_batches_the_loop_holds_are_never_overwritten_by_slot_reuse(shards: Path
     assert all(torch.equal(h, c) for h, c in zip(held, copies, strict=True))
 
 
+def test_cpu_batches_the_loop_lets_go_of_are_reused(shards: Path, make: MakeLoader):
+    loader = make(shards, 2, num_workers=2, seed=5)
+    buffers = {images.data_ptr() for images, _ in loader}  # each batch dropped at the next
+    assert len(buffers) <= 8  # of 24 batches: a few buffers went round
+
+
 # --- preprocess="gpu": encoded hand-off, decoded on the feeder thread without CUDA ---------------
 
 

@@ -5,7 +5,7 @@ high-priority stream, so its few kernels slot in between the training step's:
 - "decoded" slots (uint8 N×H×W×3 from CPU workers): one DMA copy from the page-locked slot, then
   one fused kernel for float conversion, normalization and layout (channels_last is free: the
   slot already is N×H×W×3). When the device is the CPU, workers already wrote the final batch
-  and this is one copy out of the slot;
+  and this is one copy out of the slot, into an output batch the loop has let go of (`outputs`);
 - "encoded" slots (JPEG bytes, with sizes and random parameters drawn by the workers): in two
   steps on two threads and streams, so decoding batch k+1 overlaps resampling batch k:
   `first` = a batched decode into one zero-padded canvas, by NVIDIA DALI (`gpufeed.data.dali`:
@@ -32,11 +32,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gpufeed.data.augment import Box, _base_grid, _normalizer
+from gpufeed.data.augment import Box, _normalizer, sampling_grid
 from gpufeed.data.batch import CorruptSampleError, batch_generator, build_batch, cpu_decoder
 from gpufeed.data.dali import DaliDecoder, dali_importable
 from gpufeed.data.dataset import RawSample
 from gpufeed.data.nvimgcodec import NvImageCodecDecoder
+from gpufeed.data.outputs import OutputPool
 from gpufeed.data.plan import Position
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
@@ -153,6 +154,8 @@ class DeviceStage:
         self.split = self.cuda and self.decoder in ("dali", "nvimgcodec", "nvjpeg")
         self.stream2 = torch.cuda.Stream(device, priority=-1) if self.split else None
         self.seconds = {"wait_workers": 0.0, "first": 0.0, "second": 0.0}
+        # CPU batches, reused: those the feeder keeps ready, the loop's, and the one being made
+        self.outputs = OutputPool(keep=4)
         self.decoder_name = decoder_name(spec, device)
 
     def first(self, at: Position, index: int, meta: dict[str, Any]) -> tuple[Any, Any]:
@@ -224,7 +227,8 @@ class DeviceStage:
         # the slot is reused once this returns: hand out a copy, never a view of it
         x = src.permute(0, 3, 1, 2) if src.shape[-1] == 3 else src
         if self.spec.host_final or self.spec.dtype == torch.uint8:
-            return (x.clone(memory_format=self._format()), labels.clone()), None
+            out = self.outputs.take(tuple(x.shape), x.dtype, self._format())
+            return (out.copy_(x), labels.clone()), None
         return (self.normalize(x), labels.clone()), None
 
     def _format(self) -> torch.memory_format:
@@ -492,9 +496,7 @@ def _sample(
     dev = host.to(device, non_blocking=True)
     a = dev[: n * 6].view(n, 2, 3)
     shifts = dev[n * 6 :].view(taps * taps, n, 1, 1, 2)
-    grid = (_base_grid(out_h, out_w, device, torch.float32) @ a.transpose(1, 2)).view(
-        n, out_h, out_w, 2
-    )
+    grid = sampling_grid(a, (out_h, out_w))
     if taps == 1:
         return F.grid_sample(canvas, grid.to(canvas_dtype), align_corners=False).float()
     acc = None
