@@ -3,11 +3,14 @@ that fails, yields nothing or yields the wrong thing is refused saying so."""
 
 from __future__ import annotations
 
+import gc
 import math
+import os
 from pathlib import Path
 
 import pytest
 import torch
+from processes import Haunted
 
 from gpufeed.data.augment import Augment
 from gpufeed.data.loader import Loader
@@ -44,3 +47,27 @@ def test_a_loader_that_raises_is_named_with_its_error():
 
     with pytest.raises(MeasureError, match="the data loader raised OSError: disk gone"):
         measure_loader(broken(), seconds=1.0, warmup=1)
+
+
+class _Collecting(torch.utils.data.Dataset):
+    """Tiny images; a full collection in the worker on every item."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        gc.collect()
+        return torch.zeros(3, 4, 4), 0
+
+
+def test_a_forking_torch_dataloader_never_finalizes_what_the_caller_held(tmp_path: Path):
+    diary = tmp_path / "finalized"
+    loader = torch.utils.data.DataLoader(_Collecting(), batch_size=2, num_workers=1)
+    gc.disable()  # keep the cycle alive until the worker is forked
+    try:
+        Haunted(diary)
+        measure_loader(loader, seconds=math.inf, max_batches=3)
+    finally:
+        gc.enable()
+    gc.collect()
+    assert diary.read_text().split() == [str(os.getpid())]

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
-from processes import gone, wait_until
+from processes import Haunted, gone, wait_until
 
 from gpufeed.data.augment import Augment
 from gpufeed.data.batch import CorruptSampleError
@@ -175,18 +175,6 @@ def test_starting_a_pool_with_a_dead_worker_names_it(shards: Path, make_pool):
         pool.get(Position(0, 1), NEVER)
 
 
-class _Haunted:
-    """A garbage cycle (only a collector frees it) that writes down which process finalized it,
-    as a DALI pipeline left to the collector shuts down its threads when finalized."""
-
-    def __init__(self, diary: Path) -> None:
-        self.diary, self.me = diary, self
-
-    def __del__(self) -> None:
-        with open(self.diary, "a") as f:
-            f.write(f"{os.getpid()}\n")
-
-
 def _collect(batch: torch.Tensor) -> torch.Tensor:
     gc.collect()  # a full collection in the worker, on every batch
     return batch
@@ -199,7 +187,7 @@ def test_workers_never_finalize_objects_inherited_from_the_training_process(
     plan, slots = _parts(shards, 4, 1, augment=Augment(size=(16, 16), transform=_collect))
     gc.disable()  # keep the cycle alive until the worker is forked
     try:
-        _Haunted(diary)
+        Haunted(diary)
         pool = WorkerPool(plan, slots)
     finally:
         gc.enable()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpufeed.data.forking import frozen_heap
 from gpufeed.data.rate import MeasureError, Rate, guarded, images_of, measure_loader
 
 __all__ = ["MeasureError", "Rate", "measure_loader", "measure_model", "measure_together"]
@@ -63,7 +64,8 @@ def measure_together(
     def batches() -> Iterator[tuple[Any, Any]]:
         classes = known
         while True:
-            it = iter(loader)
+            with frozen_heap():  # torch's DataLoader forks here too: see gpufeed.data.forking
+                it = iter(loader)
             got = False
             try:
                 for batch in guarded(it):

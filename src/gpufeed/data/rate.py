@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from gpufeed.data.forking import frozen_heap
 from gpufeed.errors import GpufeedError
 
 __all__ = ["MeasureError", "Rate", "guarded", "images_of", "measure_loader"]
@@ -45,7 +46,8 @@ def measure_loader(
     t0 = None
     while True:
         try:
-            it = iter(loader)
+            with frozen_heap():  # torch's DataLoader forks here too: see gpufeed.data.forking
+                it = iter(loader)
         except Exception as e:
             raise MeasureError(f"the data loader failed to start: {type(e).__name__}: {e}") from e
         got = False
