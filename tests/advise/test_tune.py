@@ -73,7 +73,7 @@ def test_tune_finds_settings_at_least_as_fast_as_the_defaults(shards: Path, tmp_
     assert settings == r.best.settings()
     doc = json.loads(out.read_text())
     assert doc["default_images_per_s"] == pytest.approx(default.images_per_s)
-    assert len(doc["trials"]) == len(r.trials)
+    assert len(doc["trials"]) == len(r.trials) and doc["notes"] == r.notes
     # the file is directly usable as Loader keyword arguments
     loader = Loader(shards, **settings, augment=Augment(size=(32, 32)))
     images, _ = next(iter(loader))

@@ -108,6 +108,7 @@ class TuneResult:
                 "image_size": self.image_size,
                 "hardware": describe(hardware()),
                 "trials": [asdict(t) for t in self.trials],
+                "notes": self.notes,
             },
             indent=2,
         )
