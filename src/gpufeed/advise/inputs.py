@@ -4,6 +4,7 @@ user's own loader as `module:function`; and a small pre-resized sample packed fr
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +60,9 @@ def pack_sample(folder: str, dst: Path, image_size: int, n: int = SAMPLE_IMAGES)
         step = max(1, len(items) // n)
         lst = dst / "sample.txt"
         dst.mkdir(parents=True, exist_ok=True)
-        lst.write_text("".join(f"{it.path}\t{classes[it.label]}\n" for it in items[::step][:n]))
+        # absolute paths: a list file's relative paths are read from the list file's folder
+        rows = (f"{os.path.abspath(it.path)}\t{classes[it.label]}\n" for it in items[::step][:n])
+        lst.write_text("".join(rows))
         with warnings.catch_warnings():  # a sample is far below the 1-128 MB shard advice
             warnings.simplefilter("ignore")
             pack(lst, dst / "shards", resize=math.ceil(image_size * 1.15), progress=False)
