@@ -199,6 +199,8 @@ class Augment:
         if crop.shape[-2:] == self.size:
             out = crop
         elif crop.device.type == "cpu":  # torch's fast uint8 path (AVX2) on CPU
+            # on a dense copy of the crop view: 0.2-0.3 ms instead of 0.4-0.5 (same result)
+            crop = crop.contiguous(memory_format=torch.channels_last)
             out = F.interpolate(crop, size=self.size, mode="bilinear", antialias=True)
         else:
             out = F.interpolate(crop.float(), size=self.size, mode="bilinear", antialias=True)
