@@ -141,6 +141,35 @@ def test_a_finished_pack_is_not_redone_and_a_different_one_is_refused(image_fold
         pack(image_folder, tmp_path / "out", workers=1, resize=32, progress=False)
 
 
+def test_the_same_pack_named_by_a_relative_or_absolute_path_is_not_redone(
+    image_folder, tmp_path, monkeypatch
+):
+    pack(image_folder, tmp_path / "out", workers=1, progress=False)
+    monkeypatch.chdir(image_folder.parent)
+    again = pack(Path(image_folder.name), tmp_path / "out", workers=1, progress=False)
+    assert again.already_packed
+
+
+def test_a_pack_finished_by_an_older_gpufeed_is_still_recognised(
+    image_folder, tmp_path, monkeypatch
+):
+    """Older versions hashed the SRC paths as given (here relative); their packs are not refused."""
+    from gpufeed.data import packing
+
+    monkeypatch.chdir(image_folder.parent)
+    src = Path(image_folder.name)
+    pack(src, tmp_path / "out", workers=1, progress=False)
+    items, classes, _ = packing.list_inputs(src)
+    order = np.random.default_rng(0).permutation(len(items))
+    options = {"shard_size": 64_000_000, "resize": None, "quality": 90, "verify": False, "seed": 0}
+    new, legacy = packing._signatures([items[i] for i in order], classes, options)
+    assert new != legacy
+    done = tmp_path / "out" / (STATE_NAME + ".done")
+    assert json.loads(done.read_text()) == {"signature": new}
+    done.write_text(json.dumps({"signature": legacy}))
+    assert pack(src, tmp_path / "out", workers=1, progress=False).already_packed
+
+
 def test_interrupted_pack_leaves_no_complete_looking_shard_and_resumes_identically(
     image_folder: Path, tmp_path: Path
 ):

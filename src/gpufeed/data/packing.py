@@ -351,11 +351,18 @@ def _convert_item(args: tuple[_Item, int | None, int, bool]) -> tuple[_Item, str
     return item, status, data, reason
 
 
-def _signature(items: list[_Item], classes: list[str], options: dict[str, Any]) -> str:
-    h = hashlib.sha256(json.dumps([classes, options]).encode())
-    for it in items:
-        h.update(f"{it.path}\0{it.key}\0{it.label}\n".encode())
-    return h.hexdigest()
+def _signatures(items: list[_Item], classes: list[str], options: dict[str, Any]) -> tuple[str, str]:
+    """(signature, legacy signature) of a pack's inputs and options. The signature hashes each
+    image's absolute path, so a re-run that names SRC by another path (relative, absolute) is the
+    same pack; packs written before that hashed the paths as given, which the legacy one matches."""
+    sigs = []
+    for absolute in (True, False):
+        h = hashlib.sha256(json.dumps([classes, options]).encode())
+        for it in items:
+            path = os.path.abspath(it.path) if absolute else it.path
+            h.update(f"{path}\0{it.key}\0{it.label}\n".encode())
+        sigs.append(h.hexdigest())
+    return sigs[0], sigs[1]
 
 
 def pack(
@@ -404,10 +411,10 @@ def pack(
         "verify": verify,
         "seed": seed,
     }
-    sig = _signature(items, classes, options)
+    sigs = _signatures(items, classes, options)
     existed = is_remote(str(dst)) or os.path.exists(dst)
     try:
-        return _pack_into(dst, src, items, classes, listing_skipped, options, sig, storage_options,
+        return _pack_into(dst, src, items, classes, listing_skipped, options, sigs, storage_options,
                           workers, progress)  # fmt: skip
     except ShardError as e:
         raise PackError(str(e)) from None
@@ -437,7 +444,7 @@ def _pack_into(
     classes: list[str],
     listing_skipped: list[tuple[str, str]],
     options: dict[str, Any],
-    sig: str,
+    sigs: tuple[str, str],
     storage_options: dict[str, Any] | None,
     workers: int | None,
     progress: bool,
@@ -449,9 +456,10 @@ def _pack_into(
     out = Destination(dst, storage_options)
     out.check()
     result = PackResult(dst=str(dst), classes=len(classes))
-    state = _load_state(out, sig)
+    sig = sigs[0]
+    state = _load_state(out, sigs)
     if state is None and out.exists(INDEX_NAME):
-        done = _existing_index(out, sig)
+        done = _existing_index(out, sigs)
         if done is None:
             raise PackError(
                 f"{out.path(INDEX_NAME)} exists from a different pack (other inputs or options); "
@@ -590,14 +598,14 @@ class _progress:
             self.bar.__exit__(*exc)
 
 
-def _load_state(out: Destination, sig: str) -> dict[str, Any] | None:
+def _load_state(out: Destination, sigs: tuple[str, ...]) -> dict[str, Any] | None:
     if not out.exists(STATE_NAME):
         return None
     try:
         state = json.loads(out.read_bytes(STATE_NAME))
     except ValueError:
         return None
-    if state.get("signature") != sig:
+    if state.get("signature") not in sigs:
         raise PackError(
             f"{out.path(STATE_NAME)}: an unfinished pack from different inputs or options is in "
             "this destination; use a new DST or delete that pack there first"
@@ -627,10 +635,10 @@ def _drop_state(out: Destination) -> None:
     out.remove(STATE_NAME)
 
 
-def _existing_index(out: Destination, sig: str) -> PackResult | None:
+def _existing_index(out: Destination, sigs: tuple[str, ...]) -> PackResult | None:
     """A finished pack of the same inputs and options: report it instead of packing again."""
     done = STATE_NAME + ".done"
-    if not out.exists(done) or json.loads(out.read_bytes(done)).get("signature") != sig:
+    if not out.exists(done) or json.loads(out.read_bytes(done)).get("signature") not in sigs:
         return None
     index = Index.from_bytes(out.read_bytes(INDEX_NAME), out.path(INDEX_NAME))
     return PackResult(
