@@ -3,6 +3,8 @@ input into one `gpufeed: error:` line with exit code 2."""
 
 from __future__ import annotations
 
+import json
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -51,3 +53,25 @@ def test_trace_help_says_what_trace_does_now():
     assert "several RUNs, one per host, are read as one" in text
     assert "forward, backward and optimizer" in text and "evaluation passes" in text
     assert "--merge" in text and "RUN/trace-merged.json" in text
+
+
+def test_diagnose_json_writes_the_diagnosis_for_scripts(tmp_path):
+    out = tmp_path / "diagnosis.json"
+    data, model = f"{THIS}:tensors", f"{THIS}:tiny_cnn"
+    args = ["diagnose", "--data", data, "--model", model, "--device", "cpu", "--seconds", "0.5"]
+    res = runner.invoke(app, [*args, "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert (
+        doc["verdict"] in ("input-bound", "compute-bound") and doc["verdict"].upper() in res.stdout
+    )
+    assert doc["model_images_per_s"] > 0 and doc["batch_shape"] == [16, 3, 32, 32]
+    assert doc["offload"]["text"].startswith("offload to CPU nodes:")
+
+
+def test_diagnose_json_into_a_missing_folder_is_refused_before_measuring(tmp_path):
+    target = tmp_path / "nope" / "d.json"
+    res = runner.invoke(app, ["diagnose", "--data", f"{THIS}:tensors", "--json", str(target)])
+    assert res.exit_code == 2
+    assert f"--json {target}: folder {tmp_path / 'nope'} does not exist" in res.stderr
+    assert "measuring" not in res.output

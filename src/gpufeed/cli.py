@@ -56,6 +56,15 @@ app = typer.Typer(
 )
 
 
+def check_output_folder(option: str, path: str | None) -> None:
+    """Refuse, before any long measurement, an output file whose folder does not exist."""
+    import os
+
+    if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        folder = os.path.dirname(path) or "."
+        raise GpufeedError(f"{option} {path}: folder {folder} does not exist; create it first")
+
+
 def written(error: OSError, *targets: str | None) -> str:
     """The file the user named that `error` was about (writers go through a hidden temporary
     name next to it), else the file the error names."""
@@ -504,12 +513,17 @@ def diagnose_cmd(
     compile: Annotated[
         bool, typer.Option("--compile", help="torch.compile the model, as the job does.")
     ] = default(diagnose, "compile"),
+    json_out: Annotated[
+        str | None,
+        typer.Option("--json", help="Also write the diagnosis as JSON to this file (for CI)."),
+    ] = None,
 ) -> None:
     """Input-bound or compute-bound? Measure the loader alone, the model alone and both together."""
     check_seconds("--seconds", seconds)
     check_count("--workers", workers, 0)
     check_count("--batch-size", batch_size, 1)
     check_count("--image-size", image_size, 1)
+    check_output_folder("--json", json_out)
 
     result = diagnose(
         data,
@@ -524,6 +538,15 @@ def diagnose_cmd(
         compile=compile,
     )
     echo_result(result)
+    if json_out:
+        import json
+
+        from gpufeed.atomic import write_atomic
+
+        try:
+            write_atomic(json_out, json.dumps(result.to_dict(), indent=2) + "\n")
+        except OSError as e:
+            raise GpufeedError(f"cannot write {written(e, json_out)}: {e.strerror}") from None
 
 
 @app.command("tune")

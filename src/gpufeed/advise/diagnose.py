@@ -122,7 +122,23 @@ class Diagnosis:
             "ratio": self.ratio,
             "gpu_idle_share": self.gpu_idle_share,
             "alternatives": [vars(a) for a in self.alternatives],
+            "offload": None if self.offload is None else _offload_dict(self.offload),
         }
+
+
+def _offload_dict(advice: OffloadAdvice) -> dict[str, Any]:
+    """The offload advice's inputs, conclusions and its line of text."""
+    return {
+        "cpu_s_per_image": advice.cpu_s_per_image,
+        "model_images_per_s": advice.model_images_per_s,
+        "host_cores": advice.host_cores,
+        "image_bytes": advice.image_bytes,
+        "cores_needed": advice.cores_needed,
+        "helps": advice.helps,
+        "remote_cores": advice.remote_cores,
+        "network_bytes_per_s": advice.network_bytes_per_s,
+        "text": advice.text(),
+    }
 
 
 def assumed_workers(device: str = "cpu") -> int:
