@@ -105,6 +105,26 @@ def test_uint8_output_skips_normalization_and_float_output_is_normalized():
     assert u8.dtype == torch.uint8 and int(u8[0, 0, 0, 0]) == round(255 * 0.485)
 
 
+@pytest.mark.parametrize("size", [(224, 224), (7, 5)])
+@pytest.mark.parametrize("kind", ["uint8 pixels-last", "uint8", "float"])
+def test_normalizing_into_pixels_last_memory_gives_the_same_values(size, kind):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 256, (2, 3, *size), generator=g, dtype=torch.uint8)
+    if kind == "uint8 pixels-last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif kind == "float":
+        x = x.float() + 0.25
+    aug = Augment(load=0)
+    p = aug.flips_and_angles(2, torch.Generator())
+    nhwc = aug.apply_batch(x, p, torch.float32, channels_last=True)
+    nchw = aug.apply_batch(x, p, torch.float32, channels_last=False)
+    assert nhwc.permute(0, 2, 3, 1).is_contiguous()
+    assert torch.equal(nhwc, nchw)
+    mean = torch.tensor(aug.mean).view(1, 3, 1, 1)
+    std = torch.tensor(aug.std).view(1, 3, 1, 1)
+    torch.testing.assert_close(nhwc, (x.float() / 255 - mean) / std)
+
+
 def _photo(h: int, w: int) -> torch.Tensor:
     """A smooth H×W×3 uint8 image, as a decoder returns it."""
     return _smooth(1, 256)[0, :, :h, :w].permute(1, 2, 0).round().to(torch.uint8).contiguous()

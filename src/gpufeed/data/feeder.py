@@ -15,7 +15,7 @@ from typing import Any
 
 from gpufeed.data.device import DeviceBatch, DeviceStage
 from gpufeed.data.plan import BatchPlan, Position
-from gpufeed.data.workers import InlinePool, Stopped, WorkerPool
+from gpufeed.data.workers import Pool, Stopped
 
 
 class _Failure:
@@ -27,9 +27,7 @@ class Feeder:
     """The device stage's thread(s) from a start position on: `pool` → `stage.first` (→ a second
     thread running `stage.second`, when the stage is split) → a bounded queue of ready batches."""
 
-    def __init__(
-        self, pool: WorkerPool | InlinePool, stage: DeviceStage, plan: BatchPlan, depth: int
-    ) -> None:
+    def __init__(self, pool: Pool, stage: DeviceStage, plan: BatchPlan, depth: int) -> None:
         self.pool, self.stage, self.plan, self.depth = pool, stage, plan, max(1, depth)
         self.expected: Position | None = None  # the next batch `take` returns
         self._threads: list[threading.Thread] = []

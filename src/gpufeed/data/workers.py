@@ -21,7 +21,7 @@ import signal
 import threading
 import traceback
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -33,6 +33,24 @@ from gpufeed.data.slots import Slots
 from gpufeed.errors import GpufeedError
 
 POLL_S = 0.2  # how often a waiting side checks that the other is still alive
+
+
+class Pool(Protocol):
+    """Where the feeder takes made batches from: `WorkerPool` (local processes), `InlinePool`
+    (the calling thread) or `remote.RayPool` (Ray actors)."""
+
+    processes: list[Any]
+
+    def start(self, at: Position) -> None: ...
+
+    def get(self, at: Position, stop: threading.Event) -> tuple[int, int, dict[str, Any]]: ...
+
+    def free(self, worker: int, slot: int) -> None: ...
+
+    @property
+    def pids(self) -> list[int]: ...
+
+    def close(self) -> None: ...
 
 
 class LoaderWorkerError(GpufeedError, RuntimeError):
