@@ -84,6 +84,12 @@ def combine(runs: list[Run]) -> Run:
         for m in metas
         for g, h in zip(m.get("gpus") or [], _repeat_host(m), strict=False)
     ]
+    meta["host_cpu_counts"] = {
+        str(h): int(m["cpu_count"])
+        for m in metas
+        if m.get("cpu_count")
+        for h in m.get("hosts") or []
+    }
     meta["dropped_events"] = sum(int(m.get("dropped_events") or 0) for m in metas)
     meta["parts"] = [str(r.path) for r in runs]
     precisions = {m["precision"] for m in metas if m.get("precision")}

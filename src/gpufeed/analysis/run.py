@@ -52,7 +52,8 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     finished: still running or killed), env (performance-relevant environment variables, secrets
     redacted), cwd, platform.
     Several run directories loaded as one (one per host, `analyze.combine`) add parts (list of the
-    directories, earliest first) and gpus[i].host; times, hosts, ranks and counts cover all parts.
+    directories, earliest first), host_cpu_counts ({host: cpu_count}; cpu_count stays the first
+    part's) and gpus[i].host; times, hosts, ranks and counts cover all parts.
     Optional, read by the MixedPrecision rule (silent when absent): precision ("fp32", "fp16",
     "bf16" or "mixed": what the training computed in), gpus[i].compute_capability ("8.0").
     A training process's precision is the autocast dtype if at least half of its steps ran under

@@ -112,3 +112,16 @@ def test_a_weak_fit_is_a_range_and_blames_no_one() -> None:
     # the best fit says "saturated", but noisy samples leave the range well below that too
     assert loading >= busy and low < busy <= high and high - low > 20
     assert "CPUBottleneck" not in {f.rule for f in run_rules(run)}
+
+
+def test_free_cores_are_shared_by_the_ranks_of_the_host() -> None:
+    # 16 cores, 4 ranks with 2 busy workers each: 8 worker cores + 1.6 main cores, 6.4 free:
+    # one more worker per rank (3 each, 16 processes in all), not 6 more for every rank.
+    b = RunBuilder(cpu_count=16)
+    for rank in range(4):
+        b.steps([0.1] * 100, waits=0.06, rank=rank).process(1000 + rank, "main", 40.0)
+        for w in range(2):
+            b.process(2000 + 10 * rank + w, "worker", 100.0)
+    (f,) = fired(b.build())
+    assert "about 6 cores are still free" in f.recommendation
+    assert "(num_workers=3)" in f.recommendation

@@ -102,3 +102,26 @@ def test_advice_fits_the_data_type_no_jpeg_advice_for_tokens() -> None:
     assert "Set num_workers=" in text and "may not keep up" in text
     assert "JPEG" not in text and "gpufeed pack" not in text and "tokenize" in text
     assert "JPEG" in advice("image") and "JPEG" in advice(None)  # images, or not recorded
+
+
+def test_on_several_hosts_the_worker_budget_is_each_hosts_cores_over_its_own_ranks() -> None:
+    # Two 16-core nodes with 4 ranks each: 3 workers fit per rank (16 // 4 - 1), not 1
+    # (16 cores over all 8 ranks).
+    from gpufeed.analysis.combine import combine
+
+    parts = []
+    for host, ranks in (("node-a", range(4)), ("node-b", range(4, 8))):
+        b = RunBuilder(cpu_count=16, host=host)
+        for rank in ranks:
+            b.steps([0.1] * 100, waits=0.09, rank=rank)
+        parts.append(b.build())
+    run = combine(parts)
+    assert run.meta["host_cpu_counts"] == {"node-a": 16, "node-b": 16}
+    (f,) = fired(run)
+    assert "Set num_workers=3 " in f.recommendation
+
+    small = RunBuilder(cpu_count=8, host="node-c")  # a smaller node bounds the advice
+    for rank in range(8, 12):
+        small.steps([0.1] * 100, waits=0.09, rank=rank)
+    (f,) = fired(combine([*parts, small.build()]))
+    assert "Set num_workers=1 " in f.recommendation

@@ -155,6 +155,24 @@ class Context:
         cores = self.run.system[self.run.system["metric"] == "cpu.core"]["device"].nunique()
         return int(cores) or 1
 
+    @cached_property
+    def cores_per_rank(self) -> int:
+        """Cores each training process has on its own host: the fewest over the hosts (a run
+        of several hosts names each host's cores in `host_cpu_counts`)."""
+        counts = self.meta.get("host_cpu_counts") or {}
+        ranks = self.steps.groupby("host")["rank"].nunique()
+        if not len(ranks):
+            return self.cpu_count
+        return min(
+            max(1, int(counts.get(host, self.cpu_count)) // int(n)) for host, n in ranks.items()
+        )
+
+    @cached_property
+    def ranks_per_host(self) -> int:
+        """The most training processes (with post-warm-up steps) on one host; 1 if none."""
+        ranks = self.steps.groupby("host")["rank"].nunique()
+        return max(1, int(ranks.max())) if len(ranks) else 1
+
     # --- processes --------------------------------------------------------------------------------
 
     @cached_property

@@ -75,8 +75,9 @@ class CPUBottleneck(Rule):
                 "worker_cpu_pct": round(wcpu, 1),
                 "worker_cores": round(used, 2),
             }
+            more = max(1, int(free / ctx.ranks_per_host))  # the free cores, shared by its ranks
             advice = (
-                f"about {free:.0f} cores are still free: add loader workers (num_workers={round(workers) + max(1, int(free))})"
+                f"about {free:.0f} cores are still free: add loader workers (num_workers={round(workers) + more})"
                 if free >= 1
                 else f"no cores are left: cut the CPU cost per sample ({ctx.cut_cost()})"
             )

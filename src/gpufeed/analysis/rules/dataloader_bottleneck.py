@@ -88,8 +88,7 @@ def _period_note(period: tuple[int, int] | None) -> str:
 def _recommend(
     ctx: Context, p: dict[str, Any], step: float, wait: float, compute: float, share: float
 ) -> str:
-    ranks = max(1, len(ctx.ranks))
-    budget = max(1, ctx.cpu_count // ranks - 1)  # cores per rank left after its training process
+    budget = max(1, ctx.cores_per_rank - 1)  # cores per rank left after its training process
     workers = ctx.worker_count
     why = f"data wait is {fmt_pct(share)} of step time ({1e3 * wait:.0f} of {1e3 * step:.0f} ms)"
     gpu_tail = (
