@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpufeed.analysis.stats import device_key
-from gpufeed.present.numbers import number
+from gpufeed.present.numbers import cpu_counts, number
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -128,7 +128,7 @@ def render_html(
         command=command,
         hosts=", ".join(str(h) for h in meta.get("hosts") or []) or "unknown host",
         started=_clock(t0),
-        cpu=f"{meta.get('cpu_count', '?')} cores ({meta.get('cpu_model') or 'unknown CPU'})",
+        cpu=f"{cpu_counts(meta)} cores ({meta.get('cpu_model') or 'unknown CPU'})",
         gpus=", ".join(str(g.get("name")) for g in gpus)
         if gpus
         else f"no GPU data ({meta.get('gpu_unavailable') or 'none reported'})",

@@ -20,3 +20,13 @@ def finite(value: object) -> float | None:
     """A value read from a file (meta.json) as a float where it is a finite number, else None."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     return float(value) if ok else None
+
+
+def cpu_counts(meta: dict) -> str:
+    """The run's logical cores: "16", or each host's in host order ("16 + 8") where the hosts of a
+    combined run differ; "?" when not recorded."""
+    per_host = meta.get("host_cpu_counts") or {}
+    counts = [per_host[h] for h in meta.get("hosts") or [] if h in per_host]
+    if len(set(counts)) > 1:
+        return " + ".join(str(n) for n in counts)
+    return str(meta.get("cpu_count") or "?")

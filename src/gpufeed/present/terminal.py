@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gpufeed.present.numbers import finite, number
+from gpufeed.present.numbers import cpu_counts, finite, number
 
 if TYPE_CHECKING:
     from gpufeed.analysis.finding import Finding
@@ -57,7 +57,7 @@ def print_run(run: Run, findings: list[Finding], console: Console | None = None)
     gpus = ", ".join(_gpu_name(g) for g in meta.get("gpus") or []) or "none"
     hosts = ", ".join(map(str, meta.get("hosts") or [])) or "?"
     console.print(
-        f"  hosts     {_m(hosts)} · {_m(meta.get('cpu_count', '?'))} CPUs "
+        f"  hosts     {_m(hosts)} · {_m(cpu_counts(meta))} CPUs "
         f"({_m(meta.get('cpu_model', '?'))}) · GPUs: {_m(gpus)}",
         emoji=False,
     )

@@ -1,0 +1,19 @@
+"""Numbers as the presenters print them."""
+
+from __future__ import annotations
+
+from gpufeed.present.numbers import cpu_counts
+
+
+def test_cores_of_a_run_name_each_host_only_where_the_hosts_differ():
+    one = {"hosts": ["a"], "cpu_count": 16}
+    assert cpu_counts(one) == "16"
+    same = {"hosts": ["a", "b"], "cpu_count": 16, "host_cpu_counts": {"a": 16, "b": 16}}
+    assert cpu_counts(same) == "16"
+    mixed = {
+        "hosts": ["a", "b", "c"],
+        "cpu_count": 16,
+        "host_cpu_counts": {"c": 8, "a": 16, "b": 16},
+    }
+    assert cpu_counts(mixed) == "16 + 16 + 8"
+    assert cpu_counts({"hosts": ["a"]}) == "?"
