@@ -14,6 +14,9 @@ Run (one command, on a CUDA machine): python benchmarks/gpu_feed.py --out benchm
 Options: --images 8192 --batch-size 256 --workers (cores-1) --loads 1 12 --epochs 4 --model resnet50
 `--smoke`: a few images, ResNet-18 on 64×64, one load, two epochs; without CUDA it runs on the CPU the rows
 that can (synthetic, gpufeed with DALI's CPU decoder) and says why it skips the others.
+`--only NAME ...` runs the pipelines whose names contain one of the NAMEs; with the `--out` of an
+earlier call it adds (or replaces) those rows beside the earlier ones, so a run that does not fit
+in one call can be finished by the next (shares use the synthetic row, whichever call made it).
 
 DALI on a GPU machine without registry access: its wheels travel with the working tree, which
 carries at most 64 MiB per call, so they go in 60 MiB pieces over consecutive calls (the machine
@@ -495,6 +498,10 @@ def main() -> None:
     if args.only:
         runs = [r for r in runs if any(o in r[0] for o in args.only)]
     results: dict[str, Any] = {}
+    earlier = args.out / "results.json" if args.out else None
+    if args.only and earlier and earlier.exists():  # a later call adds its rows to the earlier
+        results = json.loads(earlier.read_text())
+        print(f"adding to the {len(results)} rows in {earlier}", flush=True)
     for name, extra in runs:
         why = skip_reason(extra, have)
         if not why and args.smoke and not cuda and not any(k in name for k in SMOKE_CPU):

@@ -38,3 +38,22 @@ def test_smoke_run_measures_the_ceiling_and_says_why_each_other_row_did_not_run(
     assert all(f"| {name} | " in table for name in results)
     for name in measured:
         assert len(results[name]["first_waits_ms"]) == 2, name  # one per epoch
+
+
+@pytest.mark.slow
+def test_a_later_call_with_only_adds_its_rows_beside_the_earlier_ones(tmp_path):
+    out = tmp_path / "out"
+    common = [sys.executable, str(SCRIPT), "--smoke", "--cache", str(tmp_path / "c")]
+    for only in ("synthetic", "nvJPEG"):  # the second row is skipped here: no CUDA
+        cmd = [*common, "--out", str(out), "--only", only]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    results = json.loads((out / "results.json").read_text())
+    assert results["synthetic"]["rate"] > 0  # kept from the first call
+    assert list(results) == [
+        "synthetic",
+        "gpufeed GPU (nvJPEG) L=1",
+        "loader alone: gpufeed GPU (nvJPEG) L=1",
+    ]
+    assert "| synthetic | " in (out / "results.md").read_text()
