@@ -8,6 +8,8 @@ are forked), so host-to-device copies are DMA straight from the slot, with no st
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from gpufeed.data.spec import BatchSpec
@@ -17,10 +19,7 @@ def shared_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A zero-filled tensor made straight in shared memory. `empty().share_memory_()` would
     allocate it privately first and then copy it over (0.3 s for 230 MB of slots, at every
     start); a new shared-memory file is zero pages that fault in where they are first written."""
-    numel = 1
-    for n in shape:
-        numel *= n
-    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
     new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
     if new_shared is None:  # a torch without it: the public, copying way
         return torch.zeros(shape, dtype=dtype).share_memory_()

@@ -156,22 +156,26 @@ class Context:
         return int(cores) or 1
 
     @cached_property
+    def _ranks_by_host(self) -> pd.Series:
+        """Training processes with post-warm-up steps, per host."""
+        return self.steps.groupby("host")["rank"].nunique()
+
+    @cached_property
     def cores_per_rank(self) -> int:
         """Cores each training process has on its own host: the fewest over the hosts (a run
         of several hosts names each host's cores in `host_cpu_counts`)."""
         counts = self.meta.get("host_cpu_counts") or {}
-        ranks = self.steps.groupby("host")["rank"].nunique()
-        if not len(ranks):
+        if not len(self._ranks_by_host):
             return self.cpu_count
         return min(
-            max(1, int(counts.get(host, self.cpu_count)) // int(n)) for host, n in ranks.items()
+            max(1, int(counts.get(host, self.cpu_count)) // int(n))
+            for host, n in self._ranks_by_host.items()
         )
 
     @cached_property
     def ranks_per_host(self) -> int:
         """The most training processes (with post-warm-up steps) on one host; 1 if none."""
-        ranks = self.steps.groupby("host")["rank"].nunique()
-        return max(1, int(ranks.max())) if len(ranks) else 1
+        return max(1, int(self._ranks_by_host.max())) if len(self._ranks_by_host) else 1
 
     # --- processes --------------------------------------------------------------------------------
 
