@@ -476,6 +476,10 @@ def main() -> None:
             "gpu_feed.py needs a CUDA GPU (--smoke runs a small version on the CPU; the CPU "
             "benchmark is benchmarks/feed_efficiency.py)"
         )
+    names = [name for name, _ in pipelines(Path(), Path(), args.loads)]
+    if args.only and not any(o in name for o in args.only for name in names):
+        sys.exit(f"--only {' '.join(args.only)}: no pipeline name contains it; the names: "
+                 + "; ".join(names))  # fmt: skip
     t0 = time.time()
     root, full, small = make_data(args.cache, args.images, args.quality)
     sizes = [p.stat().st_size for p in root.glob("*/*.jpg")]

@@ -57,3 +57,21 @@ def test_a_later_call_with_only_adds_its_rows_beside_the_earlier_ones(tmp_path):
         "loader alone: gpufeed GPU (nvJPEG) L=1",
     ]
     assert "| synthetic | " in (out / "results.md").read_text()
+
+
+def test_only_that_matches_no_pipeline_is_a_clear_error_listing_the_names(tmp_path):
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--smoke",
+        "--only",
+        "nosuch",
+        "--cache",
+        str(tmp_path / "c"),
+    ]
+    cmd += ["--out", str(tmp_path / "o")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert "--only nosuch: no pipeline name contains it" in done.stderr
+    assert "synthetic; classic torchvision L=1" in done.stderr
+    assert not (tmp_path / "o").exists() and not (tmp_path / "c").exists()  # refused first
