@@ -244,3 +244,15 @@ def test_a_gpu_report_says_what_utilization_means_and_lists_every_rule(tmp_path:
     assert shot.stat().st_size > 20_000
     ARTIFACTS.mkdir(exist_ok=True)
     shutil.copyfile(shot, ARTIFACTS / shot.name)
+
+
+def test_a_run_of_hosts_with_different_cores_names_each_hosts_cores() -> None:
+    run = big_run(hours=0.05)
+    run.meta |= {
+        "hosts": ["node0", "node1"],
+        "cpu_count": 4,
+        "host_cpu_counts": {"node0": 4, "node1": 2},
+    }
+    html = render_html(run, [])
+    assert "4 + 2 cores (" in html  # the header
+    assert re.search(r"p95 [\d.]+% of 4 \+ 2 cores", html)  # the CPU card

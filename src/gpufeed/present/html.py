@@ -227,7 +227,7 @@ def _summary(run: Run, t0: float, t1: float) -> list[dict[str, str]]:
         {
             "label": "CPU utilization p50",
             "value": _num(_pct(cpu, 50), "%"),
-            "detail": f"p95 {_num(_pct(cpu, 95), '%')} of {meta.get('cpu_count', '?')} cores",
+            "detail": f"p95 {_num(_pct(cpu, 95), '%')} of {cpu_counts(meta)} cores",
         }
     )
     return cards

@@ -125,3 +125,47 @@ def test_free_cores_are_shared_by_the_ranks_of_the_host() -> None:
     (f,) = fired(b.build())
     assert "about 6 cores are still free" in f.recommendation
     assert "(num_workers=3)" in f.recommendation
+
+
+def _node(host: str, cores: int, ranks: range, workers: int = 2, wait: float = 0.06):
+    """One host of a multi-node run: each rank has a training process at 40% CPU and `workers`
+    loader workers at 100%."""
+    b = RunBuilder(cpu_count=cores, host=host)
+    for rank in ranks:
+        b.steps([0.1] * 100, waits=wait, rank=rank).process(1000 + rank, "main", 40.0)
+        for w in range(workers):
+            b.process(2000 + 10 * rank + w, "worker", 100.0)
+    return b
+
+
+def test_on_several_hosts_free_cores_are_counted_per_host() -> None:
+    # Two 16-core nodes, each like the single host above (6.4 cores free, 4 ranks): one more
+    # worker per rank. Their samples fall at the same instants, which must not add them up.
+    from gpufeed.analysis.combine import combine
+
+    nodes = [_node("node-a", 16, range(4)).build(), _node("node-b", 16, range(4, 8)).build()]
+    (f,) = fired(combine(nodes))
+    assert "about 6 cores are still free on node-a" in f.recommendation
+    assert "(num_workers=3)" in f.recommendation and "of 16 cores on node-a" in f.recommendation
+
+    # A third, 8-core node with as many ranks and workers has no core left: it bounds the advice.
+    (f,) = fired(combine([*nodes, _node("node-c", 8, range(8, 12)).build()]))
+    assert f.evidence["host"] == "node-c"
+    assert "no cores are left on node-c" in f.recommendation
+
+
+def test_outside_load_is_judged_on_each_host_with_its_own_cores() -> None:
+    # A 32-core node at 60% and an 8-core node at 98%, each with one quiet rank and an idle GPU:
+    # the small node is saturated by other work, though the two hosts' median is below 90%.
+    from gpufeed.analysis.combine import combine
+
+    parts = []
+    for host, cores, util in (("node-a", 32, 60.0), ("node-b", 8, 98.0)):
+        b = RunBuilder(cpu_count=cores, host=host)
+        b.steps([0.1] * 100, waits=0.0, rank=len(parts)).gpu(20.0)
+        b.process(1000 + len(parts), "main", 30.0).metric("cpu.util", util)
+        parts.append(b.build())
+    (f,) = fired(combine(parts))
+    assert f.evidence["role"] == "other" and f.evidence["host"] == "node-b"
+    assert f.recommendation.startswith("node-b's CPU is 98% busy")
+    assert "uses only 0.3 of its 8 cores" in f.recommendation

@@ -122,6 +122,7 @@ def test_on_several_hosts_the_worker_budget_is_each_hosts_cores_over_its_own_ran
 
     small = RunBuilder(cpu_count=8, host="node-c")  # a smaller node bounds the advice
     for rank in range(8, 12):
-        small.steps([0.1] * 100, waits=0.09, rank=rank)
+        small.steps([0.1] * 100, waits=0.095, rank=rank)  # and waits the most: the finding's rank
     (f,) = fired(combine([*parts, small.build()]))
     assert "Set num_workers=1 " in f.recommendation
+    assert "itself; 8 cores)" in f.recommendation and f.evidence["cpu_count"] == 8

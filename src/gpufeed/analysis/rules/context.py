@@ -155,27 +155,28 @@ class Context:
         cores = self.run.system[self.run.system["metric"] == "cpu.core"]["device"].nunique()
         return int(cores) or 1
 
+    def cores_of(self, host: str) -> int:
+        """Logical cores of `host` (a combined run names each host's in `host_cpu_counts`)."""
+        counts = self.meta.get("host_cpu_counts") or {}
+        return int(counts.get(str(host), self.cpu_count))
+
     @cached_property
     def _ranks_by_host(self) -> pd.Series:
         """Training processes with post-warm-up steps, per host."""
         return self.steps.groupby("host")["rank"].nunique()
 
     @cached_property
+    def rank_hosts(self) -> dict[str, int]:
+        """{host: training processes with post-warm-up steps on it}, hosts in name order."""
+        return {str(h): int(n) for h, n in self._ranks_by_host.sort_index().items()}
+
+    @cached_property
     def cores_per_rank(self) -> int:
         """Cores each training process has on its own host: the fewest over the hosts (a run
         of several hosts names each host's cores in `host_cpu_counts`)."""
-        counts = self.meta.get("host_cpu_counts") or {}
-        if not len(self._ranks_by_host):
+        if not self.rank_hosts:
             return self.cpu_count
-        return min(
-            max(1, int(counts.get(host, self.cpu_count)) // int(n))
-            for host, n in self._ranks_by_host.items()
-        )
-
-    @cached_property
-    def ranks_per_host(self) -> int:
-        """The most training processes (with post-warm-up steps) on one host; 1 if none."""
-        return max(1, int(self._ranks_by_host.max())) if len(self._ranks_by_host) else 1
+        return min(max(1, self.cores_of(host) // n) for host, n in self.rank_hosts.items())
 
     # --- processes --------------------------------------------------------------------------------
 
@@ -189,13 +190,21 @@ class Context:
         return p[(p["time"] >= t0) & (p["time"] <= t1)]
 
     @cached_property
-    def role_cores(self) -> dict[str, float]:
-        """Mean number of cores each role keeps busy over the window (sum of its processes' CPU / 100)."""
-        p = self.processes
-        if len(p) == 0:
-            return {}
-        per_time = p.groupby(["time", "role"])["cpu"].sum().unstack(fill_value=0.0) / 100.0
-        return {str(role): float(v) for role, v in per_time.mean().items()}
+    def role_cores(self) -> dict[str, dict[str, float]]:
+        """{host: {role: mean number of cores the role keeps busy there over the window}} (its
+        processes' CPU summed per sample time, / 100). Per host: the hosts of a combined run
+        sample at their own times, and each has its own cores."""
+        out: dict[str, dict[str, float]] = {}
+        for host, p in self.processes.groupby("host", sort=True):
+            per_time = p.groupby(["time", "role"])["cpu"].sum().unstack(fill_value=0.0) / 100.0
+            out[str(host)] = {str(role): float(v) for role, v in per_time.mean().items()}
+        return out
+
+    @cached_property
+    def host_cpu_by_host(self) -> dict[str, float]:
+        """{host: median whole-host CPU busy % over the window} (hosts that sampled it)."""
+        rows = self.metric("cpu.util")
+        return {str(h): pct(g["value"], 50) for h, g in rows.groupby("host", sort=True)}
 
     @cached_property
     def images(self) -> bool:
@@ -283,7 +292,7 @@ class Context:
         if not fs:
             return nan, nan
         f, cpu = np.concatenate(fs), np.concatenate(cpus)
-        top = 100.0 * self.cpu_count
+        top = 100.0 * max([self.cores_of(h) for h in self.rank_hosts] or [self.cpu_count])
 
         def clip(x: float) -> float:
             return float(min(max(x, 0.0), top))

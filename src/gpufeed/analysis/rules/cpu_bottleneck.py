@@ -67,25 +67,29 @@ class CPUBottleneck(Rule):
         waiting = share >= p["wait_share"]
 
         if waiting and workers >= 0.5 and saturated(wcpu):
-            used = ctx.role_cores.get("worker", 0.0)
-            free = ctx.cpu_count - sum(ctx.role_cores.values())
+            host, free, ranks = _fewest_free_cores(ctx)
+            cores, used = ctx.cores_of(host), ctx.role_cores.get(host, {}).get("worker", 0.0)
+            on = f" on {host}" if len(ctx.rank_hosts) > 1 else ""
             evidence |= {
                 "role": "worker",
                 "num_workers": round(workers, 1),
                 "worker_cpu_pct": round(wcpu, 1),
                 "worker_cores": round(used, 2),
+                "cpu_count": cores,
             }
-            more = max(1, int(free / ctx.ranks_per_host))  # the free cores, shared by its ranks
+            if on:
+                evidence["host"] = host
+            more = max(1, int(free / ranks))  # the host's free cores, shared by its ranks
             advice = (
-                f"about {free:.0f} cores are still free: add loader workers (num_workers={round(workers) + more})"
+                f"about {free:.0f} cores are still free{on}: add loader workers (num_workers={round(workers) + more})"
                 if free >= 1
-                else f"no cores are left: cut the CPU cost per sample ({ctx.cut_cost()})"
+                else f"no cores are left{on}: cut the CPU cost per sample ({ctx.cut_cost()})"
             )
             yield self.warning(
                 title=f"CPU-bound loader workers: {round(workers)} at {wcpu:.0f}% CPU each",
                 evidence=evidence,
                 recommendation=(
-                    f"The loader workers use {used:.1f} of {ctx.cpu_count} cores while steps wait "
+                    f"The loader workers use {used:.1f} of {cores} cores{on} while steps wait "
                     f"{fmt_pct(share)} of the time for data; {advice}."
                 ),
                 est_speedup=speedup,
@@ -132,19 +136,52 @@ class CPUBottleneck(Rule):
                 ),
             )
             return
-        ours = sum(ctx.role_cores.values())
-        busy_cores = host / 100 * ctx.cpu_count if np.isfinite(host) else 0.0
-        if starved and busy_cores - ours >= ctx.cpu_count / 2:
+        other = _busiest_outside(ctx, p["host_busy"])
+        if other is not None:
+            host, util, busy_cores, ours = other
+            on = f"{host}'s" if len(ctx.host_cpu_by_host) > 1 else "The host's"
             evidence |= {
                 "role": "other",
                 "run_cores": round(ours, 2),
                 "host_busy_cores": round(busy_cores, 2),
+                "cpu_count": ctx.cores_of(host),
             }
+            if len(ctx.host_cpu_by_host) > 1:
+                evidence["host"] = host
             yield self.warning(
                 title="CPU saturated by processes outside the training run",
                 evidence=evidence,
                 recommendation=(
-                    f"The host's CPU is {host:.0f}% busy but the run itself uses only {ours:.1f} cores: "
-                    "stop or move the other workloads, or pin the training to its own cores."
+                    f"{on} CPU is {util:.0f}% busy but the run itself uses only {ours:.1f} of its "
+                    f"{ctx.cores_of(host)} cores: stop or move the other workloads, or pin the "
+                    "training to its own cores."
                 ),
             )
+
+
+def _fewest_free_cores(ctx: Context) -> tuple[str, float, int]:
+    """(host, its free cores, its ranks) for the host whose ranks have the fewest free cores each:
+    there, adding workers to every rank first runs out (one host: that host)."""
+    hosts = ctx.rank_hosts or {str(h): 1 for h in ctx.role_cores} or {"": 1}
+
+    def free(host: str) -> float:
+        return ctx.cores_of(host) - sum(ctx.role_cores.get(host, {}).values())
+
+    host = min(hosts, key=lambda h: free(h) / hosts[h])
+    return host, free(host), hosts[host]
+
+
+def _busiest_outside(ctx: Context, host_busy: float) -> tuple[str, float, float, float] | None:
+    """(host, its median CPU %, busy cores, the run's cores there) for the saturated host (median
+    CPU at least `host_busy` %) where processes outside the run keep the most cores busy, at
+    least half of them; None if there is none."""
+    found: list[tuple[float, tuple[str, float, float, float]]] = []
+    for host, util in ctx.host_cpu_by_host.items():
+        if not (np.isfinite(util) and util >= host_busy):
+            continue
+        cores = ctx.cores_of(host)
+        busy = util / 100 * cores
+        ours = sum(ctx.role_cores.get(host, {}).values())
+        if busy - ours >= cores / 2:
+            found.append(((busy - ours) / cores, (host, util, busy, ours)))
+    return max(found)[1] if found else None

@@ -48,6 +48,7 @@ class DataLoaderBottleneck(Rule):
         s = ctx.steps[ctx.steps["rank"] == rank]
         step = float(s["duration"].mean())
         wait = float(s["data_wait"].mean())
+        cores = ctx.cores_of(s["host"].iloc[0])  # of the rank's own host
         compute = max(step - wait, 1e-6)
         evidence: dict[str, float | int | str] = {
             "data_wait_share": round(share, 4),
@@ -57,7 +58,7 @@ class DataLoaderBottleneck(Rule):
             "steps": len(s),
             "num_workers": round(ctx.worker_count, 1),
             "worker_cpu_pct": round(ctx.worker_cpu, 1) if ctx.worker_count >= 0.5 else 0.0,
-            "cpu_count": ctx.cpu_count,
+            "cpu_count": cores,
         }
         period = data_stall_period(s, ctx.rule_params(PeriodicStall))
         if period is not None:
@@ -70,7 +71,8 @@ class DataLoaderBottleneck(Rule):
             severity="critical" if share >= p["critical"] else "warning",
             title=f"Input pipeline: steps wait {fmt_pct(share)} of the time for data",
             evidence=evidence,
-            recommendation=_recommend(ctx, p, step, wait, compute, share) + _period_note(period),
+            recommendation=_recommend(ctx, p, cores, step, wait, compute, share)
+            + _period_note(period),
             est_speedup=round(speedup_without(s, s["data_wait"]), 3),
         )
 
@@ -86,7 +88,13 @@ def _period_note(period: tuple[int, int] | None) -> str:
 
 
 def _recommend(
-    ctx: Context, p: dict[str, Any], step: float, wait: float, compute: float, share: float
+    ctx: Context,
+    p: dict[str, Any],
+    cores: int,
+    step: float,
+    wait: float,
+    compute: float,
+    share: float,
 ) -> str:
     budget = max(1, ctx.cores_per_rank - 1)  # cores per rank left after its training process
     workers = ctx.worker_count
@@ -102,7 +110,7 @@ def _recommend(
         n = min(need, budget)
         text = (
             f"Set num_workers={n} in the DataLoader (now 0: the training process loads every batch "
-            f"itself; {ctx.cpu_count} cores): {why}."
+            f"itself; {cores} cores): {why}."
         )
         if need > budget:
             text += (
@@ -114,7 +122,7 @@ def _recommend(
     need = max(now + 1, math.ceil(workers * step / compute))
     wcpu = ctx.worker_cpu
     if wcpu >= p["busy_worker_cpu"]:
-        state = f"{now} worker(s) at {wcpu:.0f}% CPU each, {ctx.cpu_count} cores"
+        state = f"{now} worker(s) at {wcpu:.0f}% CPU each, {cores} cores"
         if need <= budget:
             return f"Set num_workers={need} ({state}): {why}.{gpu_tail}"
         return (
