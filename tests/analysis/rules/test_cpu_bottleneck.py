@@ -167,5 +167,6 @@ def test_outside_load_is_judged_on_each_host_with_its_own_cores() -> None:
         parts.append(b.build())
     (f,) = fired(combine(parts))
     assert f.evidence["role"] == "other" and f.evidence["host"] == "node-b"
+    assert f.evidence["host_cpu_p50"] == 98.0 and f.evidence["cpu_count"] == 8
     assert f.recommendation.startswith("node-b's CPU is 98% busy")
     assert "uses only 0.3 of its 8 cores" in f.recommendation

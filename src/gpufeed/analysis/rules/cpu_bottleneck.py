@@ -49,8 +49,8 @@ class CPUBottleneck(Rule):
         if ctx.has_gpu and gpu_p95 >= p["gpu_util_p95"]:
             return
         share = wait_share(ctx.steps)
-        host = ctx.host_cpu
-        starved = bool(np.isfinite(host) and host >= p["host_busy"])
+        host_pct = ctx.host_cpu  # all hosts' median
+        starved = bool(np.isfinite(host_pct) and host_pct >= p["host_busy"])
 
         def saturated(cpu: float) -> bool:
             return np.isfinite(cpu) and (cpu >= p["busy"] or (starved and cpu >= p["busy"] / 2))
@@ -58,7 +58,7 @@ class CPUBottleneck(Rule):
         evidence: dict[str, float | int | str] = {
             "data_wait_share": round(share, 4),
             "cpu_count": ctx.cpu_count,
-            "host_cpu_p50": round(host, 1) if np.isfinite(host) else "n/a",
+            "host_cpu_p50": round(host_pct, 1) if np.isfinite(host_pct) else "n/a",
         }
         if ctx.has_gpu:
             evidence["gpu_util_p95"] = round(gpu_p95, 1)
@@ -144,6 +144,7 @@ class CPUBottleneck(Rule):
                 "role": "other",
                 "run_cores": round(ours, 2),
                 "host_busy_cores": round(busy_cores, 2),
+                "host_cpu_p50": round(util, 1),
                 "cpu_count": ctx.cores_of(host),
             }
             if len(ctx.host_cpu_by_host) > 1:
