@@ -75,20 +75,29 @@ def test_other_processes_saturating_the_host(builder: RunBuilder) -> None:
     assert f.evidence["role"] == "other"
 
 
-def _main_loading(cpu_count: int, waiting: float, computing: float, noise: float = 0.0):
-    """A run whose training process (no workers) uses `waiting`% CPU while its steps wait for data
-    and `computing`% otherwise, sampled every 0.1 s, plus Gaussian noise of `noise` points."""
-    b = RunBuilder(interval=0.1, cpu_count=cpu_count).steps([0.3] * 60, waits=0.2)
+def _main_loading(
+    cpu_count: int,
+    waiting: float,
+    computing: float,
+    noise: float = 0.0,
+    step: float = 0.3,
+    wait: float = 0.2,
+    steps: int = 60,
+):
+    """A run whose training process (no workers) uses `waiting`% CPU while its steps (`step` s,
+    of which `wait` s waiting for data) wait and `computing`% otherwise, sampled every 0.1 s, plus
+    Gaussian noise of `noise` points."""
+    b = RunBuilder(interval=0.1, cpu_count=cpu_count).steps([step] * steps, waits=wait)
     t = b.times()
-    steps = b.build().steps
+    made = b.build().steps
     rng = np.random.default_rng(1)
 
     def cpu(rel: np.ndarray) -> np.ndarray:
         out = np.empty_like(rel)
         for i, te in enumerate(rel + t[0]):
             ts = np.linspace(te - 0.1, te, 50)
-            k = np.searchsorted(steps["start"].to_numpy(), ts, side="right") - 1
-            f = ((k >= 0) & (ts < steps["start"].to_numpy()[k.clip(0)] + 0.2)).mean()
+            k = np.searchsorted(made["start"].to_numpy(), ts, side="right") - 1
+            f = ((k >= 0) & (ts < made["start"].to_numpy()[k.clip(0)] + wait)).mean()
             out[i] = waiting * f + computing * (1 - f)
         return np.clip(out + noise * rng.standard_normal(len(out)), 0.0, None)
 
@@ -170,3 +179,14 @@ def test_outside_load_is_judged_on_each_host_with_its_own_cores() -> None:
     assert f.evidence["host_cpu_p50"] == 98.0 and f.evidence["cpu_count"] == 8
     assert f.recommendation.startswith("node-b's CPU is 98% busy")
     assert "uses only 0.3 of its 8 cores" in f.recommendation
+
+
+def test_the_sample_reaching_into_the_warm_up_does_not_sway_the_fit() -> None:
+    # As the cpu_transform scenario: a full core while loading (100 of 122 ms per step), asleep
+    # otherwise. The first sample of the steady state also covers the end of the warm-up, whose
+    # waits the steady state does not list. Counted, that busy sample read as busy computing and
+    # pulled the fit to 91% while loading.
+    ctx = Context(_main_loading(cpu_count=2, waiting=100.0, computing=0.0, step=0.122, wait=0.1))
+    (loading, computing), (low, high) = ctx.main_cpu_split, ctx.main_cpu_waiting_range
+    assert abs(loading - 100.0) < 2 and computing < 5
+    assert low > 97 and high < 103

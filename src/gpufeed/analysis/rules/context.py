@@ -283,12 +283,15 @@ class Context:
         main = self.processes[self.processes["role"] == "main"]
         for (host, pid), s in self.steps.groupby(["host", "pid"]):
             m = main[(main["host"] == host) & (main["pid"] == pid)].sort_values("time")
-            if len(m) < 3:
-                continue
             t_end = m["time"].to_numpy(dtype=float)
-            t_start = np.concatenate([[t_end[0] - self.interval], t_end[:-1]])
-            fs.append(_share_inside(s, t_start, t_end))
-            cpus.append(m["cpu"].to_numpy(dtype=float))
+            t_start = np.concatenate([t_end[:1] - self.interval, t_end[:-1]])
+            # only samples whose interval these steps cover: one reaching into the warm-up would
+            # count its waits as computing, and at the edge of the range it would sway the fit
+            inside = (t_start >= s["start"].min()) & (t_end <= s["end"].max())
+            if inside.sum() < 3:
+                continue
+            fs.append(_share_inside(s, t_start[inside], t_end[inside]))
+            cpus.append(m["cpu"].to_numpy(dtype=float)[inside])
         if not fs:
             return nan, nan
         f, cpu = np.concatenate(fs), np.concatenate(cpus)
