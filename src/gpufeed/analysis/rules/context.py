@@ -161,14 +161,10 @@ class Context:
         return int(counts.get(str(host), self.cpu_count))
 
     @cached_property
-    def _ranks_by_host(self) -> pd.Series:
-        """Training processes with post-warm-up steps, per host."""
-        return self.steps.groupby("host")["rank"].nunique()
-
-    @cached_property
     def rank_hosts(self) -> dict[str, int]:
         """{host: training processes with post-warm-up steps on it}, hosts in name order."""
-        return {str(h): int(n) for h, n in self._ranks_by_host.sort_index().items()}
+        ranks = self.steps.groupby("host", sort=True)["rank"].nunique()
+        return {str(h): int(n) for h, n in ranks.items()}
 
     @cached_property
     def cores_per_rank(self) -> int:

@@ -139,31 +139,32 @@ class CPUBottleneck(Rule):
         other = _busiest_outside(ctx, p["host_busy"])
         if other is not None:
             host, util, busy_cores, ours = other
-            on = f"{host}'s" if len(ctx.host_cpu_by_host) > 1 else "The host's"
+            cores, several = ctx.cores_of(host), len(ctx.host_cpu_by_host) > 1
+            whose = host if several else "The host"
             evidence |= {
                 "role": "other",
                 "run_cores": round(ours, 2),
                 "host_busy_cores": round(busy_cores, 2),
                 "host_cpu_p50": round(util, 1),
-                "cpu_count": ctx.cores_of(host),
+                "cpu_count": cores,
             }
-            if len(ctx.host_cpu_by_host) > 1:
+            if several:
                 evidence["host"] = host
             yield self.warning(
                 title="CPU saturated by processes outside the training run",
                 evidence=evidence,
                 recommendation=(
-                    f"{on} CPU is {util:.0f}% busy but the run itself uses only {ours:.1f} of its "
-                    f"{ctx.cores_of(host)} cores: stop or move the other workloads, or pin the "
-                    "training to its own cores."
+                    f"{whose}'s CPU is {util:.0f}% busy but the run itself uses only {ours:.1f} "
+                    f"of its {cores} cores: stop or move the other workloads, or pin the training "
+                    "to its own cores."
                 ),
             )
 
 
 def _fewest_free_cores(ctx: Context) -> tuple[str, float, int]:
     """(host, its free cores, its ranks) for the host whose ranks have the fewest free cores each:
-    there, adding workers to every rank first runs out (one host: that host)."""
-    hosts = ctx.rank_hosts or {str(h): 1 for h in ctx.role_cores} or {"": 1}
+    there, adding workers to every rank first runs out (one host: that host). Needs steps."""
+    hosts = ctx.rank_hosts
 
     def free(host: str) -> float:
         return ctx.cores_of(host) - sum(ctx.role_cores.get(host, {}).values())
