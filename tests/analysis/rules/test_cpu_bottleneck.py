@@ -190,3 +190,9 @@ def test_the_sample_reaching_into_the_warm_up_does_not_sway_the_fit() -> None:
     (loading, computing), (low, high) = ctx.main_cpu_split, ctx.main_cpu_waiting_range
     assert abs(loading - 100.0) < 2 and computing < 5
     assert low > 97 and high < 103
+
+
+def test_one_free_core_is_said_in_the_singular() -> None:
+    b = RunBuilder(cpu_count=2).steps([0.1] * 100, waits=0.06).process(2000, "worker", 97.0)
+    (f,) = fired(b.build())
+    assert "about 1 core is still free: add loader workers (num_workers=2)" in f.recommendation

@@ -81,7 +81,7 @@ class CPUBottleneck(Rule):
                 evidence["host"] = host
             more = max(1, int(free / ranks))  # the host's free cores, shared by its ranks
             advice = (
-                f"about {free:.0f} cores are still free{on}: add loader workers (num_workers={round(workers) + more})"
+                f"about {free:.0f} {'core is' if round(free) == 1 else 'cores are'} still free{on}: add loader workers (num_workers={round(workers) + more})"
                 if free >= 1
                 else f"no cores are left{on}: cut the CPU cost per sample ({ctx.cut_cost()})"
             )
