@@ -11,8 +11,11 @@ STEPS = 40
 
 
 class HeavyAugment(Dataset):
+    def __init__(self, samples: int = STEPS * 8) -> None:
+        self.samples = samples
+
     def __len__(self) -> int:
-        return STEPS * 8
+        return self.samples
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         x = torch.randn(3, 128, 128)

@@ -196,3 +196,31 @@ def test_one_free_core_is_said_in_the_singular() -> None:
     b = RunBuilder(cpu_count=2).steps([0.1] * 100, waits=0.06).process(2000, "worker", 97.0)
     (f,) = fired(b.build())
     assert "about 1 core is still free: add loader workers (num_workers=2)" in f.recommendation
+
+
+def _full_host(workers: int, worker_cpu: float, main_cpu: float = 10.0):
+    """A 2-core host at 100% CPU whose steps wait on `workers` loader workers."""
+    b = RunBuilder(cpu_count=2).steps([0.1] * 100, waits=0.07).metric("cpu.util", 100.0)
+    b.process(1000, "main", main_cpu)
+    for w in range(workers):
+        b.process(2000 + w, "worker", worker_cpu)
+    return b.build()
+
+
+def test_workers_that_together_fill_a_full_host_are_cpu_bound() -> None:
+    # 8 workers at 23% each: no one of them looks busy, together they keep 1.8 of 2 cores busy.
+    (f,) = fired(_full_host(8, 23.0))
+    assert f.evidence["role"] == "worker" and f.evidence["worker_cores"] == 1.84
+    assert "no cores are left: cut the CPU cost per sample" in f.recommendation
+
+
+def test_cores_busy_with_other_work_are_not_counted_as_free() -> None:
+    # The run uses 0.67 of 2 cores, but the host is full: the rest is other work, not free.
+    (f,) = fired(_full_host(1, 62.0, main_cpu=5.0))
+    assert "still free" not in f.recommendation
+    assert f.evidence["outside_cores"] == 1.33
+    assert "processes outside the run keep 1.3 of them busy: stop or move those" in f.recommendation
+
+
+def test_idle_workers_on_a_full_host_are_not_blamed() -> None:
+    assert fired(_full_host(2, 3.0)) == []

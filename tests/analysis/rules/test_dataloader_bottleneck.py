@@ -126,3 +126,39 @@ def test_on_several_hosts_the_worker_budget_is_each_hosts_cores_over_its_own_ran
     (f,) = fired(combine([*parts, small.build()]))
     assert "Set num_workers=1 " in f.recommendation
     assert "itself; 8 cores)" in f.recommendation and f.evidence["cpu_count"] == 8
+
+
+def _full_host(workers: int, worker_cpu: float, main_cpu: float = 10.0) -> RunBuilder:
+    """A 2-core host at 100% CPU whose steps wait on `workers` loader workers."""
+    b = RunBuilder(cpu_count=2).steps([0.1] * 100, waits=0.07).metric("cpu.util", 100.0)
+    b.process(1000, "main", main_cpu)
+    for w in range(workers):
+        b.process(2000 + w, "worker", worker_cpu)
+    return b
+
+
+def test_many_workers_sharing_a_full_host_are_cpu_bound_not_idle() -> None:
+    # 8 workers at 23% each keep 1.8 of 2 cores busy: starved, not waiting on storage. More
+    # workers (the old advice was num_workers=27) would only share the same two cores.
+    (f,) = fired(_full_host(8, 23.0).build())
+    assert "mostly idle" not in f.recommendation and "num_workers=" not in f.recommendation
+    assert f.recommendation.startswith(
+        "The loader workers are CPU-bound: 8 workers at 23% CPU each"
+    )
+    assert "keep 1.8 of the 2 cores busy" in f.recommendation
+    assert "more workers would only share the same cores" in f.recommendation
+    assert f.evidence["host_cpu_p50"] == 100.0
+
+
+def test_a_worker_starved_by_other_work_names_that_work() -> None:
+    # One worker gets 62% of a core because other processes keep 1.3 cores busy.
+    (f,) = fired(_full_host(1, 62.0, main_cpu=5.0).build())
+    assert f.recommendation.startswith("The loader workers are CPU-bound: 1 worker at 62% CPU keep")
+    assert "1.3 of them by processes outside the run" in f.recommendation
+    assert "stop or move the other workloads" in f.recommendation
+
+
+def test_idle_workers_on_a_host_busy_with_other_work_still_point_at_storage() -> None:
+    # 2 workers at 3% on a full host: the host is busy, but not with them.
+    (f,) = fired(_full_host(2, 3.0).build())
+    assert "mostly idle" in f.recommendation and "num_workers=" in f.recommendation

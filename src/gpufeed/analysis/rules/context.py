@@ -202,6 +202,35 @@ class Context:
         rows = self.metric("cpu.util")
         return {str(h): pct(g["value"], 50) for h, g in rows.groupby("host", sort=True)}
 
+    def busy_cores(self, host: str) -> float:
+        """Cores of `host` kept busy over the window: its median whole-host CPU, or what the run's
+        own processes there use where that is more (the two are sampled apart)."""
+        ours = sum(self.role_cores.get(host, {}).values())
+        util = self.host_cpu_by_host.get(host, float("nan"))
+        return max(ours, util / 100 * self.cores_of(host)) if np.isfinite(util) else ours
+
+    def outside_cores(self, host: str) -> float:
+        """Cores of `host` kept busy by processes outside the run (0 where not measured)."""
+        return self.busy_cores(host) - sum(self.role_cores.get(host, {}).values())
+
+    def workers_cpu_bound(self, host: str, busy: float, host_busy: float) -> bool:
+        """True when the loader workers on `host` are limited by CPU: one at `busy` % of a core,
+        or, while the host is above `host_busy` % (starved, so each gets less than it wants), at
+        half that or all of them together keeping half its cores busy."""
+        cpu = self.processes[
+            (self.processes["host"] == host) & (self.processes["role"] == "worker")
+        ]["cpu"]
+        if len(cpu) == 0:
+            return False
+        one = float(cpu.mean())
+        if one >= busy:
+            return True
+        util = self.host_cpu_by_host.get(host, float("nan"))
+        if not (np.isfinite(util) and util >= host_busy):
+            return False
+        together = self.role_cores.get(host, {}).get("worker", 0.0)
+        return one >= busy / 2 or together >= self.cores_of(host) / 2
+
     @cached_property
     def images(self) -> bool:
         """False when the training processes' DataLoaders delivered something other than images

@@ -17,11 +17,12 @@ class CPUBottleneck(Rule):
 
     Roles: the loader workers (busy while steps wait on data), the training process itself (loading
     with num_workers=0, or Python/launch overhead with no data wait), or processes outside the run.
-    A process counts as saturated at `busy` % of a core, or at half that while the whole host is
-    above `host_busy` % (it is then starved rather than idle); the training process's CPU while it
-    waits is a fit, clipped to what it can use, and must be saturated over its whole range. On a
-    host so oversubscribed that the
-    run's processes get less than that, the rule stays silent: CPU-bound and sleeping look alike.
+    A process counts as saturated at `busy` % of a core, or at half that while its host is above
+    `host_busy` % (it is then starved rather than idle); so do a host's loader workers that
+    together keep half its cores busy while it is. The training process's CPU while it waits is a
+    fit, clipped to what it can use, and must be saturated over its whole range. On a host so
+    oversubscribed that the run's processes get less than that, the rule stays silent: CPU-bound
+    and sleeping look alike. Free cores are those neither the run nor other processes keep busy.
     """
 
     id = "CPUBottleneck"
@@ -66,9 +67,11 @@ class CPUBottleneck(Rule):
         workers, wcpu = ctx.worker_count, ctx.worker_cpu
         waiting = share >= p["wait_share"]
 
-        if waiting and workers >= 0.5 and saturated(wcpu):
+        bound = any(ctx.workers_cpu_bound(h, p["busy"], p["host_busy"]) for h in ctx.rank_hosts)
+        if waiting and workers >= 0.5 and bound:
             host, free, ranks = _fewest_free_cores(ctx)
             cores, used = ctx.cores_of(host), ctx.role_cores.get(host, {}).get("worker", 0.0)
+            outside = ctx.outside_cores(host)
             on = f" on {host}" if len(ctx.rank_hosts) > 1 else ""
             evidence |= {
                 "role": "worker",
@@ -79,12 +82,21 @@ class CPUBottleneck(Rule):
             }
             if on:
                 evidence["host"] = host
+            if host in ctx.host_cpu_by_host:
+                evidence["host_cpu_p50"] = round(ctx.host_cpu_by_host[host], 1)
+            if outside >= 0.5:
+                evidence["outside_cores"] = round(outside, 2)
             more = max(1, int(free / ranks))  # the host's free cores, shared by its ranks
-            advice = (
-                f"about {free:.0f} {'core is' if round(free) == 1 else 'cores are'} still free{on}: add loader workers (num_workers={round(workers) + more})"
-                if free >= 1
-                else f"no cores are left{on}: cut the CPU cost per sample ({ctx.cut_cost()})"
-            )
+            if free >= 1:
+                advice = f"about {free:.0f} {'core is' if round(free) == 1 else 'cores are'} still free{on}: add loader workers (num_workers={round(workers) + more})"
+            elif outside >= 0.5:
+                advice = (
+                    f"no cores are left{on}, and processes outside the run keep {outside:.1f} of "
+                    "them busy: stop or move those, or cut the CPU cost per sample "
+                    f"({ctx.cut_cost()})"
+                )
+            else:
+                advice = f"no cores are left{on}: cut the CPU cost per sample ({ctx.cut_cost()})"
             yield self.warning(
                 title=f"CPU-bound loader workers: {round(workers)} at {wcpu:.0f}% CPU each",
                 evidence=evidence,
@@ -167,7 +179,7 @@ def _fewest_free_cores(ctx: Context) -> tuple[str, float, int]:
     hosts = ctx.rank_hosts
 
     def free(host: str) -> float:
-        return ctx.cores_of(host) - sum(ctx.role_cores.get(host, {}).values())
+        return ctx.cores_of(host) - ctx.busy_cores(host)
 
     host = min(hosts, key=lambda h: free(h) / hosts[h])
     return host, free(host), hosts[host]
@@ -181,9 +193,8 @@ def _busiest_outside(ctx: Context, host_busy: float) -> tuple[str, float, float,
     for host, util in ctx.host_cpu_by_host.items():
         if not (np.isfinite(util) and util >= host_busy):
             continue
-        cores = ctx.cores_of(host)
-        busy = util / 100 * cores
-        ours = sum(ctx.role_cores.get(host, {}).values())
-        if busy - ours >= cores / 2:
-            found.append(((busy - ours) / cores, (host, util, busy, ours)))
+        cores, outside = ctx.cores_of(host), ctx.outside_cores(host)
+        if outside >= cores / 2:
+            busy = ctx.busy_cores(host)
+            found.append((outside / cores, (host, util, busy, busy - outside)))
     return max(found)[1] if found else None

@@ -6,6 +6,8 @@ import math
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
+import numpy as np
+
 from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.rules.base import Param, Rule
 from gpufeed.analysis.rules.context import (
@@ -15,6 +17,7 @@ from gpufeed.analysis.rules.context import (
     speedup_without,
     wait_share,
 )
+from gpufeed.analysis.rules.cpu_bottleneck import CPUBottleneck
 from gpufeed.analysis.rules.periodic_stall import PeriodicStall
 
 
@@ -22,8 +25,10 @@ class DataLoaderBottleneck(Rule):
     """Data wait is a large share of step time (share = wait / whole step including the wait).
 
     Looks at the rank with the largest share. The recommendation is sized from the evidence: how many
-    loader workers there are now, how busy they are, and how many cores the host has. Estimated
-    speedup = mean step / mean (step - wait).
+    loader workers there are now, how busy they are, and how many cores the host has. Workers on a
+    host whose CPU is full (CPUBottleneck's `host_busy`) count as CPU-bound at half `busy_worker_cpu`,
+    or when together they keep half its cores busy, as CPUBottleneck counts them: starved, not idle,
+    and more of them would only share the same cores. Estimated speedup = mean step / mean (step - wait).
     """
 
     id = "DataLoaderBottleneck"
@@ -48,7 +53,8 @@ class DataLoaderBottleneck(Rule):
         s = ctx.steps[ctx.steps["rank"] == rank]
         step = float(s["duration"].mean())
         wait = float(s["data_wait"].mean())
-        cores = ctx.cores_of(s["host"].iloc[0])  # of the rank's own host
+        host = str(s["host"].iloc[0])
+        cores = ctx.cores_of(host)  # of the rank's own host
         compute = max(step - wait, 1e-6)
         evidence: dict[str, float | int | str] = {
             "data_wait_share": round(share, 4),
@@ -60,6 +66,8 @@ class DataLoaderBottleneck(Rule):
             "worker_cpu_pct": round(ctx.worker_cpu, 1) if ctx.worker_count >= 0.5 else 0.0,
             "cpu_count": cores,
         }
+        if host in ctx.host_cpu_by_host:
+            evidence["host_cpu_p50"] = round(ctx.host_cpu_by_host[host], 1)
         period = data_stall_period(s, ctx.rule_params(PeriodicStall))
         if period is not None:
             evidence["stall_period_steps"] = period[0]
@@ -71,7 +79,7 @@ class DataLoaderBottleneck(Rule):
             severity="critical" if share >= p["critical"] else "warning",
             title=f"Input pipeline: steps wait {fmt_pct(share)} of the time for data",
             evidence=evidence,
-            recommendation=_recommend(ctx, p, cores, step, wait, compute, share)
+            recommendation=_recommend(ctx, p, host, step, wait, compute, share)
             + _period_note(period),
             est_speedup=round(speedup_without(s, s["data_wait"]), 3),
         )
@@ -90,12 +98,13 @@ def _period_note(period: tuple[int, int] | None) -> str:
 def _recommend(
     ctx: Context,
     p: dict[str, Any],
-    cores: int,
+    host: str,
     step: float,
     wait: float,
     compute: float,
     share: float,
 ) -> str:
+    cores = ctx.cores_of(host)
     budget = max(1, ctx.cores_per_rank - 1)  # cores per rank left after its training process
     workers = ctx.worker_count
     why = f"data wait is {fmt_pct(share)} of step time ({1e3 * wait:.0f} of {1e3 * step:.0f} ms)"
@@ -121,7 +130,22 @@ def _recommend(
     now = round(workers)
     need = max(now + 1, math.ceil(workers * step / compute))
     wcpu = ctx.worker_cpu
-    if wcpu >= p["busy_worker_cpu"]:
+    host_busy = ctx.rule_params(CPUBottleneck)["host_busy"]
+    bound = ctx.workers_cpu_bound(host, p["busy_worker_cpu"], host_busy)
+    util = ctx.host_cpu_by_host.get(host, float("nan"))
+    if bound and np.isfinite(util) and util >= host_busy:
+        used = ctx.role_cores.get(host, {}).get("worker", 0.0)
+        outside = ctx.outside_cores(host)
+        others = f", {outside:.1f} of them by processes outside the run" if outside >= 0.5 else ""
+        return (
+            f"The loader workers are CPU-bound: {_workers_at(now, wcpu)} keep {used:.1f} of "
+            f"the {cores} cores busy and the host's CPU is {util:.0f}% busy{others}, so more workers "
+            "would only share the same cores: "
+            + ("stop or move the other workloads, or " if others else "")
+            + f"cut the CPU cost per sample ({ctx.cut_cost()}) or use a host with more cores. "
+            f"{why.capitalize()}.{gpu_tail}"
+        )
+    if bound:
         state = f"{now} worker(s) at {wcpu:.0f}% CPU each, {cores} cores"
         if need <= budget:
             return f"Set num_workers={need} ({state}): {why}.{gpu_tail}"
@@ -140,3 +164,8 @@ def _recommend(
         )
         + f". {why.capitalize()}.{gpu_tail}"
     )
+
+
+def _workers_at(n: int, cpu: float) -> str:
+    """'1 worker at 62% CPU', '8 workers at 23% CPU each'."""
+    return f"{n} worker at {cpu:.0f}% CPU" if n == 1 else f"{n} workers at {cpu:.0f}% CPU each"
