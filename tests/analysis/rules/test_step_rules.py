@@ -78,3 +78,27 @@ def test_step_outlier_leaves_periods_to_periodic_stall_as_configured(builder: Ru
     assert "StepOutlier" not in rules(run)  # the default (3 periods) sees the period
     strict = rules(run, PeriodicStall={"min_periods": 8})
     assert "PeriodicStall" not in strict and "StepOutlier" in strict
+
+
+def test_data_wait_bursts_of_a_reported_loader_bottleneck_are_not_outliers(
+    builder: RunBuilder,
+) -> None:
+    # 8 workers crowding 2 cores: steps wait 60% of the time, and a few wait far longer, off any
+    # period. DataLoaderBottleneck reports the waiting; its bursts are not separate outliers.
+    d = jittered(300, step=0.02)
+    waits = np.full(300, 0.03)
+    waits[[57, 130, 201, 277]] = 0.6
+    found = rules(builder.steps(d + waits, waits=waits).build())
+    assert "DataLoaderBottleneck" in found and "StepOutlier" not in found
+    # With DataLoaderBottleneck off, or in a run that waits little, StepOutlier names them.
+    off = rules(builder.build(), DataLoaderBottleneck={"enabled": False})
+    assert off["StepOutlier"].evidence["outlier_steps"] == 4
+
+
+def test_a_slow_read_in_a_run_that_rarely_waits_is_an_outlier(builder: RunBuilder) -> None:
+    d = jittered(300)
+    waits = np.zeros(300)
+    waits[[120, 250]] = 0.8
+    found = rules(builder.steps(d + waits, waits=waits).build())
+    assert "DataLoaderBottleneck" not in found
+    assert found["StepOutlier"].evidence["steps"].startswith("120 (")

@@ -9,15 +9,25 @@ import numpy as np
 
 from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.rules.base import Param, Rule
-from gpufeed.analysis.rules.context import Context, find_period, fmt_pct, slow_mask, speedup_without
+from gpufeed.analysis.rules.context import (
+    Context,
+    find_period,
+    fmt_pct,
+    slow_mask,
+    speedup_without,
+    wait_share,
+)
+from gpufeed.analysis.rules.dataloader_bottleneck import DataLoaderBottleneck
 from gpufeed.analysis.rules.periodic_stall import PeriodicStall
 
 
 class StepOutlier(Rule):
     """Steps far above the median (robust statistics: median and MAD), with the steps named.
 
-    Steps that recur on a period are left to PeriodicStall (with the parameters it runs with). When more
-    than `max_share` of steps are slow, the step time is spread out rather than having outliers.
+    Steps that recur on a period are left to PeriodicStall (with the parameters it runs with), and
+    steps slow mostly from waiting for data to DataLoaderBottleneck where it reports the rank (a
+    loader's bursts, e.g. many workers sharing few cores). When more than `max_share` of steps are
+    slow, the step time is spread out rather than having outliers.
     """
 
     id = "StepOutlier"
@@ -31,6 +41,7 @@ class StepOutlier(Rule):
 
     def check(self, ctx: Context, p: dict[str, Any]) -> Iterator[Finding]:
         pp = ctx.rule_params(PeriodicStall)
+        loader = ctx.rule_params(DataLoaderBottleneck)
         for rank, g in ctx.steps.groupby("rank", sort=True):
             d = g["duration"].to_numpy(dtype=float)
             step = g["step"].to_numpy(dtype=np.int64)
@@ -40,6 +51,9 @@ class StepOutlier(Rule):
             )
             if period is not None:
                 out &= step % period[0] != period[1]
+            if loader.get("enabled", True) and wait_share(g) >= loader["threshold"]:
+                wait = g["data_wait"].to_numpy(dtype=float)
+                out &= wait - np.median(wait) < 0.5 * (d - np.median(d))
             if not out.any() or out.mean() > p["max_share"]:
                 continue
             median = float(np.median(d))
