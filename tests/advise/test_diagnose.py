@@ -3,6 +3,7 @@ alternatives are measured, and bad input gets a clear error naming the option.""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -149,6 +150,9 @@ def test_shards_are_measured_with_the_gpufeed_loader(photos: Path, tmp_path: Pat
             f"gpufeed Loader (CPU preprocessing, num_workers={usable_cores()})"
         ]
         assert d.alternatives[0].images_per_s > 0
+    # every Loader it made is closed when it returns: no feeder thread outlives it (one still
+    # running torch code at interpreter exit aborted the process, exit code 134)
+    assert [t.name for t in threading.enumerate() if t.name.startswith("gpufeed-")] == []
 
 
 runner = CliRunner()

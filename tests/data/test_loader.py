@@ -576,6 +576,34 @@ def test_close_stops_the_worker_processes(shards: Path):
     assert not {p.pid for p in psutil.Process().children()} & set(pids)
 
 
+def test_a_loop_that_ends_without_close_has_its_loader_closed_at_exit(shards: Path, tmp_path: Path):
+    # The usual training script: iterate, break (or finish), exit. The feeder thread still runs
+    # on into the next batches; left to interpreter finalization inside torch code it aborted the
+    # process ("terminate called without an active exception", exit code 134, ~1 run in 10).
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import atexit, threading
+        from gpufeed.data.augment import Augment
+        from gpufeed.data.loader import Loader
+        loader = Loader({str(shards)!r}, 4, num_workers=1, augment=Augment(size=(8, 8)),
+                        device="cpu")
+        for i, _ in enumerate(loader):
+            if i == 2:
+                break
+        alive = lambda: sorted(t.name for t in threading.enumerate() if t.name.startswith("gpufeed"))
+        print("before exit:", alive())
+        atexit._run_exitfuncs()  # what the interpreter runs first when the script ends
+        print("after exit hooks:", alive(), flush=True)
+        """)
+    )
+    cp = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    before, after = cp.stdout.splitlines()[-2:]
+    assert "gpufeed-feeder" in before  # the loop left it running
+    assert after == "after exit hooks: []"
+
+
 @pytest.mark.timeout(120)
 def test_close_returns_promptly_while_a_read_hangs(shards: Path, make: MakeLoader):
     loader = make(shards, 4, num_workers=0)  # the feeder thread reads the shards itself

@@ -293,8 +293,21 @@ def alternatives(
     out = []
     for name, make in plans:
         note(f"measuring alternative: {name}")
-        out.append(Alternative(name, measure_loader(make(), seconds=seconds).images_per_s))
+        loader = make()
+        try:
+            out.append(Alternative(name, measure_loader(loader, seconds=seconds).images_per_s))
+        finally:
+            _close(loader)
     return out
+
+
+def _close(loader: Any) -> None:
+    """Stop a gpufeed Loader's threads and worker processes now, not when it is freed: they must not
+    outlive the measurement (an alternative's shards are deleted after it, and a daemon thread
+    still running torch code at interpreter exit aborts the process)."""
+    close = getattr(loader, "close", None)
+    if callable(close):
+        close()
 
 
 def diagnose(
@@ -327,39 +340,44 @@ def diagnose(
     spec = resolve_data(data)
     workers = assumed_workers(device) if workers is None else workers
     desc, loader = make_pipeline(spec, batch_size, workers, image_size, device)
-    note(f"measuring the loader alone: {desc} …")
-    loader_rate = measure_loader(loader, seconds=seconds)
-    if len(loader_rate.batch_shape) != 4:
-        raise MeasureError(
-            f"--data {data}: batches of images have shape {loader_rate.batch_shape}; "
-            "expected N×C×H×W image tensors"
-        )
-    nw = getattr(loader, "num_workers", workers)
-    with cpu_threads_beside(nw, device) as threads:
-        where = f"{device}, {threads} thread{'s' * (threads != 1)}" if device == "cpu" else device
-        note(
-            f"measuring the model alone: {model}, batch {loader_rate.batch_shape[0]}, on {where}, "
-            f"{settings.describe()} …"
-        )
-        model_rate = measure_model(
-            net, loader_rate.batch_shape, device, seconds=seconds, settings=settings
-        )
-        note("measuring both together: the model trained on the loader's batches …")
-        _, _, h, w = loader_rate.batch_shape
-        classes = model_classes(net, h, w, device)
-        together = measure_together(
-            net, loader, device, seconds=seconds, settings=settings, classes=classes
-        )
-    result = Diagnosis(
-        data, desc, model, device, loader_rate, model_rate, together=together, settings=settings
-    )
-    if device == "cpu":
-        result.threads = threads
-    if result.input_bound:
-        with tempfile.TemporaryDirectory(prefix="gpufeed-diagnose-") as tmp:
-            result.alternatives = alternatives(
-                spec, loader, workers, batch_size, image_size, device, seconds, Path(tmp), note
+    try:
+        note(f"measuring the loader alone: {desc} …")
+        loader_rate = measure_loader(loader, seconds=seconds)
+        if len(loader_rate.batch_shape) != 4:
+            raise MeasureError(
+                f"--data {data}: batches of images have shape {loader_rate.batch_shape}; "
+                "expected N×C×H×W image tensors"
             )
+        nw = getattr(loader, "num_workers", workers)
+        with cpu_threads_beside(nw, device) as threads:
+            where = (
+                f"{device}, {threads} thread{'s' * (threads != 1)}" if device == "cpu" else device
+            )
+            note(
+                f"measuring the model alone: {model}, batch {loader_rate.batch_shape[0]}, on {where}, "
+                f"{settings.describe()} …"
+            )
+            model_rate = measure_model(
+                net, loader_rate.batch_shape, device, seconds=seconds, settings=settings
+            )
+            note("measuring both together: the model trained on the loader's batches …")
+            _, _, h, w = loader_rate.batch_shape
+            classes = model_classes(net, h, w, device)
+            together = measure_together(
+                net, loader, device, seconds=seconds, settings=settings, classes=classes
+            )
+        result = Diagnosis(
+            data, desc, model, device, loader_rate, model_rate, together=together, settings=settings
+        )
+        if device == "cpu":
+            result.threads = threads
+        if result.input_bound:
+            with tempfile.TemporaryDirectory(prefix="gpufeed-diagnose-") as tmp:
+                result.alternatives = alternatives(
+                    spec, loader, workers, batch_size, image_size, device, seconds, Path(tmp), note
+                )
+    finally:
+        _close(loader)
     # --- offload to a Ray cluster's CPU nodes: would more cores help? (advise/offload.py) ---
     from gpufeed.advise.offload import offload_advice
     from gpufeed.data.budget import usable_cores

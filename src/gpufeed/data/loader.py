@@ -8,9 +8,11 @@ decode on the GPU, in a side stream) → the training loop, which only waits on 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,6 +38,21 @@ try:  # the profiler measures data wait in DataLoader iterators' __next__: be on
     from torch.utils.data.dataloader import _BaseDataLoaderIter as _IterBase
 except ImportError:  # pragma: no cover - a torch without it
     _IterBase = object  # type: ignore[assignment,misc]
+
+
+_OPEN: weakref.WeakSet[Loader] = weakref.WeakSet()  # Loaders whose feeder may be running
+
+
+@atexit.register
+def _close_open_loaders(pid: int = os.getpid()) -> None:
+    """Stop the feeder threads of Loaders still open when the interpreter exits (a loop that ends
+    or breaks without `close()`): a daemon thread still inside torch code when the interpreter
+    finalizes aborts the process ("terminate called without an active exception", exit 134)."""
+    if os.getpid() != pid:  # a forked child: the Loaders belong to its parent
+        return
+    for loader in list(_OPEN):
+        with contextlib.suppress(Exception):
+            loader.close(wait=5.0)
 
 
 def default_workers() -> int:
@@ -299,6 +316,7 @@ class Loader:
                 )
             self._stage = stage
             self._feeder = Feeder(self._pool, stage, self.plan, DEVICE_DEPTH)
+            _OPEN.add(self)
         return self._feeder
 
     def _take(self, token: int, at: Position, first: bool = False) -> tuple[Any, Any]:
@@ -338,6 +356,7 @@ class Loader:
         if self._slots is not None:
             self._slots.unpin()
         self._feeder = self._pool = self._slots = None
+        _OPEN.discard(self)
 
     def __del__(self) -> None:
         # may run on any thread, even one the feeder waits for: signal, never wait
