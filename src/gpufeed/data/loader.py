@@ -44,15 +44,14 @@ _OPEN: weakref.WeakSet[Loader] = weakref.WeakSet()  # Loaders whose feeder may b
 
 
 @atexit.register
-def _close_open_loaders(pid: int = os.getpid()) -> None:
+def _close_open_loaders() -> None:
     """Stop the feeder threads of Loaders still open when the interpreter exits (a loop that ends
     or breaks without `close()`): a daemon thread still inside torch code when the interpreter
     finalizes aborts the process ("terminate called without an active exception", exit 134)."""
-    if os.getpid() != pid:  # a forked child: the Loaders belong to its parent
-        return
     for loader in list(_OPEN):
-        with contextlib.suppress(Exception):
-            loader.close(wait=5.0)
+        if loader._owner == os.getpid():  # not a forked child's copy of its parent's Loader
+            with contextlib.suppress(Exception):
+                loader.close(wait=5.0)
 
 
 def default_workers() -> int:
@@ -164,6 +163,7 @@ class Loader:
         self._iterated = False
         self._delivered = 0  # batches of the current epoch handed to the loop
         self._token = 0  # the iteration in progress
+        self._owner = os.getpid()  # the process whose exit closes this Loader (see _OPEN)
         self._feeder: Feeder | None = None
         self._pool: WorkerPool | InlinePool | RayPool | None = None
         self._slots: Slots | None = None
@@ -316,6 +316,7 @@ class Loader:
                 )
             self._stage = stage
             self._feeder = Feeder(self._pool, stage, self.plan, DEVICE_DEPTH)
+            self._owner = os.getpid()
             _OPEN.add(self)
         return self._feeder
 
