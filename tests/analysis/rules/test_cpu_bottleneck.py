@@ -211,6 +211,7 @@ def test_workers_that_together_fill_a_full_host_are_cpu_bound() -> None:
     # 8 workers at 23% each: no one of them looks busy, together they keep 1.8 of 2 cores busy.
     (f,) = fired(_full_host(8, 23.0))
     assert f.evidence["role"] == "worker" and f.evidence["worker_cores"] == 1.84
+    assert f.title == "CPU-bound loader workers: 8 workers at 23% CPU each"
     assert "no cores are left: cut the CPU cost per sample" in f.recommendation
 
 

@@ -143,9 +143,9 @@ def test_many_workers_sharing_a_full_host_are_cpu_bound_not_idle() -> None:
     (f,) = fired(_full_host(8, 23.0).build())
     assert "mostly idle" not in f.recommendation and "num_workers=" not in f.recommendation
     assert f.recommendation.startswith(
-        "The loader workers are CPU-bound: 8 workers at 23% CPU each"
+        "The loader workers are CPU-bound: they keep 1.8 of the 2 cores busy (8 workers at 23% "
+        "CPU each) and the host's CPU is 100% busy"
     )
-    assert "keep 1.8 of the 2 cores busy" in f.recommendation
     assert "more workers would only share the same cores" in f.recommendation
     assert f.evidence["host_cpu_p50"] == 100.0
 
@@ -153,8 +153,8 @@ def test_many_workers_sharing_a_full_host_are_cpu_bound_not_idle() -> None:
 def test_a_worker_starved_by_other_work_names_that_work() -> None:
     # One worker gets 62% of a core because other processes keep 1.3 cores busy.
     (f,) = fired(_full_host(1, 62.0, main_cpu=5.0).build())
-    assert f.recommendation.startswith("The loader workers are CPU-bound: 1 worker at 62% CPU keep")
-    assert "1.3 of them by processes outside the run" in f.recommendation
+    assert "(1 worker at 62% CPU)" in f.recommendation
+    assert "1.3 cores of it by processes outside the run" in f.recommendation
     assert "stop or move the other workloads" in f.recommendation
 
 
@@ -162,3 +162,16 @@ def test_idle_workers_on_a_host_busy_with_other_work_still_point_at_storage() ->
     # 2 workers at 3% on a full host: the host is busy, but not with them.
     (f,) = fired(_full_host(2, 3.0).build())
     assert "mostly idle" in f.recommendation and "num_workers=" in f.recommendation
+
+
+def test_on_a_full_host_of_several_ranks_the_cores_are_the_hosts_and_the_count_per_rank() -> None:
+    b = RunBuilder(cpu_count=16).metric("cpu.util", 95.0)
+    for rank in range(4):
+        b.steps([0.1] * 100, waits=0.07, rank=rank).process(1000 + rank, "main", 50.0)
+        for w in range(4):
+            b.process(2000 + 10 * rank + w, "worker", 60.0)
+    (f,) = fired(b.build())
+    assert (
+        "they keep 9.6 of the 16 cores busy (4 workers per training process at 60% CPU each)"
+        in f.recommendation
+    )

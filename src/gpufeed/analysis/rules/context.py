@@ -411,6 +411,11 @@ _MAX_PERIOD = 20_000
 _EMPTY_SYSTEM = pd.DataFrame(columns=["time", "host", "metric", "device", "value"])
 
 
+def workers_at(n: int, cpu: float, per: str = "") -> str:
+    """'1 worker at 62% CPU', '8 workers at 23% CPU each', '2 workers per training process at …'."""
+    return f"{n} worker{'s' * (n != 1)}{per} at {cpu:.0f}% CPU{' each' * (n != 1)}"
+
+
 def slow_mask(durations: np.ndarray, k: float, min_ratio: float) -> np.ndarray:
     """Steps far above the median: more than k robust deviations (MAD x 1.4826) and min_ratio x median."""
     med = float(np.median(durations))

@@ -9,7 +9,14 @@ import numpy as np
 
 from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.rules.base import GPU_UTIL_P95, Param, Rule
-from gpufeed.analysis.rules.context import Context, fmt_pct, pct, speedup_without, wait_share
+from gpufeed.analysis.rules.context import (
+    Context,
+    fmt_pct,
+    pct,
+    speedup_without,
+    wait_share,
+    workers_at,
+)
 
 
 class CPUBottleneck(Rule):
@@ -98,7 +105,7 @@ class CPUBottleneck(Rule):
             else:
                 advice = f"no cores are left{on}: cut the CPU cost per sample ({ctx.cut_cost()})"
             yield self.warning(
-                title=f"CPU-bound loader workers: {round(workers)} at {wcpu:.0f}% CPU each",
+                title=f"CPU-bound loader workers: {workers_at(round(workers), wcpu)}",
                 evidence=evidence,
                 recommendation=(
                     f"The loader workers use {used:.1f} of {cores} cores{on} while steps wait "

@@ -16,6 +16,7 @@ from gpufeed.analysis.rules.context import (
     fmt_pct,
     speedup_without,
     wait_share,
+    workers_at,
 )
 from gpufeed.analysis.rules.cpu_bottleneck import CPUBottleneck
 from gpufeed.analysis.rules.periodic_stall import PeriodicStall
@@ -136,11 +137,15 @@ def _recommend(
     if bound and np.isfinite(util) and util >= host_busy:
         used = ctx.role_cores.get(host, {}).get("worker", 0.0)
         outside = ctx.outside_cores(host)
-        others = f", {outside:.1f} of them by processes outside the run" if outside >= 0.5 else ""
+        others = (
+            f", {outside:.1f} cores of it by processes outside the run" if outside >= 0.5 else ""
+        )
+        per = " per training process" if ctx.rank_hosts.get(host, 1) > 1 else ""
+        where, whose = (f" of {host}", "its") if len(ctx.rank_hosts) > 1 else ("", "the host's")
         return (
-            f"The loader workers are CPU-bound: {_workers_at(now, wcpu)} keep {used:.1f} of "
-            f"the {cores} cores busy and the host's CPU is {util:.0f}% busy{others}, so more workers "
-            "would only share the same cores: "
+            f"The loader workers are CPU-bound: they keep {used:.1f} of the {cores} cores{where} "
+            f"busy ({workers_at(now, wcpu, per)}) and {whose} CPU is {util:.0f}% busy{others}, so "
+            "more workers would only share the same cores: "
             + ("stop or move the other workloads, or " if others else "")
             + f"cut the CPU cost per sample ({ctx.cut_cost()}) or use a host with more cores. "
             f"{why.capitalize()}.{gpu_tail}"
@@ -164,8 +169,3 @@ def _recommend(
         )
         + f". {why.capitalize()}.{gpu_tail}"
     )
-
-
-def _workers_at(n: int, cpu: float) -> str:
-    """'1 worker at 62% CPU', '8 workers at 23% CPU each'."""
-    return f"{n} worker at {cpu:.0f}% CPU" if n == 1 else f"{n} workers at {cpu:.0f}% CPU each"
