@@ -40,7 +40,8 @@ except ImportError:  # pragma: no cover - a torch without it
     _IterBase = object  # type: ignore[assignment,misc]
 
 
-_OPEN: weakref.WeakSet[Loader] = weakref.WeakSet()  # Loaders whose feeder may be running
+# Loaders whose feeder may be running -> the pid of the process that started it
+_OPEN: weakref.WeakKeyDictionary[Loader, int] = weakref.WeakKeyDictionary()
 
 
 @atexit.register
@@ -48,8 +49,8 @@ def _close_open_loaders() -> None:
     """Stop the feeder threads of Loaders still open when the interpreter exits (a loop that ends
     or breaks without `close()`): a daemon thread still inside torch code when the interpreter
     finalizes aborts the process ("terminate called without an active exception", exit 134)."""
-    for loader in list(_OPEN):
-        if loader._owner == os.getpid():  # not a forked child's copy of its parent's Loader
+    for loader, pid in list(_OPEN.items()):
+        if pid == os.getpid():  # not a forked child's copy of its parent's Loader
             with contextlib.suppress(Exception):
                 loader.close(wait=5.0)
 
@@ -163,7 +164,6 @@ class Loader:
         self._iterated = False
         self._delivered = 0  # batches of the current epoch handed to the loop
         self._token = 0  # the iteration in progress
-        self._owner = os.getpid()  # the process whose exit closes this Loader (see _OPEN)
         self._feeder: Feeder | None = None
         self._pool: WorkerPool | InlinePool | RayPool | None = None
         self._slots: Slots | None = None
@@ -316,8 +316,7 @@ class Loader:
                 )
             self._stage = stage
             self._feeder = Feeder(self._pool, stage, self.plan, DEVICE_DEPTH)
-            self._owner = os.getpid()
-            _OPEN.add(self)
+            _OPEN[self] = os.getpid()
         return self._feeder
 
     def _take(self, token: int, at: Position, first: bool = False) -> tuple[Any, Any]:
@@ -357,7 +356,7 @@ class Loader:
         if self._slots is not None:
             self._slots.unpin()
         self._feeder = self._pool = self._slots = None
-        _OPEN.discard(self)
+        _OPEN.pop(self, None)
 
     def __del__(self) -> None:
         # may run on any thread, even one the feeder waits for: signal, never wait

@@ -202,6 +202,11 @@ class Context:
         rows = self.metric("cpu.util")
         return {str(h): pct(g["value"], 50) for h, g in rows.groupby("host", sort=True)}
 
+    def host_full(self, host: str, host_busy: float) -> bool:
+        """True when `host`'s median CPU is at least `host_busy` % (False where not sampled)."""
+        util = self.host_cpu_by_host.get(host, float("nan"))
+        return bool(np.isfinite(util) and util >= host_busy)
+
     def busy_cores(self, host: str) -> float:
         """Cores of `host` kept busy over the window: its median whole-host CPU, or what the run's
         own processes there use where that is more (the two are sampled apart)."""
@@ -225,8 +230,7 @@ class Context:
         one = float(cpu.mean())
         if one >= busy:
             return True
-        util = self.host_cpu_by_host.get(host, float("nan"))
-        if not (np.isfinite(util) and util >= host_busy):
+        if not self.host_full(host, host_busy):
             return False
         together = self.role_cores.get(host, {}).get("worker", 0.0)
         return one >= busy / 2 or together >= self.cores_of(host) / 2

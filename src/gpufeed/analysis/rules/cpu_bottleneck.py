@@ -198,7 +198,7 @@ def _busiest_outside(ctx: Context, host_busy: float) -> tuple[str, float, float,
     least half of them; None if there is none."""
     found: list[tuple[float, tuple[str, float, float, float]]] = []
     for host, util in ctx.host_cpu_by_host.items():
-        if not (np.isfinite(util) and util >= host_busy):
+        if not ctx.host_full(host, host_busy):
             continue
         cores, outside = ctx.cores_of(host), ctx.outside_cores(host)
         if outside >= cores / 2:

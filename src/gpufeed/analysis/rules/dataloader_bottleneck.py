@@ -6,8 +6,6 @@ import math
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-import numpy as np
-
 from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.rules.base import Param, Rule
 from gpufeed.analysis.rules.context import (
@@ -133,8 +131,8 @@ def _recommend(
     wcpu = ctx.worker_cpu
     host_busy = ctx.rule_params(CPUBottleneck)["host_busy"]
     bound = ctx.workers_cpu_bound(host, p["busy_worker_cpu"], host_busy)
-    util = ctx.host_cpu_by_host.get(host, float("nan"))
-    if bound and np.isfinite(util) and util >= host_busy:
+    if bound and ctx.host_full(host, host_busy):
+        util = ctx.host_cpu_by_host[host]
         used = ctx.role_cores.get(host, {}).get("worker", 0.0)
         outside = ctx.outside_cores(host)
         others = (
