@@ -49,6 +49,25 @@ def test_a_loader_that_raises_is_named_with_its_error():
         measure_loader(broken(), seconds=1.0, warmup=1)
 
 
+class _Unreadable(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        raise OSError(f"cannot identify image file '/data/img_{i}.jpg'")
+
+
+def test_an_error_in_a_worker_process_is_one_line_not_its_traceback():
+    loader = torch.utils.data.DataLoader(_Unreadable(), batch_size=2, num_workers=1)
+    with pytest.raises(MeasureError) as caught:
+        measure_loader(loader, seconds=1.0)
+    message = str(caught.value)
+    assert message == (
+        "the data loader raised OSError: cannot identify image file '/data/img_0.jpg' "
+        "(in a loader worker process)"
+    )
+
+
 class _Collecting(torch.utils.data.Dataset):
     """Tiny images; a full collection in the worker on every item."""
 

@@ -82,8 +82,17 @@ def guarded(it: Iterator[Any]) -> Iterator[Any]:
         except StopIteration:
             return
         except Exception as e:
-            raise MeasureError(f"the data loader raised {type(e).__name__}: {e}") from e
+            raise MeasureError(f"the data loader raised {_error_line(e)}") from e
         yield batch
+
+
+def _error_line(e: Exception) -> str:
+    """'Type: message'. torch re-raises a worker's exception with the worker's whole traceback in
+    its message: that becomes the original exception's own last line, and where it was raised."""
+    text = str(e)
+    if "Original Traceback" in text:
+        return f"{text.strip().splitlines()[-1]} (in a loader worker process)"
+    return f"{type(e).__name__}: {text}"
 
 
 def _settle(images: Any) -> None:
