@@ -20,8 +20,9 @@ from gpufeed.data.augment import Augment
 from gpufeed.data.batch import CorruptSampleError
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.decode import decode
-from gpufeed.data.device import decoder_name
+from gpufeed.data.device import decoder_name, describe_decoder, open_decoder
 from gpufeed.data.loader import Loader
+from gpufeed.data.spec import BatchSpec
 from gpufeed.errors import GpufeedError
 from gpufeed.extras import MissingExtra
 
@@ -175,6 +176,31 @@ def test_a_library_that_cannot_run_on_the_device_is_a_clear_error(library: str):
 
 
 # --- choosing the decoder ---------------------------------------------------------------------
+
+
+def _encoded(decoder: str) -> BatchSpec:
+    """The spec of a GPU-preprocessing Loader's batches of 8 with `decoder`."""
+    return BatchSpec(8, EVAL, "encoded", torch.float32, False, False, 1 << 20, decoder=decoder)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_auto_gives_way_with_a_warning_when_dali_cannot_start_on_the_device(dali: Any):
+    spec = _encoded("auto")
+    cuda = torch.device("cuda:0")  # DALI is installed but finds no CUDA driver here, for real
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"auto' decodes with libjpeg-turbo .*, not DALI: NVIDIA DALI cannot decode on cuda:0",
+    ):
+        choice, library = open_decoder(spec, cuda)
+    assert (choice, library) == ("cpu", None)
+    assert describe_decoder(choice, cuda) != decoder_name(spec, cuda) == "dali (mixed)"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_dali_asked_for_by_name_that_cannot_start_stays_a_clear_error(dali: Any):
+    spec = _encoded("dali")
+    with pytest.raises(GpufeedError, match=r"cannot decode on cuda:0 .*decoder='nvjpeg'"):
+        open_decoder(spec, torch.device("cuda:0"))
 
 
 def test_dali_asked_for_but_missing_is_a_clear_error_naming_the_extra(

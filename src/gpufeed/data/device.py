@@ -89,9 +89,37 @@ def decoder_choice(spec: BatchSpec, device: torch.device) -> str:
     return "cpu"
 
 
+def open_decoder(
+    spec: BatchSpec, device: torch.device
+) -> tuple[str, DaliDecoder | NvImageCodecDecoder | None]:
+    """(decoder_choice, its started library or None). DALI that `decoder="auto"` picked but that
+    cannot start on `device` (a DALI build for another CUDA than the driver's) gives way, with a
+    warning, to nvJPEG or else libjpeg-turbo; a decoder asked for by name raises its clear error."""
+    choice = decoder_choice(spec, device)
+    try:
+        if choice == "dali":
+            return choice, DaliDecoder(device, spec.batch_size)
+        if choice == "nvimgcodec":
+            return choice, NvImageCodecDecoder(device)
+    except GpufeedError as e:
+        if spec.decoder != "auto":
+            raise
+        choice = "nvjpeg" if nvjpeg_available() else "cpu"
+        warnings.warn(
+            f"decoder='auto' decodes with {describe_decoder(choice, device)}, not DALI: {e}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return choice, None
+
+
 def decoder_name(spec: BatchSpec, device: torch.device) -> str:
     """Which decoder makes `spec`'s batches for `device`, and where it runs."""
-    choice = decoder_choice(spec, device)
+    return describe_decoder(decoder_choice(spec, device), device)
+
+
+def describe_decoder(choice: str, device: torch.device) -> str:
+    """A `decoder_choice` for `device` in words: the library and where it runs."""
     if choice == "dali":
         return "dali (mixed)" if device.type == "cuda" else "dali (cpu)"
     if choice == "nvimgcodec":
@@ -143,12 +171,7 @@ class DeviceStage:
         self.stream = torch.cuda.Stream(device, priority=-1) if self.cuda else None
         self.scale, shift = _normalizer(spec.augment.mean, spec.augment.std, device)
         self.neg_shift = -shift
-        self.decoder = decoder_choice(spec, device)
-        self.library: DaliDecoder | NvImageCodecDecoder | None = None
-        if self.decoder == "dali":
-            self.library = DaliDecoder(device, spec.batch_size)
-        elif self.decoder == "nvimgcodec":
-            self.library = NvImageCodecDecoder(device)
+        self.decoder, self.library = open_decoder(spec, device)
         # on CUDA, two steps on two threads: decode (first) and resample (second), each its own
         # stream; DALI or nvImageCodec on the CPU do both on the feeder thread
         self.split = self.cuda and self.decoder in ("dali", "nvimgcodec", "nvjpeg")
@@ -156,7 +179,7 @@ class DeviceStage:
         self.seconds = {"wait_workers": 0.0, "first": 0.0, "second": 0.0}
         # CPU batches, reused: those the feeder keeps ready, the loop's, and the one being made
         self.outputs = OutputPool(keep=4)
-        self.decoder_name = decoder_name(spec, device)
+        self.decoder_name = describe_decoder(self.decoder, device)
 
     def first(self, at: Position, index: int, meta: dict[str, Any]) -> tuple[Any, Any]:
         """Step one, from the slot: (a DeviceBatch, or what `second` finishes if `split`; an

@@ -95,7 +95,8 @@ class Loader:
     With `preprocess="gpu"`, `decoder` chooses who decodes on the device stage: "dali" (NVIDIA
     DALI, `pip install "gpufeed[dali]"`; its CPU decoder when the device is the CPU),
     "nvimgcodec" (the library under DALI, on its own), "nvjpeg" (torchvision), "cpu"
-    (libjpeg-turbo) or "auto" (DALI, else nvJPEG on CUDA; else libjpeg-turbo).
+    (libjpeg-turbo) or "auto" (DALI, else nvJPEG on CUDA; else libjpeg-turbo; DALI that cannot
+    start on the GPU gives way to the next, with a warning).
     """
 
     def __init__(
@@ -315,6 +316,7 @@ class Loader:
                     f"{self.device_bytes_bound()} or lower batch_size"
                 )
             self._stage = stage
+            self._stats["decoder"] = stage.decoder_name  # auto's fallback, if any
             self._feeder = Feeder(self._pool, stage, self.plan, DEVICE_DEPTH)
             _OPEN[self] = os.getpid()
         return self._feeder
