@@ -92,7 +92,7 @@ def _note_starvation(name: str, run: Run) -> None:
     if ctx.host_cpu < CPUBottleneck.params["host_busy"].default:
         return
     if name == "cpu_transform":
-        loading, _ = ctx.main_cpu_split
+        loading, _ = ctx.main_cpu_split()
         if loading < CPUBottleneck.params["busy"].default / 2:
             _STARVED[name] = (
                 f"host oversubscribed by other work: CPU {ctx.host_cpu:.0f}% busy, the training "

@@ -75,21 +75,29 @@ def test_other_processes_saturating_the_host(builder: RunBuilder) -> None:
     assert f.evidence["role"] == "other"
 
 
-def _main_loading(
-    cpu_count: int,
+def _main_loading(cpu_count: int, waiting: float, computing: float, **shape: float):
+    """A one-rank run on a host of `cpu_count` cores, as `_loading_rank` makes it."""
+    b = RunBuilder(interval=0.1, cpu_count=cpu_count)
+    return _loading_rank(b, 0, waiting, computing, **shape).build()
+
+
+def _loading_rank(
+    b: RunBuilder,
+    rank: int,
     waiting: float,
     computing: float,
     noise: float = 0.0,
     step: float = 0.3,
     wait: float = 0.2,
     steps: int = 60,
-):
-    """A run whose training process (no workers) uses `waiting`% CPU while its steps (`step` s,
-    of which `wait` s waiting for data) wait and `computing`% otherwise, sampled every 0.1 s, plus
-    Gaussian noise of `noise` points."""
-    b = RunBuilder(interval=0.1, cpu_count=cpu_count).steps([step] * steps, waits=wait)
+) -> RunBuilder:
+    """`b` with one more rank whose training process (no workers) uses `waiting`% CPU while its
+    steps (`step` s, of which `wait` s waiting for data) wait and `computing`% otherwise, sampled
+    every 0.1 s, plus Gaussian noise of `noise` points."""
+    b.steps([step] * steps, waits=wait, rank=rank)
     t = b.times()
     made = b.build().steps
+    made = made[made["rank"] == rank]
     rng = np.random.default_rng(1)
 
     def cpu(rel: np.ndarray) -> np.ndarray:
@@ -101,7 +109,49 @@ def _main_loading(
             out[i] = waiting * f + computing * (1 - f)
         return np.clip(out + noise * rng.standard_normal(len(out)), 0.0, None)
 
-    return b.process(1000, "main", cpu).build()
+    return b.process(1000 + rank, "main", cpu)
+
+
+def _loading_nodes(*nodes: tuple[str, float, float]):
+    """A run over 16-core hosts (name, host CPU %, CPU % of its one rank's training process
+    while it loads its own data; 10% otherwise), combined as `gpufeed` combines per-host runs."""
+    from gpufeed.analysis.combine import combine
+
+    parts = []
+    for rank, (host, util, waiting) in enumerate(nodes):
+        b = RunBuilder(interval=0.1, cpu_count=16, host=host).metric("cpu.util", util)
+        parts.append(_loading_rank(b, rank, waiting, 10.0).build())
+    return combine(parts)
+
+
+def test_a_training_process_starved_on_a_full_host_is_found_on_that_host() -> None:
+    # 60% while loading is "saturated" only where the host is full (half of the 85% threshold):
+    # on node-b, at 98%, though the two hosts' pooled median CPU (64%) is not full.
+    (f,) = fired(_loading_nodes(("node-a", 30.0, 60.0), ("node-b", 98.0, 60.0)))
+    assert f.evidence["role"] == "main" and f.evidence["host"] == "node-b"
+    assert f.evidence["host_cpu_p50"] == 98.0 and f.evidence["cpu_count"] == 16
+    assert "the training processes on node-b run at 60% CPU each" in f.recommendation
+
+
+def test_a_full_host_does_not_starve_the_training_processes_of_another() -> None:
+    # Two full hosts whose ranks load at 40% (below half the threshold even there), and a third at
+    # 30% whose rank loads at 60%: no process is CPU-bound where it runs, though the pooled median
+    # CPU (95%) is full and the pooled fit (47%) is above half the threshold.
+    run = _loading_nodes(("node-a", 95.0, 40.0), ("node-b", 96.0, 40.0), ("node-c", 30.0, 60.0))
+    assert [f for f in fired(run) if f.evidence["role"] == "main"] == []
+
+
+def test_a_launch_bound_training_process_is_judged_on_its_own_host() -> None:
+    # An idle GPU, no data wait, training processes at 60%: starved, so CPU-bound, on the full node.
+    from gpufeed.analysis.combine import combine
+
+    parts = []
+    for rank, (host, util) in enumerate((("node-a", 30.0), ("node-b", 98.0))):
+        b = RunBuilder(cpu_count=16, host=host).steps([0.1] * 100, rank=rank).gpu(20.0)
+        parts.append(b.process(1000 + rank, "main", 60.0).metric("cpu.util", util).build())
+    (f,) = fired(combine(parts))
+    assert f.evidence["role"] == "main" and f.evidence["host"] == "node-b"
+    assert f.recommendation.startswith("The training processes on node-b run at 60% CPU each")
 
 
 def test_cpu_while_waiting_is_clipped_to_what_the_process_can_use() -> None:
@@ -115,8 +165,8 @@ def test_cpu_while_waiting_is_clipped_to_what_the_process_can_use() -> None:
 def test_a_weak_fit_is_a_range_and_blames_no_one() -> None:
     run = _main_loading(cpu_count=2, waiting=95.0, computing=40.0, noise=120.0)
     ctx = Context(run)
-    loading, _ = ctx.main_cpu_split
-    low, high = ctx.main_cpu_waiting_range
+    loading, _ = ctx.main_cpu_split()
+    low, high = ctx.main_cpu_waiting_range()
     busy = CPUBottleneck.params["busy"].default
     # the best fit says "saturated", but noisy samples leave the range well below that too
     assert loading >= busy and low < busy <= high and high - low > 20
@@ -187,7 +237,7 @@ def test_the_sample_reaching_into_the_warm_up_does_not_sway_the_fit() -> None:
     # waits the steady state does not list. Counted, that busy sample read as busy computing and
     # pulled the fit to 91% while loading.
     ctx = Context(_main_loading(cpu_count=2, waiting=100.0, computing=0.0, step=0.122, wait=0.1))
-    (loading, computing), (low, high) = ctx.main_cpu_split, ctx.main_cpu_waiting_range
+    (loading, computing), (low, high) = ctx.main_cpu_split(), ctx.main_cpu_waiting_range()
     assert abs(loading - 100.0) < 2 and computing < 5
     assert low > 97 and high < 103
 

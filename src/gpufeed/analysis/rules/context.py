@@ -37,6 +37,7 @@ class Context:
         self.warmup_steps = int(w["steps"])
         self.warmup_seconds = float(w["seconds"])
         self.params: dict[str, dict[str, Any]] = {}  # every rule's parameters in this analysis
+        self._fits: dict[str | None, Any] = {}  # main_cpu_split's fits, per host (None: all)
 
     def rule_params(self, rule: Any) -> dict[str, Any]:
         """The parameters `rule` (a Rule class) runs with in this analysis, overrides included."""
@@ -278,40 +279,47 @@ class Context:
         w = self.processes[self.processes["role"] == "worker"]["cpu"]
         return float(w.mean()) if len(w) else float("nan")
 
-    @cached_property
-    def main_cpu(self) -> float:
-        """Mean CPU of one training process, % of a core (NaN without samples)."""
+    def main_cpu(self, host: str | None = None) -> float:
+        """Mean CPU of one training process (on `host`; None: on any host), % of a core (NaN
+        without samples)."""
         m = self.processes[self.processes["role"] == "main"]
+        if host is not None:
+            m = m[m["host"] == host]
         if len(m) == 0:
             return float("nan")
-        return float(m.groupby("pid")["cpu"].mean().mean())
+        return float(m.groupby(["host", "pid"])["cpu"].mean().mean())
 
-    @cached_property
-    def main_cpu_split(self) -> tuple[float, float]:
-        """CPU of the training processes (% of a core) while their steps wait on data, and otherwise.
+    def main_cpu_split(self, host: str | None = None) -> tuple[float, float]:
+        """CPU of the training processes (on `host`; None: on every host, % of a core) while their
+        steps wait on data, and otherwise.
 
         Each process sample averages CPU over the interval before it; with f the share of that interval
         spent in data wait, cpu = a*f + b*(1-f) is fitted by least squares and (a, b) returned, clipped
         to what a process can use (0 to 100 x cores). NaN where the samples do not separate waiting
         from computing.
         """
-        return self._main_cpu_fit[0]
+        return self._main_cpu_fit(host)[0]
 
-    @cached_property
-    def main_cpu_waiting_range(self) -> tuple[float, float]:
+    def main_cpu_waiting_range(self, host: str | None = None) -> tuple[float, float]:
         """(low, high) of `main_cpu_split`'s CPU-while-waiting: about 95% confidence, clipped like
         it; a weak fit (few samples, noisy CPU) gives a wide range. NaN where there is no fit."""
-        return self._main_cpu_fit[1]
+        return self._main_cpu_fit(host)[1]
 
-    @cached_property
-    def _main_cpu_fit(self) -> tuple[tuple[float, float], tuple[float, float]]:
+    def _main_cpu_fit(self, host: str | None) -> tuple[tuple[float, float], tuple[float, float]]:
+        if host not in self._fits:
+            self._fits[host] = self._fit_main_cpu(host)
+        return self._fits[host]
+
+    def _fit_main_cpu(self, host: str | None) -> tuple[tuple[float, float], tuple[float, float]]:
         nan = (float("nan"), float("nan"))
         if "pid" not in self.steps:
             return nan, nan
         fs, cpus = [], []
         main = self.processes[self.processes["role"] == "main"]
-        for (host, pid), s in self.steps.groupby(["host", "pid"]):
-            m = main[(main["host"] == host) & (main["pid"] == pid)].sort_values("time")
+        for (on, pid), s in self.steps.groupby(["host", "pid"]):
+            if host is not None and on != host:
+                continue
+            m = main[(main["host"] == on) & (main["pid"] == pid)].sort_values("time")
             t_end = m["time"].to_numpy(dtype=float)
             t_start = np.concatenate([t_end[:1] - self.interval, t_end[:-1]])
             # only samples whose interval these steps cover: one reaching into the warm-up would
@@ -324,7 +332,8 @@ class Context:
         if not fs:
             return nan, nan
         f, cpu = np.concatenate(fs), np.concatenate(cpus)
-        top = 100.0 * max([self.cores_of(h) for h in self.rank_hosts] or [self.cpu_count])
+        hosts = [host] if host is not None else list(self.rank_hosts)
+        top = 100.0 * max([self.cores_of(h) for h in hosts] or [self.cpu_count])
 
         def clip(x: float) -> float:
             return float(min(max(x, 0.0), top))

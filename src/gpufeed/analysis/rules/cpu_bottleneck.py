@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -27,7 +27,8 @@ class CPUBottleneck(Rule):
     A process counts as saturated at `busy` % of a core, or at half that while its host is above
     `host_busy` % (it is then starved rather than idle); so do a host's loader workers that
     together keep half its cores busy while it is. The training process's CPU while it waits is a
-    fit, clipped to what it can use, and must be saturated over its whole range. On a host so
+    fit, clipped to what it can use, and must be saturated over its whole range; each host's
+    training processes are fitted and judged by that host's load. On a host so
     oversubscribed that the run's processes get less than that, the rule stays silent: CPU-bound
     and sleeping look alike. Free cores are those neither the run nor other processes keep busy.
     """
@@ -58,9 +59,9 @@ class CPUBottleneck(Rule):
             return
         share = wait_share(ctx.steps)
         host_pct = ctx.host_cpu  # all hosts' median
-        starved = bool(np.isfinite(host_pct) and host_pct >= p["host_busy"])
 
-        def saturated(cpu: float) -> bool:
+        def saturated(cpu: float, host: str) -> bool:
+            starved = ctx.host_full(host, p["host_busy"])
             return np.isfinite(cpu) and (cpu >= p["busy"] or (starved and cpu >= p["busy"] / 2))
 
         evidence: dict[str, float | int | str] = {
@@ -115,9 +116,15 @@ class CPUBottleneck(Rule):
             )
             return
 
-        loading, computing = ctx.main_cpu_split
-        low, high = ctx.main_cpu_waiting_range
-        if waiting and workers < 0.5 and saturated(loading) and saturated(low):
+        several = len(ctx.rank_hosts) > 1
+        loader = None
+        if waiting and workers < 0.5:  # the host where the training processes load, saturated
+            loader = _saturated_host(ctx, lambda h: ctx.main_cpu_waiting_range(h)[0], saturated)
+        if loader is not None:
+            (loading, computing), (low, high) = (
+                ctx.main_cpu_split(loader),
+                ctx.main_cpu_waiting_range(loader),
+            )
             evidence |= {
                 "role": "main",
                 "main_cpu_while_waiting_pct": round(loading, 1),
@@ -125,14 +132,19 @@ class CPUBottleneck(Rule):
                 "main_cpu_while_computing_pct": round(computing, 1)
                 if np.isfinite(computing)
                 else "n/a",
-            }
+            } | _host_evidence(ctx, loader, several)
+            who = (
+                f"the training processes on {loader} run at {loading:.0f}% CPU each "
+                f"({low:.0f}-{high:.0f}%) while their"
+                if several
+                else f"the training process runs at {loading:.0f}% CPU ({low:.0f}-{high:.0f}%) "
+                "while its"
+            )
             yield self.warning(
                 title="CPU-bound training process: it decodes and augments the data itself",
                 evidence=evidence,
                 recommendation=(
-                    f"With num_workers=0 the training process runs at {loading:.0f}% CPU "
-                    f"({low:.0f}-{high:.0f}%) while its "
-                    f"steps wait {fmt_pct(share)} of the time for data: move loading to worker "
+                    f"With num_workers=0 {who} steps wait {fmt_pct(share)} of the time for data: move loading to worker "
                     "processes (DataLoader num_workers > 0, see DataLoaderBottleneck for the count)."
                 ),
                 est_speedup=speedup,
@@ -141,14 +153,21 @@ class CPUBottleneck(Rule):
 
         if not ctx.has_gpu:
             return
-        main = ctx.main_cpu
-        if not waiting and saturated(main):
+        launching = _saturated_host(ctx, ctx.main_cpu, saturated)
+        if not waiting and launching is not None:
+            main = ctx.main_cpu(launching)
             evidence |= {"role": "main", "main_cpu_pct": round(main, 1)}
+            evidence |= _host_evidence(ctx, launching, several)
+            who = (
+                f"The training processes on {launching} run at {main:.0f}% CPU each"
+                if several
+                else f"The training process runs at {main:.0f}% CPU"
+            )
             yield self.warning(
                 title="CPU-bound training process: Python and kernel-launch overhead starve the GPU",
                 evidence=evidence,
                 recommendation=(
-                    f"The training process runs at {main:.0f}% CPU with p95 GPU utilization "
+                    f"{who} with p95 GPU utilization "
                     f"{gpu_p95:.0f}% and little data wait: give the GPU bigger pieces of work "
                     "(larger batch), torch.compile or CUDA graphs, and keep .item()/print calls out "
                     "of the step."
@@ -178,6 +197,27 @@ class CPUBottleneck(Rule):
                     "to its own cores."
                 ),
             )
+
+
+def _saturated_host(
+    ctx: Context, cpu_on: Callable[[str], float], saturated: Callable[[float, str], bool]
+) -> str | None:
+    """The host of training processes whose CPU (`cpu_on(host)`) is saturated there, the
+    busiest if several are; None if none is."""
+    found = [(cpu_on(h), h) for h in ctx.rank_hosts if saturated(cpu_on(h), h)]
+    return max(found)[1] if found else None
+
+
+def _host_evidence(ctx: Context, host: str, several: bool) -> dict[str, float | int | str]:
+    """The evidence that names `host`, its cores and its CPU, where a run has several hosts."""
+    if not several:
+        return {}
+    util = ctx.host_cpu_by_host.get(host, float("nan"))
+    return {
+        "host": host,
+        "cpu_count": ctx.cores_of(host),
+        "host_cpu_p50": round(util, 1) if np.isfinite(util) else "n/a",
+    }
 
 
 def _fewest_free_cores(ctx: Context) -> tuple[str, float, int]:
