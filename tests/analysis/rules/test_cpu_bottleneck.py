@@ -243,9 +243,21 @@ def test_the_sample_reaching_into_the_warm_up_does_not_sway_the_fit() -> None:
 
 
 def test_one_free_core_is_said_in_the_singular() -> None:
-    b = RunBuilder(cpu_count=2).steps([0.1] * 100, waits=0.06).process(2000, "worker", 97.0)
+    b = RunBuilder(cpu_count=4).steps([0.1] * 100, waits=0.06).process(1000, "main", 90.0)
+    b.process(2000, "worker", 97.0).process(2001, "worker", 97.0)
     (f,) = fired(b.build())
-    assert "about 1 core is still free: add loader workers (num_workers=2)" in f.recommendation
+    assert "about 1 core is still free: add loader workers (num_workers=3)" in f.recommendation
+
+
+def test_workers_on_every_core_but_the_training_process_one_are_not_advised_more() -> None:
+    # 15 workers at 90% and a training process at 50% leave 2 of 16 cores idle, but a 17th worker
+    # would take the training process's own core: cut the cost per sample instead.
+    b = RunBuilder(cpu_count=16).steps([0.1] * 100, waits=0.06).process(1000, "main", 50.0)
+    for w in range(15):
+        b.process(2000 + w, "worker", 90.0)
+    (f,) = fired(b.build())
+    assert "every core but one per training process" in f.recommendation
+    assert "num_workers" not in f.recommendation and "pre-resized shards" in f.recommendation
 
 
 def _full_host(workers: int, worker_cpu: float, main_cpu: float = 10.0):

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from rule_runs import RunBuilder, healthy
 
 from gpufeed.analysis.rules import run_rules
 
+RULE = "DataLoaderBottleneck"
 
-def fired(run, rule="DataLoaderBottleneck", **overrides):
+
+def fired(run, rule=RULE, **overrides):
     return [f for f in run_rules(run, **overrides) if f.rule == rule]
 
 
@@ -49,12 +53,37 @@ def test_idle_workers_point_at_storage_latency_not_cpu(builder: RunBuilder) -> N
     assert "mostly idle" in f.recommendation and "num_workers=4" in f.recommendation
 
 
+def _cpu_bound(cores: int, workers: int, cpu: float, main: float, wait: float = 0.06):
+    """A run on `cores` cores whose steps (100 ms) wait `wait` s for `workers` loader workers
+    at `cpu`% each; its training process runs at `main`%."""
+    b = RunBuilder(cpu_count=cores).steps([0.1] * 100, waits=wait).process(1000, "main", main)
+    for w in range(workers):
+        b.process(2000 + w, "worker", cpu)
+    return b.build()
+
+
 def test_when_cores_run_out_it_says_to_cut_cpu_per_sample() -> None:
-    b = RunBuilder(cpu_count=4).steps([0.1] * 100, waits=0.09).process(1000, "main", 20.0)
-    for w in range(3):
-        b.process(2000 + w, "worker", 99.0)
-    (f,) = fired(b.build())
-    assert "pre-resized shards" in f.recommendation and "num_workers=3" in f.recommendation
+    # 4 cores, one kept by the training process: room for 3 workers where about 20 are needed
+    (f,) = fired(_cpu_bound(4, 2, 99.0, 20.0, wait=0.09))
+    assert "pre-resized shards" in f.recommendation
+    assert "meanwhile set num_workers=3" in f.recommendation
+    (f,) = fired(_cpu_bound(4, 3, 99.0, 20.0, wait=0.09))  # there already: nothing to set
+    assert "more than the 3 the cores leave room for" in f.recommendation
+    assert "set num_workers" not in f.recommendation
+
+
+@pytest.mark.parametrize(
+    "cores, workers, cpu, main",
+    [(8, 2, 97.0, 40.0), (16, 4, 95.0, 60.0), (2, 1, 97.0, 30.0), (16, 15, 90.0, 50.0)],
+)
+def test_both_cpu_rules_advise_the_same_worker_count(
+    cores: int, workers: int, cpu: float, main: float
+) -> None:
+    # Both fire on CPU-bound workers: one number of workers (or none, where the cores run out)
+    found = {f.rule: f.recommendation for f in run_rules(_cpu_bound(cores, workers, cpu, main))}
+    counts = {r: re.findall(r"num_workers=(\d+)", found[r]) for r in ("CPUBottleneck", RULE)}
+    assert counts["CPUBottleneck"] == counts[RULE]
+    assert len(counts[RULE]) <= 1 and all(int(n) > workers for n in counts[RULE])
 
 
 def test_the_worst_rank_is_named(builder: RunBuilder) -> None:

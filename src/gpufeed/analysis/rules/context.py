@@ -9,6 +9,7 @@ seconds).
 
 from __future__ import annotations
 
+import math
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -235,6 +236,41 @@ class Context:
             return False
         together = self.role_cores.get(host, {}).get("worker", 0.0)
         return one >= busy / 2 or together >= self.cores_of(host) / 2
+
+    @cached_property
+    def most_waiting_rank(self) -> pd.DataFrame:
+        """The post-warm-up steps of the rank whose steps wait the largest share of their time
+        for data (the one whose loader falls furthest behind)."""
+        shares = {r: wait_share(g) for r, g in self.steps.groupby("rank")}
+        rank = max(shares, key=shares.__getitem__)
+        return self.steps[self.steps["rank"] == rank]
+
+    def workers_needed(self) -> int:
+        """Loader workers per training process that would end the data wait of
+        `most_waiting_rank`: the workers now scaled by step / compute, at least one more; with
+        none (the training process loads every batch in ~wait s), wait / compute + 1, at least 2."""
+        s = self.most_waiting_rank
+        step, wait = float(s["duration"].mean()), float(s["data_wait"].mean())
+        compute = max(step - wait, 1e-6)
+        workers = self.worker_count
+        if workers < 0.5:
+            return max(2, math.ceil(wait / compute - 1e-9) + 1)
+        return max(round(workers) + 1, math.ceil(workers * step / compute - 1e-9))
+
+    def worker_room(self) -> tuple[str, int]:
+        """(host, workers): the loader workers per training process there are cores for where
+        there are fewest. On each host, its cores per training process less the one that process
+        needs itself, and no more than the workers now plus the host's free cores (`busy_cores`)
+        shared by its training processes; at least 1. Needs steps."""
+        now = round(self.worker_count)
+
+        def room(host: str) -> int:
+            ranks, cores = self.rank_hosts[host], self.cores_of(host)
+            free = cores - self.busy_cores(host)
+            return max(1, min(cores // ranks - 1, now + int(free / ranks)))
+
+        host = min(self.rank_hosts, key=room)
+        return host, room(host)
 
     @cached_property
     def images(self) -> bool:

@@ -30,7 +30,9 @@ class CPUBottleneck(Rule):
     fit, clipped to what it can use, and must be saturated over its whole range; each host's
     training processes are fitted and judged by that host's load. On a host so
     oversubscribed that the run's processes get less than that, the rule stays silent: CPU-bound
-    and sleeping look alike. Free cores are those neither the run nor other processes keep busy.
+    and sleeping look alike. Free cores are those neither the run nor other processes keep busy;
+    the workers it advises are DataLoaderBottleneck's count (`Context.workers_needed`, capped by
+    `Context.worker_room`), so the two rules never name two numbers.
     """
 
     id = "CPUBottleneck"
@@ -77,7 +79,8 @@ class CPUBottleneck(Rule):
 
         bound = any(ctx.workers_cpu_bound(h, p["busy"], p["host_busy"]) for h in ctx.rank_hosts)
         if waiting and workers >= 0.5 and bound:
-            host, free, ranks = _fewest_free_cores(ctx)
+            host, room = ctx.worker_room()
+            free, now = ctx.cores_of(host) - ctx.busy_cores(host), round(workers)
             cores, used = ctx.cores_of(host), ctx.role_cores.get(host, {}).get("worker", 0.0)
             outside = ctx.outside_cores(host)
             on = f" on {host}" if len(ctx.rank_hosts) > 1 else ""
@@ -94,9 +97,17 @@ class CPUBottleneck(Rule):
                 evidence["host_cpu_p50"] = round(ctx.host_cpu_by_host[host], 1)
             if outside >= 0.5:
                 evidence["outside_cores"] = round(outside, 2)
-            more = max(1, int(free / ranks))  # the host's free cores, shared by its ranks
-            if free >= 1:
-                advice = f"about {free:.0f} {'core is' if round(free) == 1 else 'cores are'} still free{on}: add loader workers (num_workers={round(workers) + more})"
+            if room > now:  # the workers DataLoaderBottleneck sizes, as far as cores allow
+                cores_free = f"{free:.0f} {'core is' if round(free) == 1 else 'cores are'}"
+                advice = (
+                    f"about {cores_free} still free{on}: add loader workers "
+                    f"(num_workers={min(ctx.workers_needed(), room)})"
+                )
+            elif free >= 1:
+                advice = (
+                    f"the workers already have every core{on} but one per training process, which "
+                    f"keeps it for its own work: cut the CPU cost per sample ({ctx.cut_cost()})"
+                )
             elif outside >= 0.5:
                 advice = (
                     f"no cores are left{on}, and processes outside the run keep {outside:.1f} of "
@@ -218,18 +229,6 @@ def _host_evidence(ctx: Context, host: str, several: bool) -> dict[str, float | 
         "cpu_count": ctx.cores_of(host),
         "host_cpu_p50": round(util, 1) if np.isfinite(util) else "n/a",
     }
-
-
-def _fewest_free_cores(ctx: Context) -> tuple[str, float, int]:
-    """(host, its free cores, its ranks) for the host whose ranks have the fewest free cores each:
-    there, adding workers to every rank first runs out (one host: that host). Needs steps."""
-    hosts = ctx.rank_hosts
-
-    def free(host: str) -> float:
-        return ctx.cores_of(host) - ctx.busy_cores(host)
-
-    host = min(hosts, key=lambda h: free(h) / hosts[h])
-    return host, free(host), hosts[host]
 
 
 def _busiest_outside(ctx: Context, host_busy: float) -> tuple[str, float, float, float] | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -45,11 +44,11 @@ class DataLoaderBottleneck(Rule):
         if len(ctx.steps) < p["min_steps"]:
             return
         shares = {r: wait_share(g) for r, g in ctx.steps.groupby("rank")}
-        rank = max(shares, key=lambda r: shares[r])
+        s = ctx.most_waiting_rank
+        rank = s["rank"].iloc[0]
         share = shares[rank]
         if share < p["threshold"]:
             return
-        s = ctx.steps[ctx.steps["rank"] == rank]
         step = float(s["duration"].mean())
         wait = float(s["data_wait"].mean())
         host = str(s["host"].iloc[0])
@@ -78,8 +77,7 @@ class DataLoaderBottleneck(Rule):
             severity="critical" if share >= p["critical"] else "warning",
             title=f"Input pipeline: steps wait {fmt_pct(share)} of the time for data",
             evidence=evidence,
-            recommendation=_recommend(ctx, p, host, step, wait, compute, share)
-            + _period_note(period),
+            recommendation=_recommend(ctx, p, host, step, wait, share) + _period_note(period),
             est_speedup=round(speedup_without(s, s["data_wait"]), 3),
         )
 
@@ -100,11 +98,11 @@ def _recommend(
     host: str,
     step: float,
     wait: float,
-    compute: float,
     share: float,
 ) -> str:
     cores = ctx.cores_of(host)
-    budget = max(1, ctx.cores_per_rank - 1)  # cores per rank left after its training process
+    budget = ctx.worker_room()[1]  # as CPUBottleneck counts the cores left for workers
+    need = ctx.workers_needed()
     workers = ctx.worker_count
     why = f"data wait is {fmt_pct(share)} of step time ({1e3 * wait:.0f} of {1e3 * step:.0f} ms)"
     gpu_tail = (
@@ -113,8 +111,6 @@ def _recommend(
         else ""
     )
     if workers < 0.5:
-        # The training process loads each batch itself in ~`wait` s; N workers deliver N per `wait`.
-        need = max(2, math.ceil(wait / compute) + 1)
         n = min(need, budget)
         text = (
             f"Set num_workers={n} in the DataLoader (now 0: the training process loads every batch "
@@ -127,7 +123,6 @@ def _recommend(
             )
         return text + gpu_tail
     now = round(workers)
-    need = max(now + 1, math.ceil(workers * step / compute))
     wcpu = ctx.worker_cpu
     host_busy = ctx.rule_params(CPUBottleneck)["host_busy"]
     bound = ctx.workers_cpu_bound(host, p["busy_worker_cpu"], host_busy)
@@ -149,16 +144,18 @@ def _recommend(
             f"{why.capitalize()}.{gpu_tail}"
         )
     if bound:
-        state = f"{now} worker(s) at {wcpu:.0f}% CPU each, {cores} cores"
+        state = f"{workers_at(now, wcpu)}, {cores} cores"
         if need <= budget:
             return f"Set num_workers={need} ({state}): {why}.{gpu_tail}"
+        meanwhile = f"; meanwhile set num_workers={budget}" if budget > now else ""
         return (
             f"The loader workers are CPU-bound ({state}) and about {need} would be needed, more than "
-            f"the {budget} cores left per rank: cut the CPU cost per sample ({ctx.cut_cost()}) or "
-            f"use a host with more cores; meanwhile set num_workers={budget}. {why.capitalize()}.{gpu_tail}"
+            f"the {budget} the cores leave room for per training process: cut the CPU cost per "
+            f"sample ({ctx.cut_cost()}) or use a host with more cores{meanwhile}. "
+            f"{why.capitalize()}.{gpu_tail}"
         )
     return (
-        f"The {now} loader worker(s) are mostly idle ({wcpu:.0f}% CPU each), so they wait on storage "
+        f"The loader workers are mostly idle ({workers_at(now, wcpu)}), so they wait on storage "
         f"or latency rather than CPU: set num_workers={need} and prefetch_factor=4, and read "
         + (
             "large sequential shards (`gpufeed pack`) instead of many small files"
