@@ -155,8 +155,9 @@ class CPUBottleneck(Rule):
                 title="CPU-bound training process: it decodes and augments the data itself",
                 evidence=evidence,
                 recommendation=(
-                    f"With num_workers=0 {who} steps wait {fmt_pct(share)} of the time for data: move loading to worker "
-                    "processes (DataLoader num_workers > 0, see DataLoaderBottleneck for the count)."
+                    f"With num_workers=0 {who} steps wait {fmt_pct(share)} of the time for data: "
+                    "move loading to worker processes (DataLoader num_workers > 0, see "
+                    "DataLoaderBottleneck for the count)."
                 ),
                 est_speedup=speedup,
             )
