@@ -138,3 +138,23 @@ def test_a_tune_result_prints_itself_with_rich():
     assert "gpufeed tune: data[1]" in out and "← best" in out and "×3.00" in out
     assert "settings written to gpufeed-tune.json" in out
     assert note in out
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_the_result_fits_an_80_column_terminal_without_cutting_a_figure(gpu: bool):
+    from rich.console import Console
+
+    from gpufeed.advise.tune import Trial, TuneResult
+
+    trials = [
+        Trial(256, 15, 2, "cpu", 2394.6, "default", spread=0.02),
+        Trial(512 if gpu else 256, 15, 8, "gpu" if gpu else "cpu", 12919.7, spread=0.24),
+    ]
+    console = Console(record=True, width=80)
+    console.print(TuneResult("/data/train", "cuda", 224, trials))
+    out = console.export_text()
+    assert "…" not in out and max(map(len, out.splitlines())) <= 80
+    assert "2,395" in out and "12,920" in out and "±12%" in out and "×5.40" in out
+    assert "default" in out and "← best" in out
+    # a setting every trial shares is said once, above the table
+    assert ("· batch 256 · preprocess cpu" in out) is not gpu

@@ -276,7 +276,7 @@ def _search(
             return True
         return False
 
-    base = Trial(batch_size, default_workers(), 2, "cpu", note="Loader defaults")
+    base = Trial(batch_size, default_workers(), 2, "cpu", note="default")
     if run(base):
         return
     for n in _worker_counts(cores):
@@ -307,6 +307,7 @@ def _search(
 
 def _render(result: TuneResult) -> Group:
     """`TuneResult.__rich__`: what `gpufeed tune` prints at the end."""
+    from rich import box
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -314,34 +315,40 @@ def _render(result: TuneResult) -> Group:
     parts: list[Any] = []
 
     best = result.best
+    trials = result.trials
+    # a setting no trial changed goes in the title, so the table fits an 80-column terminal
+    fixed = {
+        name: values.pop()
+        for name, values in (
+            ("batch", {t.batch_size for t in trials}),
+            ("preprocess", {t.preprocess for t in trials}),
+        )
+        if len(values) == 1
+    }
+    title = f"gpufeed tune: {result.data}" + "".join(f" · {k} {v}" for k, v in fixed.items())
     # run strings (paths, error messages in the notes) are Text, never read as markup
-    table = Table(title=Text(f"gpufeed tune: {result.data}"), title_justify="left")
-    cols = (
-        "#",
-        "workers",
-        "prefetch",
-        "preprocess",
-        "batch",
-        "images/s",
-        "spread",
-        "vs default",
-        "",
-    )
+    parts.append(Text(title))  # as wide as the terminal, not the table
+    table = Table(box=box.SIMPLE_HEAVY, show_edge=False, collapse_padding=True)
+    cols = ["#", "workers", "prefetch", "preprocess", "batch", "images/s", "±", "speedup"]
+    cols = [c for c in cols if c not in fixed]
     for col in cols:
-        table.add_column(col, justify="right" if col not in ("preprocess", "") else "left")
-    for i, t in enumerate(result.trials, 1):
-        style = "bold green" if t is best else None
+        table.add_column(col, justify="left" if col == "preprocess" else "right", no_wrap=True)
+    table.add_column("", no_wrap=True)  # "default" (the row speedups compare with), "← best"
+    for i, t in enumerate(trials, 1):
+        cells = {
+            "#": str(i),
+            "workers": str(t.num_workers),
+            "prefetch": str(t.prefetch),
+            "preprocess": t.preprocess,
+            "batch": str(t.batch_size),
+            "images/s": f"{t.images_per_s:,.0f}",
+            "±": f"±{t.spread / 2:.0%}" if math.isfinite(t.spread) else "–",
+            "speedup": f"×{t.images_per_s / result.default.images_per_s:.2f}",
+        }
         table.add_row(
-            str(i),
-            str(t.num_workers),
-            str(t.prefetch),
-            t.preprocess,
-            str(t.batch_size),
-            f"{t.images_per_s:,.1f}",
-            f"±{t.spread / 2:.0%}" if math.isfinite(t.spread) else "–",
-            f"×{t.images_per_s / result.default.images_per_s:.2f}",
+            *(cells[c] for c in cols),
             Text(t.note + (" ← best" if t is best else "")),
-            style=style,
+            style="bold green" if t is best else None,
         )
     parts.append(table)
     if result.model_images_per_s is not None:
