@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 
 from rich.console import Console
 
@@ -27,7 +28,7 @@ def test_show_prints_phases_throughput_and_percentiles(make_run):
     for part in ("Phases", "initialization", "training", "finalization", "Training steps"):
         assert part in out
     assert "1.00" in out and "16.0" in out  # steps/s and samples/s
-    assert "25.0% of step time" in out
+    assert "25.0%" in out and "data wait: its share of step time" in out
     assert "cpu.util" in out and "100.0" in out  # max of 0..100
     assert "gpu." not in out and "NVML unavailable" in out
 
@@ -75,6 +76,20 @@ def test_ls_lists_runs_newest_first(make_run, tmp_path):
     assert first.name in out and "unfinished" in out
 
 
+def test_ls_in_80_columns_keeps_every_column_and_cuts_only_the_command(make_run, tmp_path):
+    argv = ["python", "-m", "trainer.main", "--config", "configs/resnet50.yaml", "--epochs", "90"]
+    run = make_run(meta={"command": argv, "exit_code": 3})
+    narrow = Console(record=True, width=80)
+    list_runs(tmp_path, console=narrow)
+    out = narrow.export_text()
+    assert max(map(len, out.splitlines())) <= 80
+    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(1000.0))  # to the minute
+    assert run.name in out and started in out and "100.00 s" in out and "│    3 │" in out
+    assert "python -m" in out and "…" in out
+    # a wide terminal shows the whole command, past the 60 characters it was once cut to
+    assert len(" ".join(argv)) > 60 and " ".join(argv) in _text(list_runs, tmp_path)
+
+
 def test_ls_of_an_empty_folder_says_how_to_make_a_run(tmp_path):
     assert "gpufeed profile" in _text(list_runs, tmp_path)
 
@@ -96,3 +111,12 @@ def test_ls_sorts_by_start_time_not_by_folder_time(make_run, tmp_path):
     os.utime(late / "meta.json", (1, 1))  # written long ago, e.g. copied with an old mtime
     runs = list_runs(tmp_path, console=Console(record=True, width=200))
     assert runs == [late, early]
+
+
+def test_the_training_steps_fit_an_80_column_terminal(make_run):
+    console = Console(record=True, width=80)
+    show(make_run(system=CPU, ranks=STEPS), console=console)
+    out = console.export_text()
+    table = out[out.index("Training steps") : out.index("data wait: its share")]
+    assert "…" not in table and max(map(len, table.splitlines())) <= 80
+    assert "│    10 │     1 │    1.00 │      16.0 │" in table and "25.0% │" in table

@@ -92,9 +92,14 @@ def print_run(run: Run, findings: list[Finding], console: Console | None = None)
             "[yellow]No training steps were recorded[/yellow] (no optimizer step, no gpufeed.step())."
         )
     else:
-        table = Table(title="Training steps", title_justify="left")
+        table = Table(
+            title="Training steps",
+            title_justify="left",
+            caption="data wait: its share of step time (a step includes its wait)",
+            caption_justify="left",
+        )
         for col in ("steps", "ranks", "steps/s", "samples/s", "step p50", "step p95", "data wait"):
-            table.add_column(col, justify="right")
+            table.add_column(col, justify="right", no_wrap=True)
         table.add_row(
             str(s["steps"]),
             str(s["ranks"]),
@@ -102,9 +107,7 @@ def print_run(run: Run, findings: list[Finding], console: Console | None = None)
             number(s["samples_per_s"], 1),
             _seconds(s["step_p50"]),
             _seconds(s["step_p95"]),
-            _percent(s["data_wait_share"]) + " of step time"
-            if math.isfinite(s["data_wait_share"])
-            else "unknown",
+            _percent(s["data_wait_share"]) if math.isfinite(s["data_wait_share"]) else "unknown",
         )
         console.print(table)
         if math.isfinite(s["forward_share"]):
@@ -219,24 +222,32 @@ def print_runs(
             emoji=False,
         )
         return
-    table = Table(title=_text(f"Runs in {base}"), title_justify="left")
-    table.add_column("run", no_wrap=True)
-    table.add_column("started", no_wrap=True)
-    table.add_column("duration", justify="right")
-    table.add_column("exit", justify="right")
-    table.add_column("command", overflow="ellipsis", no_wrap=True)
+    rows = []
     for run_dir, meta in metas.items():
         start, end = finite(meta.get("start_time")), finite(meta.get("end_time"))
-        started = _clock(start)
-        duration = _seconds(end - start) if start and end else "[yellow]unfinished[/yellow]"
         code = meta.get("exit_code")
-        table.add_row(
-            _text(run_dir.name),
-            started,
-            duration,
-            "" if code is None else _text(code),
-            _text(_visible(_command_line(meta))[:60]),
+        rows.append(
+            (
+                run_dir.name,
+                _clock(start, seconds=False),  # the run's name has the seconds
+                _seconds(end - start) if start and end else "unfinished",
+                "" if code is None else str(code),
+                _visible(_command_line(meta)),
+            )
         )
+    heads = ("run", "started", "duration", "exit", "command")
+    # every column but the command keeps its width; the command gets what is left of the line
+    fixed = sum(max(len(h), *(len(r[i]) for r in rows)) + 3 for i, h in enumerate(heads[:-1]))
+    table = Table(title=_text(f"Runs in {base}"), title_justify="left")
+    for head in heads[:-1]:
+        right = head in ("duration", "exit")
+        table.add_column(head, justify="right" if right else "left", no_wrap=True)
+    room = max(len("command"), console.width - fixed - 4)
+    table.add_column("command", overflow="ellipsis", no_wrap=True, max_width=room)
+    for run, started, duration, code, command in rows:
+        if duration == "unfinished":
+            duration = "[yellow]unfinished[/yellow]"
+        table.add_row(_text(run), started, duration, _text(code), _text(command))
     console.print(table)
 
 
@@ -280,9 +291,10 @@ def _gpu_name(gpu: Any) -> str:
     return str(gpu.get("name", "?")) if isinstance(gpu, dict) else str(gpu)
 
 
-def _clock(epoch: float | None) -> str:
+def _clock(epoch: float | None, seconds: bool = True) -> str:
+    fmt = "%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M"
     try:
-        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch)) if epoch else "?"
+        return time.strftime(fmt, time.localtime(epoch)) if epoch else "?"
     except (OverflowError, OSError, ValueError):
         return "?"
 
