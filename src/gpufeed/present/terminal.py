@@ -226,28 +226,27 @@ def print_runs(
     for run_dir, meta in metas.items():
         start, end = finite(meta.get("start_time")), finite(meta.get("end_time"))
         code = meta.get("exit_code")
+        duration = _seconds(end - start) if start and end else None
         rows.append(
             (
-                run_dir.name,
-                _clock(start, seconds=False),  # the run's name has the seconds
-                _seconds(end - start) if start and end else "unfinished",
-                "" if code is None else str(code),
-                _visible(_command_line(meta)),
+                _text(run_dir.name),
+                Text(_clock(start, seconds=False)),  # the run's name has the seconds
+                Text(duration) if duration else Text("unfinished", style="yellow"),
+                Text("" if code is None else str(code)),
+                _text(_visible(_command_line(meta))),
             )
         )
-    heads = ("run", "started", "duration", "exit", "command")
+    heads = ("run", "started", "duration", "exit")
     # every column but the command keeps its width; the command gets what is left of the line
-    fixed = sum(max(len(h), *(len(r[i]) for r in rows)) + 3 for i, h in enumerate(heads[:-1]))
+    fixed = sum(max(len(h), *(r[i].cell_len for r in rows)) + 3 for i, h in enumerate(heads))
     table = Table(title=_text(f"Runs in {base}"), title_justify="left")
-    for head in heads[:-1]:
+    for head in heads:
         right = head in ("duration", "exit")
         table.add_column(head, justify="right" if right else "left", no_wrap=True)
     room = max(len("command"), console.width - fixed - 4)
     table.add_column("command", overflow="ellipsis", no_wrap=True, max_width=room)
-    for run, started, duration, code, command in rows:
-        if duration == "unfinished":
-            duration = "[yellow]unfinished[/yellow]"
-        table.add_row(_text(run), started, duration, _text(code), _text(command))
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
 
 

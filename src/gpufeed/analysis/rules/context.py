@@ -216,6 +216,10 @@ class Context:
         util = self.host_cpu_by_host.get(host, float("nan"))
         return max(ours, util / 100 * self.cores_of(host)) if np.isfinite(util) else ours
 
+    def free_cores(self, host: str) -> float:
+        """Cores of `host` that neither the run nor other processes keep busy."""
+        return self.cores_of(host) - self.busy_cores(host)
+
     def outside_cores(self, host: str) -> float:
         """Cores of `host` kept busy by processes outside the run (0 where not measured)."""
         return self.busy_cores(host) - sum(self.role_cores.get(host, {}).values())
@@ -260,14 +264,15 @@ class Context:
     def worker_room(self) -> tuple[str, int]:
         """(host, workers): the loader workers per training process there are cores for where
         there are fewest. On each host, its cores per training process less the one that process
-        needs itself, and no more than the workers now plus the host's free cores (`busy_cores`)
+        needs itself, and no more than the workers now plus the host's `free_cores`
         shared by its training processes; at least 1. Needs steps."""
         now = round(self.worker_count)
 
         def room(host: str) -> int:
-            ranks, cores = self.rank_hosts[host], self.cores_of(host)
-            free = cores - self.busy_cores(host)
-            return max(1, min(cores // ranks - 1, now + int(free / ranks)))
+            ranks = self.rank_hosts[host]
+            return max(
+                1, min(self.cores_of(host) // ranks - 1, now + int(self.free_cores(host) / ranks))
+            )
 
         host = min(self.rank_hosts, key=room)
         return host, room(host)

@@ -80,7 +80,7 @@ class CPUBottleneck(Rule):
         bound = any(ctx.workers_cpu_bound(h, p["busy"], p["host_busy"]) for h in ctx.rank_hosts)
         if waiting and workers >= 0.5 and bound:
             host, room = ctx.worker_room()
-            free, now = ctx.cores_of(host) - ctx.busy_cores(host), round(workers)
+            free, now = ctx.free_cores(host), round(workers)
             cores, used = ctx.cores_of(host), ctx.role_cores.get(host, {}).get("worker", 0.0)
             outside = ctx.outside_cores(host)
             on = f" on {host}" if len(ctx.rank_hosts) > 1 else ""

@@ -43,10 +43,8 @@ class DataLoaderBottleneck(Rule):
     def check(self, ctx: Context, p: dict[str, Any]) -> Iterator[Finding]:
         if len(ctx.steps) < p["min_steps"]:
             return
-        shares = {r: wait_share(g) for r, g in ctx.steps.groupby("rank")}
         s = ctx.most_waiting_rank
-        rank = s["rank"].iloc[0]
-        share = shares[rank]
+        share = wait_share(s)
         if share < p["threshold"]:
             return
         step = float(s["duration"].mean())
@@ -69,8 +67,8 @@ class DataLoaderBottleneck(Rule):
         period = data_stall_period(s, ctx.rule_params(PeriodicStall))
         if period is not None:
             evidence["stall_period_steps"] = period[0]
-        if len(shares) > 1:
-            evidence["rank"] = int(rank)
+        if ctx.steps["rank"].nunique() > 1:
+            evidence["rank"] = int(s["rank"].iloc[0])
             evidence["mean_share_all_ranks"] = round(wait_share(ctx.steps), 4)
         yield Finding(
             rule=self.id,
