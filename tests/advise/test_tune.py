@@ -4,6 +4,7 @@ an early stop once the loader outruns the model, and a settings file the Loader 
 from __future__ import annotations
 
 import json
+import math
 import time
 import warnings
 from pathlib import Path
@@ -120,6 +121,21 @@ def test_bad_input_exits_2_naming_the_option(args: list[str], message: str):
     res = CliRunner().invoke(app, ["tune", *args])
     assert res.exit_code == 2, res.output
     assert message in res.output.replace("\n", "")
+
+
+def test_one_repeat_shows_no_spread_and_the_file_is_strict_json(shards: Path, tmp_path: Path):
+    out = tmp_path / "tune.json"
+    r = tune(
+        str(shards), batch_size=16, device="cpu", image_size=32, out=out, seconds=0.5, repeats=1
+    )
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    doc = json.loads(out.read_text(), parse_constant=refuse)  # no NaN, which strict parsers refuse
+    assert all(math.isnan(t.spread) for t in r.trials)
+    assert all(t["spread"] is None and t["data_wait_share"] is None for t in doc["trials"])
+    assert [t["images_per_s"] for t in doc["trials"]] == [t.images_per_s for t in r.trials]
 
 
 def test_a_tune_result_prints_itself_with_rich():

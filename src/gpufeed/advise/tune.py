@@ -94,6 +94,7 @@ class TuneResult:
 
     def to_json(self) -> str:
         from gpufeed.hardware import describe, hardware
+        from gpufeed.present.numbers import finite
 
         return json.dumps(
             {
@@ -107,7 +108,11 @@ class TuneResult:
                 "device": self.device,
                 "image_size": self.image_size,
                 "hardware": describe(hardware()),
-                "trials": [asdict(t) for t in self.trials],
+                # strict JSON: a figure not measured (NaN) is null
+                "trials": [
+                    {k: finite(v) if isinstance(v, float) else v for k, v in asdict(t).items()}
+                    for t in self.trials
+                ],
                 "notes": self.notes,
             },
             indent=2,
@@ -267,7 +272,10 @@ def _search(
                 **trial.settings(),
                 images_per_s=median,
                 note=trial.note,
-                spread=(max(rates) - min(rates)) / median if median > 0 else math.nan,
+                # one measurement has no spread to show
+                spread=(max(rates) - min(rates)) / median
+                if median > 0 and len(rates) > 1
+                else math.nan,
                 data_wait_share=statistics.median(waits) if waits else math.nan,
             )
         )
