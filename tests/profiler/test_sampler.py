@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import random
+import statistics
 import subprocess
 import sys
 import time
@@ -11,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from gpufeed.profiler.sampler import Gpus, Sampler, _core_shares
+from gpufeed.profiler.sampler import JITTER, Gpus, Sampler, _core_shares, next_gap
 from gpufeed.profiler.session import ProfileError, hostname, steps_store_path, system_store_path
 from gpufeed.profiler.store import read_store
 
@@ -55,6 +58,24 @@ def test_samples_host_metrics_and_the_process_tree_with_roles(tmp_path, tree):
     busy = [cpu for _, pid, _, cpu, _ in data["processes"] if pid == worker]
     assert max(busy) > 30  # the spinning worker shows up as busy
     assert data["info"]["interval"] == 0.1
+
+
+def test_gaps_between_samples_vary_around_the_interval_so_they_cannot_lock_onto_the_steps():
+    gaps = [next_gap(0.1, random.Random(seed)) for seed in range(2000)]
+    assert all(0.1 * (1 - JITTER) <= g <= 0.1 * (1 + JITTER) for g in gaps)
+    assert abs(statistics.fmean(gaps) - 0.1) < 0.003  # the interval asked for, on average
+    # A loop whose steps take one interval would put the same share of data wait in every sample.
+    assert statistics.pstdev(gaps) > 0.1 * 0.1
+
+
+def test_the_sampler_keeps_those_varied_gaps(tmp_path):
+    sampler = Sampler(tmp_path, os.getpid(), interval=0.05)
+    ticks: list[float] = []
+    real_tick = sampler.tick
+    sampler.tick = lambda: (ticks.append(time.monotonic()), real_tick())  # type: ignore[method-assign]
+    sampler.run(until=lambda: len(ticks) >= 40)
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
+    assert statistics.pstdev(gaps) > 0.005  # fixed 50-ms gaps would vary by scheduling noise only
 
 
 def test_no_nvml_means_no_gpu_rows_and_a_reason():

@@ -8,10 +8,13 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 STEPS = 40
+# ~160 ms of loading per step, well over the 0.1-s sampling interval: samples that hold a step's
+# compute and samples that do not tell loading from computing (at ~1 interval per step they cannot)
+BATCH = 16
 
 
 class HeavyAugment(Dataset):
-    def __init__(self, samples: int = STEPS * 8) -> None:
+    def __init__(self, samples: int = STEPS * BATCH) -> None:
         self.samples = samples
 
     def __len__(self) -> int:
@@ -26,7 +29,7 @@ class HeavyAugment(Dataset):
 
 def main() -> None:
     model, opt = model_and_optimizer()
-    for x, y in DataLoader(HeavyAugment(), batch_size=8, num_workers=0):
+    for x, y in DataLoader(HeavyAugment(), batch_size=BATCH, num_workers=0):
         train_step(model, opt, x, y)
 
 

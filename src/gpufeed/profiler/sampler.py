@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import random
 import sys
 import threading
 import time
@@ -31,6 +32,15 @@ from gpufeed.profiler.store import Store
 
 Row = tuple[float, str, str, float]
 _MAX_BUFFERED = 100_000  # sample rows kept for a store that cannot be written just now
+JITTER = 0.25  # each gap between samples is the interval ±25%, see `next_gap`
+
+
+def next_gap(interval: float, rng: random.Random) -> float:
+    """Seconds to the next sample: `interval` on average, varied by ±JITTER so that samples never
+    lock in phase with a loop whose steps take about the interval (every sample would then hold the
+    same share of data wait, and the training process's CPU while waiting could not be told from
+    its CPU while computing)."""
+    return interval * rng.uniform(1 - JITTER, 1 + JITTER)
 
 
 class Gpus:
@@ -127,7 +137,8 @@ def compute_capability(nvml: Any, handle: Any) -> str | None:
 
 
 class Sampler:
-    """Samples the host and the process tree under `root_pid` every `interval` seconds into a store."""
+    """Samples the host and the process tree under `root_pid` about every `interval` seconds (see
+    `next_gap`) into a store."""
 
     def __init__(self, run_dir: str | Path, root_pid: int, interval: float) -> None:
         self.interval = check_interval(interval)
@@ -167,6 +178,7 @@ class Sampler:
         self._thread: threading.Thread | None = None
         self._cores = _usable_cores()
         self._last_cpu = psutil.cpu_times(percpu=True)  # deltas from here on
+        self._rng = random.Random()
 
     def start(self) -> None:
         """Sample in a background thread until `stop()`."""
@@ -182,7 +194,7 @@ class Sampler:
                 self.tick()
             except Exception as e:  # a bug of ours: this tick is lost, sampling goes on
                 warn_once("sampler", f"system sample failed ({type(e).__name__}: {e})")
-            next_t += self.interval
+            next_t += next_gap(self.interval, self._rng)
             delay = next_t - time.monotonic()
             if delay < 0:  # fell behind (a slow NVML call): skip, do not burst
                 next_t, delay = time.monotonic(), 0

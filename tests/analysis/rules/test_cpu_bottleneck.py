@@ -232,7 +232,7 @@ def test_outside_load_is_judged_on_each_host_with_its_own_cores() -> None:
 
 
 def test_the_sample_reaching_into_the_warm_up_does_not_sway_the_fit() -> None:
-    # As the cpu_transform scenario: a full core while loading (100 of 122 ms per step), asleep
+    # A cpu_transform-like loop: a full core while loading (100 of 122 ms per step), asleep
     # otherwise. The first sample of the steady state also covers the end of the warm-up, whose
     # waits the steady state does not list. Counted, that busy sample read as busy computing and
     # pulled the fit to 91% while loading.

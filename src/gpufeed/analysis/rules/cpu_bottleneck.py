@@ -30,7 +30,9 @@ class CPUBottleneck(Rule):
     fit, clipped to what it can use, and must be saturated over its whole range; each host's
     training processes are fitted and judged by that host's load. On a host so
     oversubscribed that the run's processes get less than that, the rule stays silent: CPU-bound
-    and sleeping look alike. Free cores are those neither the run nor other processes keep busy;
+    and sleeping look alike. So it does where the samples hold about the same share of data wait
+    each (steps about one sampling interval long, with little compute in them): waiting cannot be
+    told from computing. Free cores are those neither the run nor other processes keep busy;
     the workers it advises are DataLoaderBottleneck's count (`Context.workers_needed`, capped by
     `Context.worker_room`), so the two rules never name two numbers.
     """
