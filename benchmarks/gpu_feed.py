@@ -1,8 +1,9 @@
 """Does the GPU wait? The same ResNet training loop fed by every input pipeline, side by side, on one
 CUDA GPU: synthetic batches (the ceiling), the classic torchvision ImageFolder + DataLoader, gpufeed
 on CPU workers (full-size and pre-resized shards), gpufeed with GPU decoding (nvJPEG through
-torchvision, NVIDIA DALI's decoder: `Loader(decoder="dali")`, and nvImageCodec's), and NVIDIA
-DALI's own reader pipeline; at augmentation loads 1 and 12 (L × (hflip, vflip, rotation)). Rows
+torchvision, NVIDIA DALI's decoder: `Loader(decoder="dali")`, and nvImageCodec's), gpufeed with
+the CPU workers decoding and the GPU doing the rest of the augmentation (`decoder="workers"`), and
+NVIDIA DALI's own reader pipeline; at augmentation loads 1 and 12 (L × (hflip, vflip, rotation)). Rows
 that need DALI run where `nvidia.dali` imports; rows that cannot run are skipped, saying why.
 
 Each pipeline trains in its own fresh process, so its first epoch includes its own start-up and
@@ -13,7 +14,8 @@ the first epoch (pipeline start included) and the data-wait share. Also the load
 Run (one command, on a CUDA machine): python benchmarks/gpu_feed.py --out benchmarks/results/gpu-feed
 Options: --images 8192 --batch-size 256 --workers (cores-1) --loads 1 12 --epochs 4 --model resnet50
 `--smoke`: a few images, ResNet-18 on 64×64, one load, two epochs; without CUDA it runs on the CPU the rows
-that can (synthetic, gpufeed with DALI's CPU decoder) and says why it skips the others.
+that can (synthetic, gpufeed with DALI's CPU decoder or with `decoder="workers"`) and says why it
+skips the others.
 `--only NAME ...` runs the pipelines whose names contain one of the NAMEs; with the `--out` of an
 earlier call it adds (or replaces) those rows beside the earlier ones, so a run that does not fit
 in one call can be finished by the next (shares use the synthetic row, whichever call made it).
@@ -392,6 +394,20 @@ def pipelines(full: Path, small: Path, loads: list[int]) -> list[tuple[str, dict
                     "needs": ["cuda", "nvimgcodec"],
                 },
             ),
+            (
+                f"gpufeed GPU (workers decode) L={load}",
+                {**gpufeed, "load": load, "preprocess": "gpu", "decoder": "workers"},
+            ),
+            (
+                f"gpufeed GPU (workers decode) resized-256 L={load}",
+                {
+                    **gpufeed,
+                    "load": load,
+                    "shards": str(small),
+                    "preprocess": "gpu",
+                    "decoder": "workers",
+                },
+            ),
             (f"DALI L={load}", {"kind": "dali", "load": load, "needs": ["cuda", "dali"]}),
         ]
     alone = {**gpufeed, "load": 1, "loader_only": True}
@@ -422,7 +438,7 @@ def pipelines(full: Path, small: Path, loads: list[int]) -> list[tuple[str, dict
     return runs
 
 
-SMOKE_CPU = ("synthetic", "DALI decode")  # the rows --smoke runs on a CPU
+SMOKE_CPU = ("synthetic", "DALI decode", "workers decode")  # the rows --smoke runs on a CPU
 
 
 def skip_reason(cfg: dict[str, Any], have: dict[str, bool]) -> str | None:

@@ -90,3 +90,38 @@ def test_a_missing_or_empty_folder_is_refused_by_name(tmp_path: Path):
     (tmp_path / "empty" / "a").mkdir(parents=True)
     with pytest.raises(ValueError, match="no images found"):
         NaiveImageFolder(tmp_path / "empty")
+
+
+def test_fewer_images_than_one_batch_is_refused_with_the_counts(folder: Path):
+    with pytest.raises(ValueError, match=r"has 12 images, fewer than one batch of 16: lower"):
+        naive_loader(folder, batch_size=16)
+
+
+def test_only_image_files_are_items_as_in_imagefolder(tmp_path: Path):
+    root = make_image_folder(tmp_path / "imgs", 4, 2, short_side=(40, 60))
+    (root / "class_000" / "README.txt").write_text("not an image")
+    (root / "class_001" / "labels.csv").write_text("a,b\n")
+    ds = NaiveImageFolder(root)
+    assert len(ds) == 4 and all(p.endswith(".jpg") for p, _ in ds.items)
+
+
+def test_an_unreadable_image_is_an_error_naming_the_file_and_the_fix(tmp_path: Path):
+    root = make_image_folder(tmp_path / "imgs", 2, 1, short_side=(40, 60))
+    bad = sorted(root.glob("*/*.jpg"))[0]
+    bad.write_bytes(b"\xff\xd8 cut short")
+    ds = NaiveImageFolder(root, Augment(size=(16, 16)))
+    i = [p for p, _ in ds.items].index(str(bad))
+    with pytest.raises(ValueError, match=r"not a readable image \(UnidentifiedImageError\)") as e:
+        ds[i]
+    assert str(e.value).startswith(f"{bad}: ") and f"gpufeed pack {root} DST" in str(e.value)
+
+
+def test_a_list_file_is_read_whole_whatever_its_names_end_with(tmp_path: Path):
+    root = make_image_folder(tmp_path / "imgs", 2, 1, short_side=(40, 60))
+    renamed = []
+    for i, p in enumerate(sorted(root.glob("*/*.jpg"))):
+        renamed.append(p.rename(p.with_name(f"photo{i}")))
+    (tmp_path / "list.txt").write_text("".join(f"{p} 0\n" for p in renamed))
+    assert [p for p, _ in NaiveImageFolder(tmp_path / "list.txt").items] == [
+        str(p) for p in renamed
+    ]

@@ -174,3 +174,15 @@ def test_the_result_fits_an_80_column_terminal_without_cutting_a_figure(gpu: boo
     assert "default" in out and "← best" in out
     # a setting every trial shares is said once, above the table
     assert ("· batch 256 · preprocess cpu" in out) is not gpu
+
+
+def test_tuning_on_a_folder_names_the_sampled_images_it_left_out(tmp_path: Path):
+    images = make_image_folder(tmp_path / "imgs", 16, 2, short_side=(64, 96))
+    bad = sorted(images.glob("*/*.jpg"))[-1]
+    bad.write_bytes(b"")
+    r = tune(
+        str(images), batch_size=4, device="cpu", image_size=32, out=None, seconds=0.3, repeats=1
+    )
+    assert r.trials
+    left_out = [n for n in r.notes if "left out" in n]
+    assert len(left_out) == 1 and str(bad) in left_out[0] and "empty file" in left_out[0]

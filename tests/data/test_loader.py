@@ -482,6 +482,73 @@ def test_gpu_preprocess_on_cpu_gives_the_batches_of_the_cpu_path(
     torch.testing.assert_close(out["gpu"][3][0], want, atol=1e-5, rtol=0)
 
 
+# --- preprocess="gpu", decoder="workers": workers decode and crop, the device warps -------------
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_workers_decoding_for_the_device_gives_the_batches_of_the_cpu_path(
+    shards: Path, make: MakeLoader, num_workers: int
+):
+    """Workers hand over the first warp's uint8 result and the later warps' matrices; the device
+    stage applies those: the CPU path's batch up to the one uint8 rounding after the first warp."""
+    out = {}
+    for mode, decoder in (("cpu", "auto"), ("gpu", "workers")):
+        loader = make(
+            shards,
+            8,
+            num_workers=num_workers,
+            augment=AUG,
+            preprocess=mode,
+            decoder=decoder,
+            seed=1,
+        )
+        loader.set_epoch(2)
+        out[mode] = _batches(loader)
+        st = loader.stats()
+        assert (st["preprocess"], st["decoder"]) == (mode, "libjpeg-turbo (CPU workers)")
+    assert [y for _, y in out["cpu"]] == [y for _, y in out["gpu"]]
+    for (xc, _), (xg, _) in zip(out["cpu"], out["gpu"], strict=True):
+        assert xc.shape == xg.shape and xg.dtype == torch.float32
+        assert (xc - xg).abs().max() <= UINT8_TOL
+    # the device stage did warp: the workers' first pass alone is another batch
+    first_only = make(
+        shards, 8, num_workers=num_workers, augment=Augment.load_factor(1, size=(32, 32)), seed=1
+    )
+    first_only.set_epoch(2)
+    assert (out["gpu"][0][0] - _batches(first_only)[0][0]).abs().max() > 0.5
+
+
+def test_the_slot_carries_one_matrix_per_warp_after_the_first(shards: Path, make: MakeLoader):
+    for aug, columns in (
+        (Augment.load_factor(3, size=(16, 16)), 12),
+        (Augment.load_factor(3, size=(16, 16), fused=True), 0),
+        (Augment.load_factor(1, size=(16, 16)), 0),
+        (Augment(size=(16, 16), train=False), 0),
+    ):
+        spec = make(
+            shards, 4, num_workers=0, preprocess="gpu", decoder="workers", augment=aug
+        ).spec()
+        assert (spec.handoff, spec.param_columns) == ("first_pass", columns)
+        assert spec.slot_bytes == spec.image_bytes + 8 * 4 + 8 * 4 * columns
+
+
+def test_with_workers_decoding_a_corrupt_image_leaves_the_others_their_warps(
+    corrupt_shards: Path, make: MakeLoader
+):
+    aug = Augment.load_factor(2, size=(16, 16))
+    got = {}
+    for mode, decoder in (("cpu", "auto"), ("gpu", "workers")):
+        loader = make(
+            corrupt_shards, 4, num_workers=2, preprocess=mode, decoder=decoder, augment=aug
+        )
+        got[mode] = _batches(loader)
+        assert loader.stats()["corrupt"] == 1
+    bad = _bad_batch(corrupt_shards, 2)
+    (xc, yc), (xg, yg) = got["cpu"][bad], got["gpu"][bad]
+    assert yc == yg and len(yg) == 3
+    assert (xc - xg).abs().max() <= 0.5 / 255 / min(aug.std) + 1e-4
+
+
 # --- corrupt samples ----------------------------------------------------------------------------
 
 
@@ -805,6 +872,22 @@ def test_gpu_preprocess_on_cuda_delivers_device_batches(shards: Path, make: Make
     torch.testing.assert_close(xg.std((0, 2, 3)), xc.std((0, 2, 3)), atol=0.05, rtol=0)
 
 
+@gpu
+@needs_cuda
+def test_workers_decoding_for_cuda_matches_the_cpu_batches(shards: Path, make: MakeLoader):
+    out = {}
+    for device, mode in (("cpu", "cpu"), ("cuda", "gpu")):
+        loader = make(
+            shards, 8, num_workers=2, augment=AUG, device=device, preprocess=mode,
+            decoder="workers", channels_last=True, seed=1,
+        )  # fmt: skip
+        out[device] = _batches(loader)
+        assert loader.stats()["pinned"] == (device == "cuda")
+    for (xc, yc), (xg, yg) in zip(out["cpu"], out["cuda"], strict=True):
+        assert xg.is_cuda and xg.is_contiguous(memory_format=torch.channels_last) and yc == yg
+        assert (xg.cpu() - xc).abs().max() <= UINT8_TOL + 1e-3  # GPU bilinear: float rounding
+
+
 # --- torchrun -----------------------------------------------------------------------------------
 
 
@@ -890,8 +973,11 @@ def test_a_device_transform_runs_on_the_finished_batch_and_may_change_its_shape(
     assert all(torch.allclose(g, shrink(p)) for g, p in zip(got, plain, strict=True))
 
 
-def test_a_worker_transform_with_gpu_preprocessing_is_a_clear_error(shards: Path, make: MakeLoader):
+@pytest.mark.parametrize("decoder", ["auto", "workers"])
+def test_a_worker_transform_with_gpu_preprocessing_is_a_clear_error(
+    shards: Path, make: MakeLoader, decoder: str
+):
     aug = Augment(size=(16, 16), transform=Invert())
-    loader = make(shards, 8, num_workers=0, preprocess="gpu", augment=aug)
+    loader = make(shards, 8, num_workers=0, preprocess="gpu", decoder=decoder, augment=aug)
     with pytest.raises(ValueError, match=r"transform_on='worker'\) needs preprocess='cpu'"):
         next(iter(loader))

@@ -206,7 +206,7 @@ def test_cli_pack_prints_what_it_wrote(image_folder: Path, tmp_path: Path):
         app, ["pack", str(image_folder), str(tmp_path / "o"), "--workers", "1"]
     )
     assert result.exit_code == 0, result.output
-    assert "wrote 48 images in 1 shards" in result.output
+    assert "wrote 48 images in 1 shard (" in result.output
 
 
 def test_cli_pack_bad_input_exits_2_with_a_message(tmp_path: Path):
@@ -290,7 +290,7 @@ def test_an_unreadable_class_folder_is_listed_and_warned_about(image_folder, as_
     assert done.returncode == 0, done.stderr
     assert f"{src / 'b'}: unreadable folder (Permission denied)" in done.stderr
     assert f"{src / 'b'}: unreadable folder: Permission denied" in done.stdout
-    assert "wrote 1 images" in done.stdout
+    assert "wrote 1 image in 1 shard" in done.stdout
 
 
 def test_nothing_packable_fails_and_leaves_nothing_that_blocks_a_repack(image_folder, tmp_path):

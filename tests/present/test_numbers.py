@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpufeed.present.numbers import cpu_counts
+from gpufeed.present.numbers import count, cpu_counts
 
 
 def test_cores_of_a_run_name_each_host_only_where_the_hosts_differ():
@@ -17,3 +17,10 @@ def test_cores_of_a_run_name_each_host_only_where_the_hosts_differ():
     }
     assert cpu_counts(mixed) == "16 + 16 + 8"
     assert cpu_counts({"hosts": ["a"]}) == "?"
+
+
+def test_a_count_is_singular_for_one_and_plural_otherwise():
+    assert count(1, "step") == "1 step"
+    assert [count(n, "outlier step") for n in (0, 2)] == ["0 outlier steps", "2 outlier steps"]
+    assert count(12345, "image") == "12,345 images"
+    assert [count(n, "class") for n in (1, 2)] == ["1 class", "2 classes"]

@@ -120,3 +120,21 @@ def test_the_training_steps_fit_an_80_column_terminal(make_run):
     table = out[out.index("Training steps") : out.index("data wait: its share")]
     assert "…" not in table and max(map(len, table.splitlines())) <= 80
     assert "│    10 │     1 │    1.00 │      16.0 │" in table and "25.0% │" in table
+
+
+def test_a_long_command_wraps_under_itself_in_80_columns(make_run):
+    argv = [
+        "torchrun",
+        "--nproc_per_node",
+        "8",
+        "train.py",
+        *(f"--option-{i} value-{i}" for i in range(8)),
+    ]
+    console = Console(record=True, width=80)
+    show(make_run(ranks=STEPS, meta={"command": argv}), console=console)
+    lines = console.export_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  command   torchrun"))
+    hosts = next(i for i, line in enumerate(lines) if line.startswith("  hosts     "))
+    assert hosts > at + 1 and max(map(len, lines[: hosts + 1])) <= 80
+    assert all(line.startswith(" " * 12) for line in lines[at + 1 : hosts])  # under the value
+    assert "--option-7 value-7" in "".join(lines[at:hosts])

@@ -33,6 +33,7 @@ from gpufeed.advise.measure import (
 )
 from gpufeed.advise.progress import progress_notes
 from gpufeed.devices import default_device
+from gpufeed.present.numbers import count
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -255,7 +256,10 @@ def alternatives(
         def sample() -> str:
             if not shards:
                 note(f"packing a sample of up to {SAMPLE_IMAGES} images, pre-resized …")
-                shards.append(pack_sample(spec.where, tmp, image_size))
+                packed = pack_sample(spec.where, tmp, image_size)
+                if packed.skipped:
+                    note(packed.left_out())
+                shards.append(packed.shards)
             return str(shards[0])
 
         plans.append(
@@ -350,9 +354,7 @@ def diagnose(
             )
         nw = getattr(loader, "num_workers", workers)
         with cpu_threads_beside(nw, device) as threads:
-            where = (
-                f"{device}, {threads} thread{'s' * (threads != 1)}" if device == "cpu" else device
-            )
+            where = f"{device}, {count(threads, 'thread')}" if device == "cpu" else device
             note(
                 f"measuring the model alone: {model}, batch {loader_rate.batch_shape[0]}, on {where}, "
                 f"{settings.describe()} …"
@@ -402,7 +404,7 @@ def _render(d: Diagnosis) -> Group:
     table.add_row(f"loader alone: {escape(d.loader_desc)}", f"{d.loader.images_per_s:,.1f}")
     table.add_row(
         f"model alone (the ceiling): {escape(d.model)} on {d.device}"
-        + (f" ({d.threads} thread{'s' * (d.threads != 1)})" if d.threads else "")
+        + (f" ({count(d.threads, 'thread')})" if d.threads else "")
         + f", batch {shape}, {d.settings.describe()}",
         f"{d.model_rate.images_per_s:,.1f}",
     )

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpufeed.data.augment import Augment
+from gpufeed.present.numbers import count
 
 if TYPE_CHECKING:
     import torch
@@ -27,11 +28,14 @@ class NaiveImageFolder:
     """`root/<class>/<image>` (or a list file) as (3×H×W float tensor, label) items, decoded per
     item and augmented by `augment` (default: `Augment.load_factor(1)`, the seed experiments').
 
-    A map-style dataset (torch's DataLoader needs only `__len__` and `__getitem__`).
+    A map-style dataset (torch's DataLoader needs only `__len__` and `__getitem__`). Like
+    ImageFolder it reads only the image files of a folder (by extension: `IMAGE_SUFFIXES`, as
+    `gpufeed pack` counts them) and stops at the first one it cannot decode, but with an error that
+    names the file and the fix.
     """
 
     def __init__(self, root: str | os.PathLike[str], augment: Augment | None = None) -> None:
-        from gpufeed.data.packing import PackError, list_inputs
+        from gpufeed.data.packing import IMAGE_SUFFIXES, PackError, list_inputs
 
         self.augment = Augment.load_factor(1) if augment is None else augment
         if self.augment.transform is not None:
@@ -43,7 +47,13 @@ class NaiveImageFolder:
             items, classes, _ = list_inputs(root)
         except PackError as e:
             raise ValueError(str(e)) from None
-        self.items = [(it.path, it.label) for it in items]
+        self.root = str(root)
+        folder = Path(root).is_dir()  # a list file names its images: all of them are read
+        self.items = [
+            (it.path, it.label)
+            for it in items
+            if not folder or Path(it.path).suffix.lower() in IMAGE_SUFFIXES
+        ]
         if not self.items:
             raise ValueError(f"no images found in {root}: expected ROOT/<class>/<image> files")
         self.classes = classes
@@ -59,8 +69,15 @@ class NaiveImageFolder:
 
         aug = self.augment
         path, label = self.items[i]
-        with Image.open(path) as im:
-            img = im.convert("RGB")  # full-size decode, every time
+        try:
+            with Image.open(path) as im:
+                img = im.convert("RGB")  # full-size decode, every time
+        except OSError as e:  # PIL.UnidentifiedImageError, a truncated file, a vanished one
+            why = type(e).__name__ if path in str(e) else f"{type(e).__name__}: {e}"
+            raise ValueError(
+                f"{path}: not a readable image ({why}); remove or replace it "
+                f"(`gpufeed pack {self.root} DST` leaves out and lists every unreadable file)"
+            ) from None
         out_h, out_w = aug.size
         top, left, h, w = self._box(img.height, img.width)
         img = img.resize(
@@ -108,6 +125,11 @@ def naive_loader(
     if not Path(root).exists():
         raise ValueError(f"image folder {root} does not exist")
     dataset = NaiveImageFolder(root, augment)
+    if len(dataset) < batch_size:  # drop_last: not one batch
+        raise ValueError(
+            f"{root} has {count(len(dataset), 'image')}, fewer than one batch of {batch_size}: "
+            "lower the batch size or add images"
+        )
     return torch.utils.data.DataLoader(
         dataset,  # type: ignore[arg-type]
         batch_size=batch_size,

@@ -165,8 +165,11 @@ def tune(
         notes = []
         if spec.kind == "folder":
             note("an image folder: packing a pre-resized sample to tune on …")
-            shards = str(pack_sample(spec.where, Path(tmp), image_size))
+            sample = pack_sample(spec.where, Path(tmp), image_size)
+            shards = str(sample.shards)
             notes.append("tuned on a pre-resized sample of the image folder; pack it to use them")
+            if sample.skipped:
+                notes.append(sample.left_out())
         result = TuneResult(data, device, image_size, [], model, notes=notes)
         if net is not None:
             from gpufeed.advise.measure import measure_model

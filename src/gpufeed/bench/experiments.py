@@ -28,6 +28,7 @@ from gpufeed.bench.workload import (
     synthetic,
     train,
 )
+from gpufeed.present.numbers import count
 
 EXPERIMENTS: dict[str, str] = {
     "augload": "CPU vs GPU preprocessing × augmentation load × model (s/epoch, images/s, efficiency)",
@@ -65,8 +66,8 @@ def _start(cfg: BenchConfig, out_dir: Path, name: str, **params: Any) -> ResultS
         )
     if cfg.device == "cpu":
         res.note(
-            f"No GPU on this machine: the model trains on the CPU with {cfg.threads} torch thread(s), "
-            "leaving the other cores to the loader workers."
+            "No GPU on this machine: the model trains on the CPU with "
+            f"{count(cfg.threads, 'torch thread')}, leaving the other cores to the loader workers."
         )
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     res.params["load_average_at_start"] = round(load, 2)
@@ -352,7 +353,7 @@ def workers(cfg: BenchConfig, out_dir: Path) -> ResultSet:
     sets = {"resize on read": shards(cfg), f"pre-resized to {resize}px": shards(cfg, resize)}
     plan = [(kind, w) for kind in sets for w in (1, many)]
     steps = cfg.steps_for(cfg.batch_size)
-    for kind, w in progress(cfg, plan, lambda it: f"{it[0]}, {it[1]} worker(s)", "workers"):
+    for kind, w in progress(cfg, plan, lambda it: f"{it[0]}, {count(it[1], 'worker')}", "workers"):
         loader = make_loader(cfg, sets[kind], workers=w)
         row = {"data": kind, "workers": w, "model": model, "batch_size": cfg.batch_size}
         row |= _profiled(

@@ -165,6 +165,13 @@ class Augment:
         a = (torch.rand(L, n, generator=gen) * 2 - 1) * math.radians(self.degrees)
         return h, v, a
 
+    @property
+    def warp_count(self) -> int:
+        """Sampling matrices per image in the load block: none, one if fused, else one per
+        repetition (what `warps` returns)."""
+        reps = self.load if self.train else 0
+        return min(reps, 1) if self.fused else reps
+
     def warps(self, params: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
         """The load block as N×2×3 sampling matrices: one per repetition, or one in all if fused."""
         hflip, vflip, angle = params

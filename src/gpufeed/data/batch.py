@@ -68,6 +68,7 @@ def build_batch(
     device: torch.device | str = "cpu",
     per_image: bool | None = None,
     alloc: Callable[[tuple[int, ...]], torch.Tensor] | None = None,
+    rest: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, str, str]]]:
     """(images N×3×H×W, labels N, corrupt [(shard, key, reason)]); corrupt samples are left out.
 
@@ -75,7 +76,9 @@ def build_batch(
     the augmentations of the others. `per_image` (default: on CPU) takes each image through all
     its steps while it is in cache, into its slot of the output batch; otherwise the steps
     after the first resampling run batched (fewer kernel launches on a GPU). Same result.
-    `alloc(shape)` gives the output batch (default: `new_batch`).
+    `alloc(shape)` gives the output batch (default: `new_batch`). With a list `rest`, only the
+    first warp of the load block is applied: the sampling matrices of the others (N×2×3 each, for
+    the images kept) are appended to it, for the device stage to apply.
     """
     import torch
 
@@ -110,15 +113,19 @@ def build_batch(
     out = alloc(shape) if alloc else new_batch(shape, dtype, device, channels_last)
     if per_image is None:
         per_image = torch.device(device).type == "cpu"
+    idx = torch.tensor(keep, dtype=torch.long)
+    later = warps[1:]
+    if rest is not None:
+        rest += [w[idx] for w in later]
+        later = []
     firsts = []
     for j, (i, img) in enumerate(zip(keep, images, strict=True)):
         x = augment.first_pass(img, safe[i], boxes[i], warps, i)
         if per_image:
-            augment.finish(x, [w[i : i + 1] for w in warps[1:]], out[j : j + 1], owned=True)
+            augment.finish(x, [w[i : i + 1] for w in later], out[j : j + 1], owned=True)
         else:
             firsts.append(x)
     if firsts:
-        idx = torch.tensor(keep, dtype=torch.long)
-        augment.finish(torch.cat(firsts), [w[idx] for w in warps[1:]], out, owned=True)
+        augment.finish(torch.cat(firsts), [w[idx] for w in later], out, owned=True)
     labels = torch.tensor([samples[i].label for i in keep], dtype=torch.long)
     return out, labels, corrupt

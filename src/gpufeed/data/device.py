@@ -6,6 +6,9 @@ high-priority stream, so its few kernels slot in between the training step's:
   one fused kernel for float conversion, normalization and layout (channels_last is free: the
   slot already is N×H×W×3). When the device is the CPU, workers already wrote the final batch
   and this is one copy out of the slot, into an output batch the loop has let go of (`outputs`);
+- "first_pass" slots (the same, after only the first warp of the load block, with the sampling
+  matrices of the others): the same copy, then the other warps, batched, and normalization
+  (`decoder="workers"`: the CPU decodes, the GPU does the heavy part of the augmentation);
 - "encoded" slots (JPEG bytes, with sizes and random parameters drawn by the workers): in two
   steps on two threads and streams, so decoding batch k+1 overlaps resampling batch k:
   `first` = a batched decode into one zero-padded canvas, by NVIDIA DALI (`gpufeed.data.dali`:
@@ -68,7 +71,7 @@ _warned_gpu: list[bool] = []  # warn once per process
 def decoder_choice(spec: BatchSpec, device: torch.device) -> str:
     """Who decodes `spec`'s batches for `device`: "workers", "dali", "nvimgcodec", "nvjpeg" or
     "cpu" (the feeder thread); a clear error when the decoder asked for cannot run here."""
-    if spec.handoff == "decoded":
+    if spec.handoff != "encoded":
         return "workers"
     cuda = device.type == "cuda"
     if spec.decoder in ("dali", "nvimgcodec"):
@@ -160,10 +163,10 @@ class DeviceStage:
         rank: int,
     ) -> None:
         aug = spec.augment
-        if aug.transform is not None and aug.transform_on == "worker" and spec.handoff == "encoded":
+        if aug.transform is not None and aug.transform_on == "worker" and spec.handoff != "decoded":
             raise ValueError(
                 "Augment(transform_on='worker') needs preprocess='cpu': with GPU preprocessing "
-                "the workers do not decode; use transform_on='device'"
+                "the workers do not finish the augmentation; use transform_on='device'"
             )
         self.spec, self.device, self.slots, self.pinned = spec, device, slots, pinned
         self.seed, self.rank = seed, rank
@@ -195,7 +198,7 @@ class DeviceStage:
 
     def _first(self, at: Position, index: int, meta: dict[str, Any]) -> tuple[Any, Any]:
         n = meta["n"]
-        if self.spec.handoff == "decoded":
+        if self.spec.handoff != "encoded":
             (images, labels), done = self._decoded(index, n)
             corrupt = list(meta["corrupt"])
         elif self.decoder == "nvjpeg":
@@ -234,21 +237,28 @@ class DeviceStage:
             ready.record(stream)
         return DeviceBatch(at, images, labels, ready, corrupt, meta.get("retried", 0))
 
-    # --- decoded: copy, then normalize ------------------------------------------------------
+    # --- decoded, first_pass: copy, then the later warps (first_pass) and normalize ---------
 
     def _decoded(self, index: int, n: int) -> tuple[tuple[torch.Tensor, torch.Tensor], Any]:
         src = self.slots.images[index, :n]
         labels = self.slots.labels[index, :n]
+        warps = self.slots.params[index, :n]
         if self.cuda:
             x = torch.empty(src.shape, dtype=torch.uint8, device=self.device)
             x.copy_(src, non_blocking=self.pinned)
             y = torch.empty(n, dtype=torch.int64, device=self.device)
             y.copy_(labels, non_blocking=self.pinned)
+            w = warps
+            if warps.numel():  # "first_pass": the later warps' matrices
+                w = torch.empty(warps.shape, dtype=warps.dtype, device=self.device)
+                w.copy_(warps, non_blocking=self.pinned)
             done = torch.cuda.Event()
             done.record(self.stream)
-            return (self.normalize(x.permute(0, 3, 1, 2)), y), done
+            return (self._finish(x.permute(0, 3, 1, 2), w), y), done
         # the slot is reused once this returns: hand out a copy, never a view of it
         x = src.permute(0, 3, 1, 2) if src.shape[-1] == 3 else src
+        if warps.numel():
+            return (self._finish(x, warps), labels.clone()), None
         if self.spec.host_final or self.spec.dtype == torch.uint8:
             out = self.outputs.take(tuple(x.shape), x.dtype, self._format())
             return (out.copy_(x), labels.clone()), None
@@ -259,6 +269,17 @@ class DeviceStage:
 
     def _layout(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=self._format())
+
+    def _finish(self, x: torch.Tensor, warps: torch.Tensor) -> torch.Tensor:
+        """uint8 N×3×H×W after the first warp → the other warps (`warps`: N × 6 per warp, on
+        x's device), then normalization into the spec's dtype and layout."""
+        if not warps.numel():
+            return self.normalize(x)
+        thetas = [t.float() for t in warps.reshape(len(x), -1, 2, 3).unbind(1)]
+        out = torch.empty(
+            x.shape, dtype=self.spec.dtype, device=x.device, memory_format=self._format()
+        )
+        return self.spec.augment.finish(x, thetas, out)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 N×3×H×W (any layout) → the spec's dtype and layout, normalized: one kernel."""

@@ -40,6 +40,7 @@ from gpufeed.data.shards import (
     split_name,
 )
 from gpufeed.data.source import MB, Destination, filesystem, is_remote
+from gpufeed.present.numbers import count
 
 LABEL_FIELDS = ("cls", "label", "class")
 
@@ -56,7 +57,8 @@ class IndexResult:
 
     def summary(self) -> str:
         return (
-            f"indexed {self.samples} samples of {self.classes} classes in {self.shards} shards "
+            f"indexed {count(self.samples, 'sample')} of {count(self.classes, 'class')} in "
+            f"{count(self.shards, 'shard')} "
             f"({self.bytes / MB:.1f} MB) into {self.index}"
         )
 
@@ -414,7 +416,7 @@ def index_shards(
             raise ShardError(f"{out.path(name)} is an index, not a shard")
     total = sum(_size(out, n) for n in names) if progress else 0
     entries, raws = [], []
-    with _bytes_progress(progress, total, f"indexing {len(names)} shards") as seen:
+    with _bytes_progress(progress, total, f"indexing {count(len(names), 'shard')}") as seen:
         for name in names:
             entry, raw = index_shard(
                 out.path(name), name, label_field=label_field,

@@ -30,6 +30,7 @@ from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
 from gpufeed.data.workers import InlinePool, WorkerPool
 from gpufeed.devices import default_device
+from gpufeed.present.numbers import count
 
 DEVICE_DEPTH = 2  # batches the feeder keeps ready on the device
 _STATE_KEYS = ("seed", "world_size", "rank", "num_workers", "batch_size", "samples", "drop_last")
@@ -96,7 +97,11 @@ class Loader:
     DALI, `pip install "gpufeed[dali]"`; its CPU decoder when the device is the CPU),
     "nvimgcodec" (the library under DALI, on its own), "nvjpeg" (torchvision), "cpu"
     (libjpeg-turbo) or "auto" (DALI, else nvJPEG on CUDA; else libjpeg-turbo; DALI that cannot
-    start on the GPU gives way to the next, with a warning).
+    start on the GPU gives way to the next, with a warning). Or "workers": the CPU workers
+    decode, crop and resize (with the load block's first warp, in the same resampling), and the
+    device applies the rest of the load block and normalizes: for heavy augmentation
+    (`Augment.load_factor(L)`, L > 1) where the CPU cores keep up with decoding but not with L
+    warps per image. The same crops, flips and angles as every other path.
     """
 
     def __init__(
@@ -190,10 +195,13 @@ class Loader:
     def spec(self, preprocess: str | None = None) -> BatchSpec:
         """The batch every stage works to."""
         mode = preprocess or self.preprocess
+        handoff = "decoded"
+        if mode == "gpu":
+            handoff = "first_pass" if self.decoder == "workers" else "encoded"
         return BatchSpec(
             batch_size=self.batch_size,
             augment=self.augment,
-            handoff="encoded" if mode == "gpu" else "decoded",
+            handoff=handoff,
             dtype=self.dtype,
             channels_last=self.channels_last,
             strict=self.strict,
@@ -222,8 +230,9 @@ class Loader:
         need = self.host_bytes_bound(prefetch)
         if need > self.max_host_bytes:
             raise ValueError(
-                f"max_host_bytes={self.max_host_bytes:,} is too small: {max(1, self.num_workers)} "
-                f"worker(s) with batches of {self.spec().slot_bytes:,} bytes and "
+                f"max_host_bytes={self.max_host_bytes:,} is too small: "
+                f"{count(max(1, self.num_workers), 'worker')} with batches of "
+                f"{self.spec().slot_bytes:,} bytes and "
                 f"shuffle_buffer={self.dataset.shuffle_buffer} need at least {need:,} bytes; pass "
                 f"max_host_bytes={need} (this machine has {machine_memory():,}) or lower "
                 "batch_size, num_workers or shuffle_buffer"
@@ -237,9 +246,11 @@ class Loader:
         ahead = (DEVICE_DEPTH + 2) * spec.output_bytes()
         if self.preprocess != "gpu":
             return ahead
-        decoded = self.batch_size * self.dataset.max_sample_bytes() * 12  # ≈ 12× the JPEG size
         h, w = self.augment.size
         grids = 2 * self.batch_size * h * w * 2 * 4
+        if spec.handoff == "first_pass":  # the uint8 batch, two float32 ones between warps
+            return ahead + self.batch_size * 3 * h * w * (1 + 2 * 4) + grids
+        decoded = self.batch_size * self.dataset.max_sample_bytes() * 12  # ≈ 12× the JPEG size
         return ahead + decoded + 2 * CANVAS_ELEMENTS + grids
 
     def _trial_rate(self, mode: str) -> float:
@@ -298,7 +309,7 @@ class Loader:
             else:
                 self._pool = InlinePool(self.plan, self._slots)
             # after the fork: CUDA may keep page-locked memory out of later forks
-            if self.device.type == "cuda" and self.pin_memory and spec.handoff == "decoded":
+            if self.device.type == "cuda" and self.pin_memory and spec.handoff != "encoded":
                 self._pinned = self._slots.pin() and self.non_blocking
             stage = DeviceStage(
                 spec,

@@ -50,6 +50,7 @@ from gpufeed.data.shards import (
 )
 from gpufeed.data.source import Destination, is_remote
 from gpufeed.errors import GpufeedError
+from gpufeed.present.numbers import count
 
 STATE_NAME = ".pack-state.json"
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
@@ -59,6 +60,14 @@ _UNITS = {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 class PackError(GpufeedError, ValueError):
     """Bad pack input or options; the message says which and what to do."""
+
+
+class NothingPacked(PackError):
+    """Every input was skipped; `skipped` lists them (path, why)."""
+
+    def __init__(self, message: str, skipped: list[tuple[str, str]]) -> None:
+        super().__init__(message)
+        self.skipped = skipped
 
 
 def parse_size(text: str | int) -> int:
@@ -90,13 +99,14 @@ class PackResult:
     def summary(self) -> str:
         if self.already_packed:
             return (
-                f"{self.dst} already holds this pack: {self.samples} images in {self.shards} shards"
+                f"{self.dst} already holds this pack: {count(self.samples, 'image')} in "
+                f"{count(self.shards, 'shard')}"
             )
         lines = [
-            f"wrote {self.samples} images in {self.shards} shards "
-            f"({self.bytes / 1e6:.1f} MB, {self.classes} classes) to {self.dst}"
+            f"wrote {count(self.samples, 'image')} in {count(self.shards, 'shard')} "
+            f"({self.bytes / 1e6:.1f} MB, {count(self.classes, 'class')}) to {self.dst}"
             + (
-                f"; resumed after {self.resumed_shards} finished shards"
+                f"; resumed after {count(self.resumed_shards, 'finished shard')}"
                 if self.resumed_shards
                 else ""
             )
@@ -505,9 +515,10 @@ def _pack_into(
     result.skipped += skipped
     result.converted += converted
     if not entries:
-        raise PackError(
+        raise NothingPacked(
             f"nothing packed from {src}: all {len(items)} images were skipped"
-            f"{_examples(result.skipped)}; fix or remove them and pack again"
+            f"{_examples(result.skipped)}; fix or remove them and pack again",
+            result.skipped,
         )
     index = Index(classes=classes, shards=entries)
     out.write_bytes(INDEX_NAME, index.to_bytes())

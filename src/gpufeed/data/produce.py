@@ -3,6 +3,9 @@
 "decoded": decode (libjpeg-turbo, DCT-scaled), crop, resize and the load block, rounded to uint8
 in the slot (N×H×W×3, i.e. channels_last); normalization is left to the device stage. When the
 device is the CPU (`BatchSpec.host_final`) the worker writes the final, normalized batch instead.
+"first_pass": the same, but only the load block's first warp (done in the same resampling as the
+crop and resize); the sampling matrices of its other warps go into the slot's parameters, for
+the device stage to apply, batched, with the normalization.
 "encoded": copy the image bytes into the slot back to back, for decoding on the device, with each
 image's size (from its header) and its random crop box, flips and angles, so the device stage
 does no per-image work on the CPU. A user transform (`Augment.transform`, on "worker") runs on
@@ -65,6 +68,7 @@ def fill_slot(
     aug = spec.augment
     user = aug.transform is not None and aug.transform_on == "worker"
     gen = batch_generator(seed, at.epoch, rank, at.batch)
+    rest: list[torch.Tensor] | None = [] if spec.handoff == "first_pass" else None
     images, labels, corrupt = build_batch(
         samples,
         aug,
@@ -73,7 +77,10 @@ def fill_slot(
         channels_last=nhwc,
         strict=spec.strict,
         alloc=None if user and spec.host_dtype != torch.uint8 else alloc,
+        rest=rest,
     )
+    if rest:  # the later warps' matrices, image by image: N × (6 per warp)
+        slots.params[index, : len(labels)] = torch.cat([w.reshape(-1, 6) for w in rest], 1)
     if user:  # the user's transform on the uint8 batch, then (if the slot is final) normalize
         done = aug.worker_transform(images)
         dst = alloc(tuple(images.shape))

@@ -34,15 +34,15 @@ class Slots:
         self.spec, self.workers, self.per_worker = spec, max(1, workers), per_worker
         count = self.workers * per_worker
         b = spec.batch_size
-        if spec.handoff == "decoded":
-            self.images = shared_zeros((count, *spec.host_shape), spec.host_dtype)
-        else:
-            self.images = shared_zeros((count, spec.image_bytes), torch.uint8)
-        self.labels = shared_zeros((count, b), torch.int64)
         encoded = spec.handoff == "encoded"
+        if encoded:
+            self.images = shared_zeros((count, spec.image_bytes), torch.uint8)
+        else:
+            self.images = shared_zeros((count, *spec.host_shape), spec.host_dtype)
+        self.labels = shared_zeros((count, b), torch.int64)
         self.offsets = shared_zeros((count, b + 1 if encoded else 0), torch.int64)
-        cols = spec.param_columns if encoded else 0
-        self.params = shared_zeros((count, b if encoded else 0, cols), torch.float64)
+        cols = spec.param_columns
+        self.params = shared_zeros((count, b if cols else 0, cols), torch.float64)
         self._registered: list[int] = []
 
     def index(self, worker: int, slot: int) -> int:
@@ -59,8 +59,10 @@ class Slots:
         if self._registered or not torch.cuda.is_available():
             return bool(self._registered)
         cudart = torch.cuda.cudart()
-        for t in (self.images, self.labels):
+        for t in (self.images, self.labels, self.params):
             nbytes = t.numel() * t.element_size()
+            if nbytes == 0:
+                continue
             err = cudart.cudaHostRegister(t.data_ptr(), nbytes, 0)
             if int(err) != 0:
                 self.unpin()

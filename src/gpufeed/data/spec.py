@@ -12,11 +12,14 @@ from typing import Any
 from gpufeed.data.augment import Augment
 
 # What a worker hands over: "decoded" = uint8 N×H×W×3 images, augmented except normalization;
-# "encoded" = the undecoded image bytes, for decoding on the device.
-HANDOFFS = ("decoded", "encoded")
-# Who decodes "encoded" slots on the device stage: "auto" = DALI where importable on CUDA, else
-# nvJPEG (torchvision), else libjpeg-turbo on the feeder thread; "nvimgcodec" only when asked for.
-DECODERS = ("auto", "dali", "nvimgcodec", "nvjpeg", "cpu")
+# "first_pass" = uint8 N×H×W×3 images cropped, resized and through the load block's first warp,
+# with the sampling matrices of its other warps, which the device stage applies; "encoded" = the
+# undecoded image bytes, for decoding on the device.
+HANDOFFS = ("decoded", "first_pass", "encoded")
+# Who decodes for GPU preprocessing: "auto" = DALI where importable on CUDA, else nvJPEG
+# (torchvision), else libjpeg-turbo on the feeder thread; "nvimgcodec" only when asked for;
+# "workers" = libjpeg-turbo on the CPU workers, which also crop and resize ("first_pass").
+DECODERS = ("auto", "dali", "nvimgcodec", "nvjpeg", "cpu", "workers")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ class BatchSpec:
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
             raise ValueError(f"decoder={self.decoder!r}: choose one of {', '.join(DECODERS)}")
+        if self.handoff not in HANDOFFS:
+            raise ValueError(f"handoff={self.handoff!r}: one of {', '.join(HANDOFFS)}")
 
     @property
     def host_dtype(self) -> Any:
@@ -61,25 +66,30 @@ class BatchSpec:
         import torch
 
         h, w = self.augment.size
-        if self.handoff == "decoded":
+        if self.handoff != "encoded":
             item = torch.empty(0, dtype=self.host_dtype).element_size()
             return self.batch_size * h * w * 3 * item
         return self.batch_size * self.max_sample_bytes
 
     @property
     def param_columns(self) -> int:
-        """Per-image parameters an "encoded" slot carries: height, width, crop box (4), and
-        hflip, vflip, angle per repetition of the load block."""
+        """Per-image parameters a slot carries. "encoded": height, width, crop box (4), and
+        hflip, vflip, angle per repetition of the load block; "first_pass": the 2×3 sampling
+        matrix of every warp after the first; "decoded": none."""
+        if self.handoff == "first_pass":
+            return 6 * max(0, self.augment.warp_count - 1)
+        if self.handoff == "decoded":
+            return 0
         reps = self.augment.load if self.augment.train else 0
         return 6 + 3 * reps
 
     @property
     def slot_bytes(self) -> int:
-        """Host bytes of one slot: images, labels (int64) and, for "encoded", byte offsets and
-        the augmentation parameters (float64)."""
-        extra = 0
+        """Host bytes of one slot: images, labels (int64), the per-image parameters (float64)
+        and, for "encoded", byte offsets."""
+        extra = 8 * self.batch_size * self.param_columns
         if self.handoff == "encoded":
-            extra = 8 * (self.batch_size + 1) + 8 * self.batch_size * self.param_columns
+            extra += 8 * (self.batch_size + 1)
         return self.image_bytes + 8 * self.batch_size + extra
 
     def output_bytes(self) -> int:

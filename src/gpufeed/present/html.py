@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpufeed.analysis.stats import device_key
-from gpufeed.present.numbers import cpu_counts, number
+from gpufeed.present.numbers import count, cpu_counts, number
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -181,7 +181,7 @@ def _summary(run: Run, t0: float, t1: float) -> list[dict[str, str]]:
             + (f"evaluation {_secs(ph['evaluation'])} · " if "evaluation" in ph else "")
             + f"finalization {_secs(ph.get('finalization', 0.0))}",
         },
-        {"label": "Steps", "value": f"{s['steps']:,}", "detail": f"{s['ranks']} rank(s)"},
+        {"label": "Steps", "value": f"{s['steps']:,}", "detail": count(s["ranks"], "rank")},
         {
             "label": "Throughput",
             "value": _num(s["samples_per_s"], " samples/s"),

@@ -16,6 +16,13 @@ def number(value: float | None, digits: int = 0, unit: str = "", missing: str = 
     return f"{value:,.{digits}f}{unit}"
 
 
+def count(n: int, noun: str) -> str:
+    """`n` and `noun`, plural unless n is 1: "1 step", "3 steps", "2 classes"."""
+    if n == 1:
+        return f"1 {noun}"
+    return f"{n:,} {noun}{'es' if noun.endswith(('s', 'x', 'ch', 'sh')) else 's'}"
+
+
 def finite(value: object) -> float | None:
     """A value read from a file (meta.json) as a float where it is a finite number, else None."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

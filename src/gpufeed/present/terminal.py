@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.markup import escape
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -53,27 +54,28 @@ def print_run(run: Run, findings: list[Finding], console: Console | None = None)
     # never as markup: `_m` escapes it for markup and `_text` wraps it for table cells.
     parts = meta.get("parts") or [run.path]
     console.print(f"[bold]gpufeed run[/bold] {_m(' + '.join(map(str, parts)))}", emoji=False)
-    console.print(f"  command   {_m(_command_line(meta) or '?')}", emoji=False)
+    # key / value rows: a long value (a command line) wraps under itself, not under the key
+    head = Table.grid(padding=(0, 3, 0, 0))
+    head.add_column(no_wrap=True)
+    head.add_column(overflow="fold")
+    head.add_row("command", _text(_command_line(meta) or "?"))
     gpus = ", ".join(_gpu_name(g) for g in meta.get("gpus") or []) or "none"
     hosts = ", ".join(map(str, meta.get("hosts") or [])) or "?"
-    console.print(
-        f"  hosts     {_m(hosts)} · {_m(cpu_counts(meta))} CPUs "
-        f"({_m(meta.get('cpu_model', '?'))}) · GPUs: {_m(gpus)}",
-        emoji=False,
+    head.add_row(
+        "hosts",
+        _text(f"{hosts} · {cpu_counts(meta)} CPUs ({meta.get('cpu_model', '?')}) · GPUs: {gpus}"),
     )
     if meta.get("gpu_unavailable"):
-        console.print(f"  [dim]{_m(meta['gpu_unavailable'])}[/dim]", emoji=False)
+        head.add_row("", _text(meta["gpu_unavailable"], "dim"))
     status = (
-        f"exit code {_m(meta.get('exit_code'))}"
+        _text(f"exit code {meta.get('exit_code')}")
         if meta.get("finished")
-        else f"[yellow]{_m(meta.get('not_finished', 'not finished'))}[/yellow]"
+        else _text(meta.get("not_finished", "not finished"), "yellow")
     )
-    console.print(f"  status    {status}", emoji=False)
+    head.add_row("status", status)
     if meta.get("dropped_events"):
-        console.print(
-            f"  [yellow]{_m(meta['dropped_events'])} profiler events were dropped[/yellow]",
-            emoji=False,
-        )
+        head.add_row("", _text(f"{meta['dropped_events']} profiler events were dropped", "yellow"))
+    console.print(Padding(head, (0, 0, 0, 2), expand=False))
 
     ph = phases(run)
     table = Table(title="Phases", title_justify="left")
@@ -281,9 +283,9 @@ def _m(value: Any, keep_newlines: bool = False) -> str:
     return escape(_visible(value, keep_newlines))
 
 
-def _text(value: Any) -> Text:
+def _text(value: Any, style: str = "") -> Text:
     """A string from a run as a table cell: plain text (no markup, no emoji codes)."""
-    return Text(_visible(value))
+    return Text(_visible(value), style=style)
 
 
 def _gpu_name(gpu: Any) -> str:

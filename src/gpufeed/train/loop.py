@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gpufeed.devices import default_device
+from gpufeed.present.numbers import count
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 OPTIMIZERS = ("sgd", "adam")
@@ -318,7 +319,8 @@ class _Logger:
             else ""
         )
         self._console.print(
-            f"[bold green]done[/] {r.steps} steps, {r.epochs} epoch(s) in {r.seconds:.1f} s · "
+            f"[bold green]done[/] {r.steps} steps, {count(r.epochs, 'epoch')} "
+            f"in {r.seconds:.1f} s · "
             f"{r.images_per_s:,.1f} img/s{ranks} · data wait {r.data_wait_fraction:.0%} · "
             f"final loss {r.final_loss:.3f}",
             soft_wrap=True,

@@ -23,7 +23,17 @@ def test_outliers_are_named_with_their_times(builder: RunBuilder) -> None:
     f = rules(builder.steps(d).build())["StepOutlier"]
     assert f.evidence["outlier_steps"] == 2
     assert f.evidence["steps"].startswith("120 (1000 ms), 250 (600 ms)")
+    assert f.title.startswith("2 outlier steps,") and f.recommendation.startswith(
+        "Steps 120, 250 cost"
+    )
     assert "PeriodicStall" not in rules(builder.build())
+
+
+def test_one_outlier_is_named_in_the_singular(builder: RunBuilder) -> None:
+    d = jittered(300)
+    d[120] = 1.0
+    f = rules(builder.steps(d).build())["StepOutlier"]
+    assert f.title.startswith("1 outlier step,") and f.recommendation.startswith("Step 120 costs")
 
 
 def test_small_outliers_costing_little_stay_quiet(builder: RunBuilder) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from gpufeed.analysis.rules.base import Param
+from gpufeed.present.numbers import count
 
 if TYPE_CHECKING:
     from gpufeed.analysis.run import Run
@@ -467,7 +468,7 @@ _EMPTY_SYSTEM = pd.DataFrame(columns=["time", "host", "metric", "device", "value
 
 def workers_at(n: int, cpu: float, per: str = "") -> str:
     """'1 worker at 62% CPU', '8 workers at 23% CPU each', '2 workers per training process at …'."""
-    return f"{n} worker{'s' * (n != 1)}{per} at {cpu:.0f}% CPU{' each' * (n != 1)}"
+    return f"{count(n, 'worker')}{per} at {cpu:.0f}% CPU{' each' * (n != 1)}"
 
 
 def slow_mask(durations: np.ndarray, k: float, min_ratio: float) -> np.ndarray:

@@ -17,6 +17,7 @@ from gpufeed.analysis.rules.context import (
 )
 from gpufeed.analysis.rules.cpu_bottleneck import CPUBottleneck
 from gpufeed.analysis.rules.periodic_stall import PeriodicStall
+from gpufeed.present.numbers import count
 
 
 class DataLoaderBottleneck(Rule):
@@ -116,7 +117,7 @@ def _recommend(
         )
         if need > budget:
             text += (
-                f" Even {n} worker{'s' if n != 1 else ''} may not keep up (about {need} needed): "
+                f" Even {count(n, 'worker')} may not keep up (about {need} needed): "
                 f"also cut the CPU cost per sample ({ctx.cut_cost()})."
             )
         return text + gpu_tail

@@ -19,6 +19,7 @@ from gpufeed.analysis.rules.context import (
 )
 from gpufeed.analysis.rules.dataloader_bottleneck import DataLoaderBottleneck
 from gpufeed.analysis.rules.periodic_stall import PeriodicStall
+from gpufeed.present.numbers import count
 
 
 class StepOutlier(Rule):
@@ -66,12 +67,13 @@ class StepOutlier(Rule):
                 f"{s} ({1e3 * t:.0f} ms)"
                 for s, t in zip(step[out][order], d[out][order], strict=True)
             ]
+            n = int(out.sum())
             yield Finding(
                 rule=self.id,
                 severity="warning",
-                title=f"{int(out.sum())} outlier step(s), up to {d.max() / median:.1f}x the median",
+                title=f"{count(n, 'outlier step')}, up to {d.max() / median:.1f}x the median",
                 evidence={
-                    "outlier_steps": int(out.sum()),
+                    "outlier_steps": n,
                     "median_step_ms": round(1e3 * median, 2),
                     "max_step_ms": round(1e3 * float(d.max()), 2),
                     "lost_share": round(share, 4),
@@ -79,7 +81,9 @@ class StepOutlier(Rule):
                     "steps": ", ".join(named[:10]) + (" ..." if len(named) > 10 else ""),
                 },
                 recommendation=(
-                    f"Steps {', '.join(str(s) for s in step[out][order][:5])} cost "
+                    f"{'Step' if n == 1 else 'Steps'} "
+                    f"{', '.join(str(s) for s in step[out][order][:5])} "
+                    f"{'costs' if n == 1 else 'cost'} "
                     f"{fmt_pct(share)} of the run beyond the median: look at what happened then "
                     "(garbage collection, a slow storage read, a data-dependent shape causing "
                     "recompilation, another job on the host) in the timeline (`gpufeed trace`)."
