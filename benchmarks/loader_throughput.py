@@ -3,7 +3,9 @@
 Same machine, same images (the embedded photo-like set), same output: 224×224 float32, normalized.
 1. baseline: torch DataLoader over `gpufeed.advise.naive.NaiveImageFolder` (per-image Pillow
    decode, random-resized crop, L × (hflip, vflip, rotation), to-tensor, normalize); num_workers = cores;
-2. gpufeed Loader on shards packed as-is, and packed with --resize 256;
+2. gpufeed Loader on shards packed as-is, and packed with --resize 256; on as-is shards also
+   with decoder="nvimgcodec" (workers decode each full-size JPEG over its crop box only), where
+   nvImageCodec is installed;
 3. decode-only limit: libjpeg-turbo full-size decode of the stored images on all cores.
 Augmentation loads: "imagenet" is the ImageNet training recipe (random-resized crop + horizontal
 flip: no resampling beyond the resize); L = 1, 12 is the heavy recipe, L × (hflip, vflip, ±15°
@@ -99,9 +101,22 @@ def baseline(root: Path, load: str, workers: int) -> Run:
     )
 
 
-def gpufeed(shards: Path, load: str, workers: int, fused: bool = False) -> Run:
+def gpufeed(
+    shards: Path, load: str, workers: int, fused: bool = False, decoder: str = "auto"
+) -> Run:
     aug = recipe(load, fused)
-    return _time(lambda: Loader(shards, BATCH, num_workers=workers, augment=aug), workers)
+    return _time(
+        lambda: Loader(shards, BATCH, num_workers=workers, augment=aug, decoder=decoder), workers
+    )
+
+
+def regions_importable() -> bool:
+    """Whether nvImageCodec is installed, for the workers' decode over crop regions."""
+    try:
+        import nvidia.nvimgcodec  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 _DATAS: list[bytes] = []  # the images, loaded before the pool forks so no bytes are sent to it
@@ -165,8 +180,11 @@ def main() -> None:
                 ("gpufeed, as-is", partial(gpufeed, asis)),
                 ("gpufeed, resize 256", partial(gpufeed, small)),
                 ("gpufeed, as-is, fused load", partial(gpufeed, asis, fused=True)),
+                ("gpufeed, as-is, crop regions", partial(gpufeed, asis, decoder="nvimgcodec")),
             ):
                 if name.endswith("fused load") and not load.isdigit():
+                    continue
+                if name.endswith("crop regions") and not regions_importable():
                     continue
                 results.setdefault((name, load), []).append(run(load=load, workers=cores))
                 first, steady, cpu = results[name, load][-1]
@@ -220,10 +238,15 @@ def main() -> None:
                 f"| {rate / base_rate:.2f}× | {100 * rate / lim_rate:.0f}% | {cpu:.2f} "
                 f"| {base_cpu / cpu:.2f}× | {100 * lim_cpu / cpu:.0f}% |"
             )
+    emit(lines, args.out)
+
+
+def emit(lines: list[str], out: Path | None) -> None:
+    """Print the result lines, and write them to `out` if given."""
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
-        write_atomic(args.out, text, make_parents=True)
+    if out:
+        write_atomic(out, text, make_parents=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -16,8 +16,15 @@ if TYPE_CHECKING:
     from gpufeed.data.augment import Augment
     from gpufeed.data.dataset import RawSample
 
-# decode(list of bytes, list of (min_h, min_w)) -> per image: HxWx3 uint8 tensor or an Exception
-Decoder = Callable[[Sequence[bytes], Sequence[tuple[int, int]]], list]
+# decode(list of bytes, list of (min_h, min_w)) -> per image: HxWx3 uint8 tensor or an Exception;
+# a decoder with `crops = True` is also given each image's crop box and may return a Region
+Decoder = Callable[..., list]
+
+
+class Region(NamedTuple):
+    """A decoded image that covers exactly the crop box its decoder was given, at full size."""
+
+    image: Any  # HxWx3 uint8 tensor
 
 
 class CorruptSampleError(GpufeedError, ValueError):
@@ -95,15 +102,21 @@ def build_batch(
         w.to(device, non_blocking=True) for w in augment.warps(augment.flips_and_angles(n, gen))
     ]
     ok = [i for i in range(n) if isinstance(sizes[i], tuple)]
-    decoded = decoder(
-        [samples[i].data for i in ok], [augment.min_decode_size(safe[i], boxes[i]) for i in ok]
-    )
+    datas = [samples[i].data for i in ok]
+    min_sizes = [augment.min_decode_size(safe[i], boxes[i]) for i in ok]
+    if getattr(decoder, "crops", False):
+        decoded = decoder(datas, min_sizes, [boxes[i] for i in ok])
+    else:
+        decoded = decoder(datas, min_sizes)
     corrupt = [(samples[i].shard, samples[i].key, str(sizes[i])) for i in range(n) if i not in ok]
     keep, images = [], []
     for i, img in zip(ok, decoded, strict=True):
         if isinstance(img, Exception):
             corrupt.append((samples[i].shard, samples[i].key, str(img)))
         else:
+            if isinstance(img, Region):  # the box alone: it is the whole (full-size) image now
+                _, _, bh, bw = boxes[i]
+                safe[i], boxes[i], img = (bh, bw), (0, 0, bh, bw), img.image
             keep.append(i)
             images.append(img)
     if corrupt and strict:

@@ -69,8 +69,12 @@ _warned_gpu: list[bool] = []  # warn once per process
 
 
 def decoder_choice(spec: BatchSpec, device: torch.device) -> str:
-    """Who decodes `spec`'s batches for `device`: "workers", "dali", "nvimgcodec", "nvjpeg" or
-    "cpu" (the feeder thread); a clear error when the decoder asked for cannot run here."""
+    """Who decodes `spec`'s batches for `device`: "workers", "regions" (the workers, through
+    nvImageCodec, over the crop boxes), "dali", "nvimgcodec", "nvjpeg" or "cpu" (the feeder
+    thread); a clear error when the decoder asked for cannot run here."""
+    if spec.handoff == "decoded" and spec.decoder == "nvimgcodec":
+        require("nvimgcodec")
+        return "regions"
     if spec.handoff != "encoded":
         return "workers"
     cuda = device.type == "cuda"
@@ -132,6 +136,7 @@ def describe_decoder(choice: str, device: torch.device) -> str:
 
 DECODER_NAMES = {
     "workers": "libjpeg-turbo (CPU workers)",
+    "regions": "nvimgcodec crop regions (CPU workers)",
     "nvjpeg": "nvjpeg (torchvision)",
     "cpu": "libjpeg-turbo (feeder thread)",
 }

@@ -102,6 +102,10 @@ class Loader:
     device applies the rest of the load block and normalizes: for heavy augmentation
     (`Augment.load_factor(L)`, L > 1) where the CPU cores keep up with decoding but not with L
     warps per image. The same crops, flips and angles as every other path.
+
+    With CPU preprocessing, `decoder="nvimgcodec"` has the workers decode each JPEG that they
+    would decode at full size over its crop box only (nvImageCodec's CPU backend, libjpeg-turbo):
+    the same pixels and batches, less CPU per image; the other decoder names change nothing there.
     """
 
     def __init__(

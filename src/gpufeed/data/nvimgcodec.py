@@ -5,6 +5,9 @@ stage's CUDA stream (hardware JPEG decoder where the GPU has one, else CUDA / hy
 output images are reused from batch to batch (so their device buffers are not allocated again
 for every batch) and read by torch in place (`__cuda_array_interface__`). An image it cannot
 decode comes back as None: the others stay in the batch. On a CPU device it decodes on the CPU.
+
+`RegionDecoder` is the CPU workers' decoder with CPU preprocessing: libjpeg-turbo through
+nvImageCodec's CPU backend, which can decode a region of a JPEG without the rest.
 """
 
 from __future__ import annotations
@@ -66,3 +69,64 @@ class NvImageCodecDecoder:
         if self.device.type == "cuda":
             return [torch.as_tensor(im, device=self.device) for im in good], bad
         return [torch.from_numpy(np.asarray(im.cpu())) for im in good], bad
+
+
+class RegionDecoder:
+    """The CPU workers' decoder with `Loader(preprocess="cpu", decoder="nvimgcodec")`: a JPEG that
+    would be decoded at full size is decoded over its crop box only, by nvImageCodec's CPU
+    backend (libjpeg-turbo). The pixels are those of a full decode, cropped; the CPU time is that
+    of the box's rows and columns (benchmarks/loader_throughput.py). JPEGs that DCT-scale, other
+    formats and images it cannot decode go through `cpu_decoder`, which says why they fail."""
+
+    crops = True  # build_batch hands it the crop boxes
+
+    def __init__(self) -> None:
+        self._pid = -1  # a decoder made before a fork is not used after it
+        self._decoder: Any = None
+
+    def _library(self) -> tuple[Any, Any]:
+        import os
+
+        nic = require("nvimgcodec")
+        if self._pid != os.getpid():
+            self._decoder = nic.Decoder(
+                device_id=nic.NVIMGCODEC_DEVICE_CPU_ONLY,
+                backends=[nic.Backend(nic.BackendKind.CPU_ONLY)],
+                max_num_cpu_threads=1,  # the workers are the parallelism
+            )
+            self._params = nic.DecodeParams(
+                color_spec=nic.ColorSpec.SRGB, apply_exif_orientation=False
+            )
+            self._pid = os.getpid()
+        return nic, self._decoder
+
+    def __call__(
+        self,
+        datas: Sequence[bytes],
+        min_sizes: Sequence[tuple[int, int]],
+        boxes: Sequence[tuple[int, int, int, int]],
+    ) -> list:
+        """Per image: a `Region` (its box), an H×W×3 uint8 tensor or an Exception."""
+        from gpufeed.data.batch import Region, cpu_decoder
+        from gpufeed.data.decode import full_size_decode
+
+        nic, decoder = self._library()
+        out: list = [None] * len(datas)
+        regions, where = [], []
+        for i, (data, (mh, mw), (y, x, h, w)) in enumerate(
+            zip(datas, min_sizes, boxes, strict=True)
+        ):
+            if full_size_decode(data, mh, mw):
+                stream = nic.CodeStream(bytes(data))
+                regions.append(stream.get_sub_code_stream(region=nic.Region(y, x, y + h, x + w)))
+                where.append(i)
+        if regions:
+            for i, im in zip(where, decoder.decode(regions, params=self._params), strict=True):
+                if im is not None:
+                    out[i] = Region(torch.from_numpy(np.asarray(im.cpu())))
+        rest = [i for i in range(len(datas)) if out[i] is None]
+        for i, img in zip(
+            rest, cpu_decoder([datas[i] for i in rest], [min_sizes[i] for i in rest]), strict=True
+        ):
+            out[i] = img
+        return out

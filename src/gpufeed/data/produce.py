@@ -1,6 +1,7 @@
 """What a worker does to one batch: fill a host slot with it, as the `BatchSpec` says.
 
-"decoded": decode (libjpeg-turbo, DCT-scaled), crop, resize and the load block, rounded to uint8
+"decoded": decode (libjpeg-turbo, DCT-scaled; with decoder="nvimgcodec" a full-size JPEG over its
+crop box only), crop, resize and the load block, rounded to uint8
 in the slot (N×H×W×3, i.e. channels_last); normalization is left to the device stage. When the
 device is the CPU (`BatchSpec.host_final`) the worker writes the final, normalized batch instead.
 "first_pass": the same, but only the load block's first warp (done in the same resampling as the
@@ -14,18 +15,22 @@ the uint8 batch before it is normalized.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from gpufeed.data.augment import Augment
-from gpufeed.data.batch import batch_generator, build_batch
+from gpufeed.data.batch import batch_generator, build_batch, cpu_decoder
 from gpufeed.data.dataset import RawSample
 from gpufeed.data.decode import CorruptImage, image_size, is_jpeg
 from gpufeed.data.plan import Position
 from gpufeed.data.slots import Slots
+
+if TYPE_CHECKING:
+    from gpufeed.data.nvimgcodec import RegionDecoder
 
 
 def fill_slot(
@@ -69,6 +74,7 @@ def fill_slot(
     user = aug.transform is not None and aug.transform_on == "worker"
     gen = batch_generator(seed, at.epoch, rank, at.batch)
     rest: list[torch.Tensor] | None = [] if spec.handoff == "first_pass" else None
+    regions = spec.decoder == "nvimgcodec" and spec.handoff == "decoded"
     images, labels, corrupt = build_batch(
         samples,
         aug,
@@ -78,6 +84,7 @@ def fill_slot(
         strict=spec.strict,
         alloc=None if user and spec.host_dtype != torch.uint8 else alloc,
         rest=rest,
+        decoder=_region_decoder() if regions else cpu_decoder,
     )
     if rest:  # the later warps' matrices, image by image: N × (6 per warp)
         slots.params[index, : len(labels)] = torch.cat([w.reshape(-1, 6) for w in rest], 1)
@@ -90,6 +97,14 @@ def fill_slot(
             aug.finish(done, [], dst)
     slots.labels[index, : len(labels)] = labels
     return {"n": len(labels), "corrupt": corrupt}
+
+
+@functools.cache
+def _region_decoder() -> RegionDecoder:
+    """This process's crop-region decoder (made on first use, so in the worker)."""
+    from gpufeed.data.nvimgcodec import RegionDecoder
+
+    return RegionDecoder()
 
 
 def _encoded_params(

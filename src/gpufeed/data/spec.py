@@ -19,6 +19,7 @@ HANDOFFS = ("decoded", "first_pass", "encoded")
 # Who decodes for GPU preprocessing: "auto" = DALI where importable on CUDA, else nvJPEG
 # (torchvision), else libjpeg-turbo on the feeder thread; "nvimgcodec" only when asked for;
 # "workers" = libjpeg-turbo on the CPU workers, which also crop and resize ("first_pass").
+# For "decoded" slots only "nvimgcodec" means something: the workers decode over crop regions.
 DECODERS = ("auto", "dali", "nvimgcodec", "nvjpeg", "cpu", "workers")
 
 
@@ -36,7 +37,7 @@ class BatchSpec:
     # workers write the final batch (dtype, normalized, layout): a device that is the CPU gains
     # nothing from uint8 and would only normalize on the training process's cores
     host_final: bool = False
-    decoder: str = "auto"  # one of DECODERS; "decoded" slots ignore it (the workers decoded)
+    decoder: str = "auto"  # one of DECODERS; "decoded" slots heed only "nvimgcodec"
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:

@@ -1,0 +1,91 @@
+"""Decoding only the crop box: `Loader(decoder="nvimgcodec")` against the default decoder, CPU workers.
+
+Baseline: the default CPU path, whose workers decode every JPEG whole with libjpeg-turbo
+(simplejpeg; DCT-scaled where the crop allows) and then crop. Against it: the same Loader with
+`decoder="nvimgcodec"`, whose workers decode each JPEG that they would decode at full size over
+its random-resized-crop box only (nvImageCodec's CPU backend, libjpeg-turbo's partial decode):
+the same pixels, less work. Same as-is shards of the embedded photo-like set, same recipes and
+measurements as benchmarks/loader_throughput.py, the two decoders alternating round by round, with
+the decode-only limit measured in every round; medians. Needs `pip install "gpufeed[nvimgcodec]"`.
+
+Run: python benchmarks/crop_regions.py [--images 1024] [--loads imagenet 1] [--rounds 4] [--out FILE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from loader_throughput import decode_limit, emit, gpufeed
+
+from gpufeed.data.packing import pack
+from gpufeed.demo.synth import make_image_folder
+from gpufeed.extras import require
+
+DECODERS = {"auto": "default (whole image)", "nvimgcodec": "nvimgcodec (crop box)"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--images", type=int, default=1024)
+    ap.add_argument("--loads", nargs="+", default=["imagenet", "1"])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--cache", type=Path, default=Path(".gpufeed-cache/bench"))
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    require("nvimgcodec")
+    cores = len(os.sched_getaffinity(0))
+    torch.set_num_threads(1)
+    root = make_image_folder(args.cache / f"images-{args.images}", args.images, 10)
+    shards = args.cache / f"shards-{args.images}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pack(root, shards, progress=False)
+    limits, runs = [], {}
+    for r in range(args.rounds):
+        limits.append(decode_limit(shards, cores))
+        for load in args.loads:
+            for decoder in DECODERS:
+                runs.setdefault((load, decoder), []).append(
+                    gpufeed(shards, load, cores, decoder=decoder)
+                )
+                first, steady, cpu = runs[load, decoder][-1]
+                print(
+                    f"round {r + 1}: L={load} {decoder}: {first:.0f} / {steady:.0f} img/s "
+                    f"(1st / 2nd pass), {cpu:.2f} CPU ms/img",
+                    flush=True,
+                )
+    lim, lim_cpu = (statistics.median(x[i] for x in limits) for i in (0, 1))
+    lines = [
+        f"# crop regions ({time.strftime('%Y-%m-%d %H:%M')})",
+        "",
+        f"Hardware: {cores} CPU cores ({platform.processor() or platform.machine()}), no GPU; "
+        f"torch {torch.__version__}. {args.images} embedded photo-like JPEGs, as-is shards, "
+        f"num_workers = {cores}, 64×3×224×224 float32. Median of {args.rounds} alternating rounds. "
+        f"Decode-only limit: {lim:.0f} img/s ({lim_cpu:.2f} CPU ms/img).",
+        "",
+        "| L | decoder | img/s 1st pass | % of limit | img/s 2nd pass | % of limit | CPU ms/img "
+        "| × default (CPU) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for load in args.loads:
+        base_cpu = statistics.median(x[2] for x in runs[load, "auto"])
+        for decoder, name in DECODERS.items():
+            first, steady, cpu = (
+                statistics.median(x[i] for x in runs[load, decoder]) for i in (0, 1, 2)
+            )
+            lines.append(
+                f"| {load} | {name} | {first:.0f} | {100 * first / lim:.0f}% | {steady:.0f} "
+                f"| {100 * steady / lim:.0f}% | {cpu:.2f} | {base_cpu / cpu:.2f}× |"
+            )
+    emit(lines, args.out)
+
+
+if __name__ == "__main__":
+    main()
