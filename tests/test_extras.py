@@ -137,3 +137,15 @@ def test_require_names_the_extra_to_install(extra: str, module: str):
         """,
     )
     assert f"pip install 'gpufeed[{extra}]'" in res.stdout, res.stderr
+
+
+def test_whether_an_extra_is_installed_is_a_yes_or_no_not_an_error():
+    res = _run(
+        "nvidia",
+        """
+        from gpufeed.extras import installed
+        print(installed("nvimgcodec"), installed("s3"))
+        """,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["False", "True"]

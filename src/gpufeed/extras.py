@@ -42,3 +42,12 @@ def require(extra: str) -> ModuleType:
             f"{feature} needs {module.split('.')[0]}, which is not installed ({e}): "
             f"pip install 'gpufeed[{extra}]'"
         ) from None
+
+
+def installed(extra: str) -> bool:
+    """Whether the module of `extra` imports here."""
+    try:
+        require(extra)
+    except MissingExtra:
+        return False
+    return True

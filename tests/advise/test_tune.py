@@ -21,6 +21,7 @@ from gpufeed.data.budget import usable_cores
 from gpufeed.data.loader import Loader, default_workers
 from gpufeed.data.packing import pack
 from gpufeed.demo.synth import make_image_folder
+from gpufeed.extras import installed
 
 THIS = __file__
 
@@ -66,6 +67,8 @@ def test_tune_finds_settings_at_least_as_fast_as_the_defaults(shards: Path, tmp_
     assert len(r.trials) >= 5 and not r.stopped_early
     assert {t.num_workers for t in r.trials} >= {0, 1, usable_cores()}
     assert {t.batch_size for t in r.trials} == {8, 16, 32}
+    # where nvImageCodec is installed, the workers' crop-box decode is one more trial
+    assert any(t.decoder == "nvimgcodec" for t in r.trials) is installed("nvimgcodec")
     assert all(t.images_per_s > 0 and t.spread >= 0 for t in r.trials)  # 2 repeats each
     assert r.best.images_per_s >= default.images_per_s
     assert r.best.images_per_s == max(t.images_per_s for t in r.trials)
@@ -174,6 +177,22 @@ def test_the_result_fits_an_80_column_terminal_without_cutting_a_figure(gpu: boo
     assert "default" in out and "← best" in out
     # a setting every trial shares is said once, above the table
     assert ("· batch 256 · preprocess cpu" in out) is not gpu
+
+
+def test_a_decoder_that_varies_gets_its_column_and_still_fits_80_columns():
+    from rich.console import Console
+
+    from gpufeed.advise.tune import Trial, TuneResult
+
+    trials = [
+        Trial(256, 15, 2, "cpu", 2394.6, "default", spread=0.02),
+        Trial(256, 15, 8, "cpu", 2719.3, spread=0.04, decoder="nvimgcodec"),
+    ]
+    console = Console(record=True, width=80)
+    console.print(TuneResult("/data/train", "cuda", 224, trials))
+    out = console.export_text()
+    assert "…" not in out and max(map(len, out.splitlines())) <= 80
+    assert "decoder" in out and "nvimgcodec" in out and "auto" in out and "×1.14" in out
 
 
 def test_tuning_on_a_folder_names_the_sampled_images_it_left_out(tmp_path: Path):

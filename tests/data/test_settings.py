@@ -16,8 +16,17 @@ GOOD = {"batch_size": 8, "num_workers": 1, "prefetch": 2, "preprocess": "cpu"}
 
 def test_a_settings_file_reads_back_as_loader_arguments(tmp_path: Path):
     path = tmp_path / "s.json"
-    path.write_text(json.dumps({"loader": GOOD, "trials": []}))
-    assert load_settings(path) == GOOD
+    crop_boxes = {**GOOD, "decoder": "nvimgcodec"}
+    path.write_text(json.dumps({"loader": crop_boxes, "trials": []}))
+    assert load_settings(path) == crop_boxes
+
+
+def test_a_file_written_before_the_decoder_setting_reads_back_with_the_default_decoder(
+    tmp_path: Path,
+):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"loader": GOOD}))
+    assert load_settings(path) == {**GOOD, "decoder": "auto"}
 
 
 def test_the_old_import_path_still_works_and_says_where_it_moved(tmp_path: Path):
@@ -26,7 +35,7 @@ def test_the_old_import_path_still_works_and_says_where_it_moved(tmp_path: Path)
     path = tmp_path / "s.json"
     path.write_text(json.dumps({"loader": GOOD}))
     with pytest.warns(DeprecationWarning, match=r"use gpufeed\.data\.load_settings"):
-        assert old(path) == GOOD
+        assert old(path) == {**GOOD, "decoder": "auto"}
 
 
 @pytest.mark.parametrize(
@@ -43,6 +52,11 @@ def test_the_old_import_path_still_works_and_says_where_it_moved(tmp_path: Path)
         (
             '{"loader": {"batch_size": 8, "num_workers": 1, "prefetch": 2, "preprocess": "tpu"}}',
             "loader.preprocess = 'tpu'",
+        ),
+        (
+            '{"loader": {"batch_size": 8, "num_workers": 1, "prefetch": 2, "preprocess": "cpu", '
+            '"decoder": "turbo"}}',
+            "loader.decoder = 'turbo': use one of auto, dali, nvimgcodec",
         ),
     ],
 )

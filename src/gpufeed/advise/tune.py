@@ -1,7 +1,8 @@
 """`gpufeed tune`: find the `Loader` settings that feed a model fastest, by short measured trials.
 
 The first trial is the Loader's defaults; then loader workers, prefetch depth, CPU vs GPU
-preprocessing (GPU only where CUDA exists) and, if allowed, the batch size, each varied around the
+preprocessing (GPU only where CUDA exists), decoding only the crop boxes (where nvImageCodec is
+installed: `Loader(decoder="nvimgcodec")`) and, if allowed, the batch size, each varied around the
 best so far. Each trial is measured `repeats` times (median kept, spread shown); one that a limit
 refuses (a memory cap, say) is skipped and the reason noted. With a model, its images/s alone is
 measured first and each trial trains it on the loader's batches (end to end): the search stops as
@@ -37,6 +38,7 @@ from gpufeed.advise.measure import (
 from gpufeed.advise.progress import progress_notes
 from gpufeed.data.settings import SETTING_KEYS
 from gpufeed.devices import default_device
+from gpufeed.extras import installed
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -59,6 +61,7 @@ class Trial:
     note: str = ""
     spread: float = math.nan  # (max - min) / median of the repeats
     data_wait_share: float = math.nan  # end to end with a model: share of step time waiting
+    decoder: str = "auto"  # "nvimgcodec": the CPU workers decode only each crop box
 
     def settings(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in SETTING_KEYS}
@@ -221,10 +224,7 @@ def _search(
         """Measure a trial; True when the search should stop (the loader outruns the model)."""
         if any(t.settings() == trial.settings() for t in result.trials):
             return False
-        note(
-            f"trial {len(result.trials) + 1}: {trial.num_workers} workers, prefetch "
-            f"{trial.prefetch}, {trial.preprocess}, batch {trial.batch_size} …"
-        )
+        note(f"trial {len(result.trials) + 1}: {_described(trial)} …")
         try:
             loader = Loader(
                 shards,
@@ -232,14 +232,12 @@ def _search(
                 num_workers=trial.num_workers,
                 prefetch=trial.prefetch,
                 preprocess=trial.preprocess,
+                decoder=trial.decoder,
                 device=result.device,
                 augment=Augment(size=(result.image_size, result.image_size)),
             )
         except ValueError as e:  # e.g. a memory cap this trial does not fit: skip it, say why
-            result.notes.append(
-                f"skipped {trial.num_workers} workers, prefetch {trial.prefetch}, "
-                f"{trial.preprocess}, batch {trial.batch_size}: {e}"
-            )
+            result.notes.append(f"skipped {_described(trial)}: {e}")
             return False
         rates, waits = [], []
         try:
@@ -262,10 +260,7 @@ def _search(
                     rates.append(rate.images_per_s)
                     waits.append(rate.data_wait_share)
         except MeasureError as e:  # a limit met while running (memory cap, device): skip, say why
-            result.notes.append(
-                f"skipped {trial.num_workers} workers, prefetch {trial.prefetch}, "
-                f"{trial.preprocess}, batch {trial.batch_size}: {e}"
-            )
+            result.notes.append(f"skipped {_described(trial)}: {e}")
             return False
         finally:
             loader.close()  # its worker processes, before the next trial starts its own
@@ -309,11 +304,28 @@ def _search(
     choose_preprocess("auto", result.device, None, rate)
     if result.stopped_early:
         return
+    best = result.best if result.trials else base
+    if best.preprocess == "cpu" and installed("nvimgcodec"):  # the workers decode crop boxes only
+        regions = Trial(batch_size, best.num_workers, best.prefetch, "cpu", decoder="nvimgcodec")
+        if run(regions):
+            return
     if allow_batch_change:
         best = result.best if result.trials else base
         for b in (batch_size // 2, batch_size * 2):
-            if b >= 1 and run(Trial(b, best.num_workers, best.prefetch, best.preprocess)):
+            bigger = Trial(
+                b, best.num_workers, best.prefetch, best.preprocess, decoder=best.decoder
+            )
+            if b >= 1 and run(bigger):
                 return
+
+
+def _described(trial: Trial) -> str:
+    """'4 workers, prefetch 2, cpu, batch 64' (and the decoder, where it is not the default)."""
+    decoder = "" if trial.decoder == "auto" else f", decoder {trial.decoder}"
+    return (
+        f"{trial.num_workers} workers, prefetch {trial.prefetch}, {trial.preprocess}{decoder}, "
+        f"batch {trial.batch_size}"
+    )
 
 
 def _render(result: TuneResult) -> Group:
@@ -333,17 +345,23 @@ def _render(result: TuneResult) -> Group:
         for name, values in (
             ("batch", {t.batch_size for t in trials}),
             ("preprocess", {t.preprocess for t in trials}),
+            ("decoder", {t.decoder for t in trials}),
         )
         if len(values) == 1
     }
+    if fixed.get("decoder") == "auto":  # the default everywhere: nothing to say
+        del fixed["decoder"]
     title = f"gpufeed tune: {result.data}" + "".join(f" · {k} {v}" for k, v in fixed.items())
     # run strings (paths, error messages in the notes) are Text, never read as markup
     parts.append(Text(title))  # as wide as the terminal, not the table
     table = Table(box=box.SIMPLE_HEAVY, show_edge=False, collapse_padding=True)
-    cols = ["#", "workers", "prefetch", "preprocess", "batch", "images/s", "±", "speedup"]
-    cols = [c for c in cols if c not in fixed]
+    cols = ["#", "workers", "prefetch", "preprocess", "decoder", "batch", "images/s", "±"]
+    cols = [c for c in [*cols, "speedup"] if c not in fixed]
+    if len({t.decoder for t in trials}) == 1:
+        cols.remove("decoder")
     for col in cols:
-        table.add_column(col, justify="left" if col == "preprocess" else "right", no_wrap=True)
+        left = col in ("preprocess", "decoder")
+        table.add_column(col, justify="left" if left else "right", no_wrap=True)
     table.add_column("", no_wrap=True)  # "default" (the row speedups compare with), "← best"
     for i, t in enumerate(trials, 1):
         cells = {
@@ -351,6 +369,7 @@ def _render(result: TuneResult) -> Group:
             "workers": str(t.num_workers),
             "prefetch": str(t.prefetch),
             "preprocess": t.preprocess,
+            "decoder": t.decoder,
             "batch": str(t.batch_size),
             "images/s": f"{t.images_per_s:,.0f}",
             "±": f"±{t.spread / 2:.0%}" if math.isfinite(t.spread) else "–",

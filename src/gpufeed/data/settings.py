@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from gpufeed.data.choose import PREPROCESS_MODES
+from gpufeed.data.spec import DECODERS
 from gpufeed.errors import GpufeedError
 
 __all__ = ["SETTING_KEYS", "SettingsError", "load_settings"]
 
-SETTING_KEYS = ("batch_size", "num_workers", "prefetch", "preprocess")
+SETTING_KEYS = ("batch_size", "num_workers", "prefetch", "preprocess", "decoder")
+OPTIONAL = {"decoder": "auto"}  # keys a file may lack (written before they existed): their default
 
 
 class SettingsError(GpufeedError, ValueError):
@@ -39,6 +41,7 @@ def load_settings(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise SettingsError(
             f"{p}: no 'loader' object; this is not a file written by `gpufeed tune`"
         )
+    loader = {**OPTIONAL, **loader}
     missing = [k for k in SETTING_KEYS if k not in loader]
     unknown = sorted(set(loader) - set(SETTING_KEYS))
     if missing or unknown:
@@ -54,5 +57,9 @@ def load_settings(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise SettingsError(
             f"{p}: loader.preprocess = {loader['preprocess']!r}: use one of "
             + ", ".join(PREPROCESS_MODES)
+        )
+    if loader["decoder"] not in DECODERS:
+        raise SettingsError(
+            f"{p}: loader.decoder = {loader['decoder']!r}: use one of " + ", ".join(DECODERS)
         )
     return {k: loader[k] for k in SETTING_KEYS}
