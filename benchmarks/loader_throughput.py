@@ -44,6 +44,7 @@ from gpufeed.data.loader import Loader
 from gpufeed.data.packing import pack
 from gpufeed.data.rate import measure_loader
 from gpufeed.demo.synth import make_image_folder
+from gpufeed.extras import installed
 
 BATCH = 64
 SIZE = 224
@@ -108,15 +109,6 @@ def gpufeed(
     return _time(
         lambda: Loader(shards, BATCH, num_workers=workers, augment=aug, decoder=decoder), workers
     )
-
-
-def regions_importable() -> bool:
-    """Whether nvImageCodec is installed, for the workers' decode over crop regions."""
-    try:
-        import nvidia.nvimgcodec  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 _DATAS: list[bytes] = []  # the images, loaded before the pool forks so no bytes are sent to it
@@ -184,7 +176,7 @@ def main() -> None:
             ):
                 if name.endswith("fused load") and not load.isdigit():
                     continue
-                if name.endswith("crop regions") and not regions_importable():
+                if name.endswith("crop regions") and not installed("nvimgcodec"):
                     continue
                 results.setdefault((name, load), []).append(run(load=load, workers=cores))
                 first, steady, cpu = results[name, load][-1]

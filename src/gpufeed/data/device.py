@@ -72,7 +72,7 @@ def decoder_choice(spec: BatchSpec, device: torch.device) -> str:
     """Who decodes `spec`'s batches for `device`: "workers", "regions" (the workers, through
     nvImageCodec, over the crop boxes), "dali", "nvimgcodec", "nvjpeg" or "cpu" (the feeder
     thread); a clear error when the decoder asked for cannot run here."""
-    if spec.handoff == "decoded" and spec.decoder == "nvimgcodec":
+    if spec.crop_regions:
         require("nvimgcodec")
         return "regions"
     if spec.handoff != "encoded":

@@ -12,6 +12,7 @@ nvImageCodec's CPU backend, which can decode a region of a JPEG without the rest
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,10 +84,9 @@ class RegionDecoder:
     def __init__(self) -> None:
         self._pid = -1  # a decoder made before a fork is not used after it
         self._decoder: Any = None
+        self._params: Any = None
 
     def _library(self) -> tuple[Any, Any]:
-        import os
-
         nic = require("nvimgcodec")
         if self._pid != os.getpid():
             self._decoder = nic.Decoder(

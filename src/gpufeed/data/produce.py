@@ -74,7 +74,6 @@ def fill_slot(
     user = aug.transform is not None and aug.transform_on == "worker"
     gen = batch_generator(seed, at.epoch, rank, at.batch)
     rest: list[torch.Tensor] | None = [] if spec.handoff == "first_pass" else None
-    regions = spec.decoder == "nvimgcodec" and spec.handoff == "decoded"
     images, labels, corrupt = build_batch(
         samples,
         aug,
@@ -84,7 +83,7 @@ def fill_slot(
         strict=spec.strict,
         alloc=None if user and spec.host_dtype != torch.uint8 else alloc,
         rest=rest,
-        decoder=_region_decoder() if regions else cpu_decoder,
+        decoder=_region_decoder() if spec.crop_regions else cpu_decoder,
     )
     if rest:  # the later warps' matrices, image by image: N × (6 per warp)
         slots.params[index, : len(labels)] = torch.cat([w.reshape(-1, 6) for w in rest], 1)

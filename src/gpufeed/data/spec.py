@@ -46,6 +46,11 @@ class BatchSpec:
             raise ValueError(f"handoff={self.handoff!r}: one of {', '.join(HANDOFFS)}")
 
     @property
+    def crop_regions(self) -> bool:
+        """Whether the workers decode each full-size JPEG over its crop box only (nvImageCodec)."""
+        return self.handoff == "decoded" and self.decoder == "nvimgcodec"
+
+    @property
     def host_dtype(self) -> Any:
         """The dtype of "decoded" slots."""
         import torch
