@@ -63,6 +63,23 @@ def test_a_run_still_being_written_loads_and_says_so(make_run):
         writer.close()
 
 
+def test_a_store_written_before_wait_cpu_was_measured_loads_it_as_unknown(make_run):
+    import sqlite3
+
+    run_dir = make_run(ranks={0: [(0, 1.0, 2.0, 0.5, 8.0, None), (1, 2.0, 3.0, 0.4, 8.0, None)]})
+    (path,) = run_dir.glob("steps-*.db")
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE cpu_phases")  # as in gpufeed before the table existed
+    assert gpufeed.load(run_dir).steps["data_wait_cpu"].isna().all()
+
+    store = Store(path)  # a store that has the table: each step's CPU, NaN where not written
+    store.write(cpu_phases=[(1, 0.38)])
+    store.close()
+    assert gpufeed.load(run_dir).steps["data_wait_cpu"].tolist() == pytest.approx(
+        [math.nan, 0.38], nan_ok=True
+    )
+
+
 def test_unknown_start_gives_nan_duration(make_run):
     run = gpufeed.load(make_run(ranks={0: [(0, None, 5.0, 0.0, None, None)]}))
     assert math.isnan(run.steps["duration"].iloc[0]) and math.isnan(run.steps["samples"].iloc[0])

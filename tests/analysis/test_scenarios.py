@@ -140,6 +140,7 @@ def test_cpu_heavy_transform_without_workers_blames_the_training_process(scenari
         pytest.skip(_STARVED["cpu_transform"])
     cpu = scenarios["cpu_transform"]["CPUBottleneck"]
     assert cpu.evidence["role"] == "main"
+    assert cpu.evidence["main_cpu_while_waiting_from"] == "measured"  # across each wait
     loader = scenarios["cpu_transform"]["DataLoaderBottleneck"]
     assert loader.evidence["num_workers"] == 0 and "now 0" in loader.recommendation
 

@@ -74,6 +74,8 @@ def test_trace_puts_evaluation_on_its_own_track_and_nests_phases_in_steps(run_di
                 for s in steps
             ), (name, e)
     assert all("forward_ms" in s["args"] for s in steps[1:])
+    waits = [e for e in spans if e["name"] == "data wait"]  # with the training thread's CPU
+    assert all(0 <= e["args"]["cpu_ms"] <= e["dur"] / 1e3 + 1 for e in waits)
 
     unknown = dataclasses.replace(run, steps=run.steps.assign(data_wait=np.nan))
     spans = [e for e in build_trace(unknown)["traceEvents"] if e["ph"] == "X"]

@@ -141,3 +141,42 @@ def test_worker_start_up_inside_iter_is_data_wait_not_compute(run_profiled):
     # the second epoch's first step waited for iter() to pickle the dataset for its worker
     assert steps["data_wait"].iloc[2] >= 0.4
     assert steps["other"].iloc[2] < 0.4
+
+
+WAITING_LOOP = """
+import sys
+import time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Data(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        end = time.perf_counter() + 0.005
+        if sys.argv[1] == "burn":  # decoding in the training process itself (num_workers=0)
+            while time.perf_counter() < end:
+                pass
+        else:  # reading from a slow disk: asleep
+            time.sleep(0.005)
+        return torch.randn(4), i % 2
+
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in DataLoader(Data(), batch_size=4):
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_the_cpu_a_training_process_burns_while_it_waits_is_measured(run_profiled):
+    share = {}
+    for mode in ("burn", "sleep"):
+        cp, run_dir = run_profiled(WAITING_LOOP, mode)
+        assert cp.returncode == 0, cp.stderr[-2000:]
+        steps = gpufeed.load(run_dir).steps
+        assert len(steps) == 16 and steps["data_wait_cpu"].notna().all()
+        share[mode] = steps["data_wait_cpu"].sum() / steps["data_wait"].sum()
+    # a full core while it loads, none while it sleeps (a shared 2-core host may halve the first)
+    assert share["burn"] > 0.4 and share["sleep"] < 0.25, share

@@ -38,6 +38,21 @@ def test_a_step_spans_from_the_previous_step_end_and_includes_its_data_wait(reco
     assert g1 is None  # no CUDA: no GPU time
 
 
+def test_the_cpu_used_across_a_steps_training_waits_is_stored_with_it(recorder):
+    now = time.perf_counter()
+    recorder.on_iter_start(now - 0.5, now - 0.4, None, cpu=0.05)  # worker start-up: input time
+    recorder.on_batch(now - 0.4, now - 0.2, FakeTensor(4), None, cpu=0.15)
+    recorder.on_batch(now - 0.2, now, FakeTensor(4), None, cpu=0.2)
+    recorder.on_optimizer_step(Opt())
+    recorder.on_batch(now, now + 0.1, FakeTensor(4), None)  # not measured: the step's CPU unknown
+    recorder.on_optimizer_step(Opt())
+    recorder.flush()
+    data = read_store(recorder.path)
+    assert [w for *_, w, _, _ in data["steps"]] == pytest.approx([0.5, 0.1])
+    ((step, cpu),) = data["cpu_phases"]
+    assert step == 0 and cpu == pytest.approx(0.4)
+
+
 class Opt:
     """A stand-in optimizer object: the hook only needs its identity."""
 

@@ -147,6 +147,9 @@ def build_trace(
             for p in ("forward", "backward", "optimizer")
         }
         samples = g["samples"].to_numpy(dtype=float)
+        wait_cpu = (
+            g["data_wait_cpu"].to_numpy(dtype=float) if "data_wait_cpu" in g else wait * np.nan
+        )
         for i, step in enumerate(g["step"].to_numpy()):
             args: dict[str, Any] = {
                 "step": int(step),
@@ -159,7 +162,13 @@ def build_trace(
                 args["samples"] = int(samples[i])
             events.append(_span(f"step {int(step)}", "step", ts[i], dur[i], pid, tid, args))
             if math.isfinite(wait[i]) and wait[i] > 0:
-                events.append(_span("data wait", "data", ts[i], min(wait[i], dur[i]), pid, tid))
+                # the training thread's CPU meanwhile: loading itself, or asleep on workers
+                cpu = (
+                    {"cpu_ms": round(wait_cpu[i] * 1e3, 3)} if math.isfinite(wait_cpu[i]) else None
+                )
+                events.append(
+                    _span("data wait", "data", ts[i], min(wait[i], dur[i]), pid, tid, cpu)
+                )
             # The hooks keep durations only: lay the model's phases back from the step's end (the
             # end of its optimizer step), never before the data wait.
             floor = ts[i] + (min(wait[i], dur[i]) if math.isfinite(wait[i]) else 0.0)

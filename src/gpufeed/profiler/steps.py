@@ -98,12 +98,14 @@ def _autocast_active(device_type: str) -> bool:
 
 @dataclass
 class StepParts:
-    """One training step split into phases (host seconds; NaN where not measured), the evaluation
-    pass found among its events, if any: (start, end, batches, samples, data_wait), and the GPU
-    clock's marks of its training phases: (phase, begin, end)."""
+    """One training step split into phases (host seconds; NaN where not measured), the training
+    thread's CPU seconds while it waited on data, the evaluation pass found among its events, if any:
+    (start, end, batches, samples, data_wait), and the GPU clock's marks of its training phases:
+    (phase, begin, end)."""
 
     start: float
     data_wait: float
+    data_wait_cpu: float
     samples: float
     forward: float
     backward: float
@@ -121,7 +123,8 @@ def split_step(
 ) -> StepParts:
     """Split one step's events (in order) into phases and take evaluation out of it.
 
-    Events: ("f", t0, t1, samples, iterator id[, True at the epoch's end]) a batch fetched; ("F", t0, t1, samples, module id,
+    Events: ("f", t0, t1, samples, iterator id[, True at the epoch's end[, CPU seconds meanwhile]])
+    a batch fetched; ("F", t0, t1, samples, module id,
     grad enabled, module.training[, gpu begin, gpu end]) a forward of a root module; ("B", t0, t1[,
     gpu begin, gpu end]) a backward pass; ("O", t0, t1[, gpu begin, gpu end]) an optimizer step.
     GPU marks (None where not taken) of training forwards, backward passes and optimizer steps
@@ -130,7 +133,8 @@ def split_step(
     iterator, are evaluation too. The step then starts where the evaluation ended. Data wait is the
     DataLoader's blocked time where batches came from one; else (any other iterator) the host time
     before each training forward and between it and its backward that no hook attributes elsewhere;
-    NaN (unknown) where neither was seen. Samples come from the model's input (a loader reading ahead cannot shift them), else from
+    NaN (unknown) where neither was seen. Its CPU is the training thread's CPU time across those fetches,
+    NaN where any of them was not measured or the wait was not a DataLoader's. Samples come from the model's input (a loader reading ahead cannot shift them), else from
     the fetched batches. `eval_iters` (ids of evaluation iterators) is updated in place, and so is
     `train_iters` (those that fed training steps) when given.
     """
@@ -144,7 +148,7 @@ def split_step(
             backward_after.add(i)
     ev: list[Any] | None = None  # [t0, t1, batches, samples, wait]
     pending: list[tuple] = []
-    fetch_wait, fetch_n, fetched, fetch_known = 0.0, 0.0, False, False
+    fetch_wait, fetch_cpu, fetch_n, fetched, fetch_known = 0.0, 0.0, 0.0, False, False
     fwd = bwd = opt = 0.0
     n_fwd, opt_seen, fwd_samples, fwd_known, primary = 0, False, 0.0, True, None
     gap, mark, since_mark = 0.0, start, 0.0
@@ -160,8 +164,9 @@ def split_step(
         ev[4] += wait
 
     def to_training(fetch: tuple) -> None:
-        nonlocal fetch_wait, fetch_n, fetched, fetch_known
+        nonlocal fetch_wait, fetch_cpu, fetch_n, fetched, fetch_known
         fetch_wait += fetch[2] - fetch[1]
+        fetch_cpu += fetch[6] if len(fetch) > 6 else NAN
         fetch_n += fetch[3] or 0.0
         fetched, fetch_known = True, fetch_known or fetch[3] is not None
         if train_iters is not None:
@@ -180,7 +185,7 @@ def split_step(
                 continue
             if not e[5] or (not e[6] and i not in backward_after):
                 for p in pending:
-                    if len(p) < 6:  # an epoch's end (StopIteration) names no evaluation iterator
+                    if len(p) < 6 or not p[5]:  # an epoch's end names no evaluation iterator
                         eval_iters.add(p[4])
                     to_eval(p[1], p[2], p[2] - p[1], 0, None)
                 to_eval(e[1], e[2], 0.0, 1, e[3])
@@ -225,6 +230,7 @@ def split_step(
     )
     if ev is not None and ev[1] <= first_train:
         start = max(start, ev[1]) if math.isfinite(start) else start
+    wait_cpu = fetch_cpu if fetched else NAN
     if fetched:
         wait = fetch_wait
     elif n_fwd and math.isfinite(start):
@@ -240,6 +246,7 @@ def split_step(
     return StepParts(
         start,
         wait,
+        wait_cpu,
         samples,
         fwd if n_fwd else NAN,
         bwd if n_fwd else NAN,
@@ -329,11 +336,14 @@ class Recorder:
         if self._start is None:
             self._start = time.perf_counter()
 
-    def on_batch(self, t0: float, t1: float, batch: Any, iterator: Any = None) -> None:
-        """A DataLoader `__next__` blocked from t0 to t1 (perf_counter) and returned `batch`."""
+    def on_batch(
+        self, t0: float, t1: float, batch: Any, iterator: Any = None, cpu: float = NAN
+    ) -> None:
+        """A DataLoader `__next__` blocked from t0 to t1 (perf_counter) and returned `batch`; the
+        calling thread used `cpu` seconds of CPU meanwhile (NaN: not measured)."""
         if self._start is None:
             self._start = t0
-        self._events.append(("f", t0, t1, batch_size(batch), _serial(iterator)))
+        self._events.append(("f", t0, t1, batch_size(batch), _serial(iterator), False, cpu))
         if iterator is not None and id(iterator) != self._last_iter:
             self._last_iter = id(iterator)
             if self.batch_kind is None:
@@ -347,17 +357,17 @@ class Recorder:
         if self._ev_start is None and self.cuda_ready():
             self._ev_start = self.gpu_mark()
 
-    def on_wait(self, t0: float, t1: float, iterator: Any = None) -> None:
+    def on_wait(self, t0: float, t1: float, iterator: Any = None, cpu: float = NAN) -> None:
         """A DataLoader `__next__` blocked from t0 to t1 and ended the epoch (StopIteration)."""
         if self._start is None:
             self._start = t0
-        self._events.append(("f", t0, t1, None, _serial(iterator), True))
+        self._events.append(("f", t0, t1, None, _serial(iterator), True, cpu))
 
-    def on_iter_start(self, t0: float, t1: float, iterator: Any) -> None:
+    def on_iter_start(self, t0: float, t1: float, iterator: Any, cpu: float = NAN) -> None:
         """`iter(DataLoader)` took t0..t1 (worker start-up): input time of the batches it feeds."""
         if self._start is None:
             self._start = t0
-        self._events.append(("f", t0, t1, None, _serial(iterator)))
+        self._events.append(("f", t0, t1, None, _serial(iterator), False, cpu))
 
     def on_forward(
         self,
@@ -494,7 +504,7 @@ class Recorder:
             rows = _drain(self._queue)
             workers = _drain(self._workers)
             off = self._offset
-            step_rows, phase_rows, eval_rows = [], [], []
+            step_rows, phase_rows, cpu_rows, eval_rows = [], [], [], []
             for step, start, end, events, explicit, ev0, ev1, own_start in rows:
                 parts = split_step(start, events, self.models, self._eval_iters, self._train_iters)
                 samples = parts.samples if explicit is None else explicit
@@ -502,6 +512,8 @@ class Recorder:
                     (step, parts.start + off, end + off, parts.data_wait, samples, NAN)
                 )
                 phase_rows.append((step, parts.forward, parts.backward, parts.optimizer))
+                if math.isfinite(parts.data_wait_cpu):
+                    cpu_rows.append((step, parts.data_wait_cpu))
                 if parts.evaluation is not None:
                     t0, t1, batches, n, wait = parts.evaluation
                     eval_rows.append((t0 + off, t1 + off, batches, n, wait))
@@ -547,6 +559,7 @@ class Recorder:
                     gpu_times,
                     steps=step_rows,
                     phases=phase_rows,
+                    cpu_phases=cpu_rows,
                     gpu_phases=gpu_rows,
                     evals=eval_rows,
                     workers=workers,

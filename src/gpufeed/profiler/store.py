@@ -23,6 +23,7 @@ CREATE TABLE IF NOT EXISTS processes (time REAL, pid INTEGER, role TEXT, cpu REA
 CREATE TABLE IF NOT EXISTS workers (pid INTEGER PRIMARY KEY, time REAL);
 CREATE TABLE IF NOT EXISTS phases (step INTEGER PRIMARY KEY, forward REAL, backward REAL,
                                    optimizer REAL);
+CREATE TABLE IF NOT EXISTS cpu_phases (step INTEGER PRIMARY KEY, data_wait REAL);
 CREATE TABLE IF NOT EXISTS gpu_phases (step INTEGER PRIMARY KEY, forward REAL, backward REAL,
                                        optimizer REAL);
 CREATE TABLE IF NOT EXISTS evals (start REAL, "end" REAL, batches INTEGER, samples REAL,
@@ -35,6 +36,7 @@ TABLES = {
     "processes": ("time", "pid", "role", "cpu", "rss"),
     "workers": ("pid", "time"),
     "phases": ("step", "forward", "backward", "optimizer"),
+    "cpu_phases": ("step", "data_wait"),
     "gpu_phases": ("step", "forward", "backward", "optimizer"),
     "evals": ("start", "end", "batches", "samples", "data_wait"),
 }
@@ -69,7 +71,7 @@ class Store:
             for table, data in rows.items():
                 cols = TABLES[table]
                 marks = ",".join("?" * len(cols))
-                keyed = table in ("steps", "workers", "phases", "gpu_phases")
+                keyed = table in ("steps", "workers", "phases", "cpu_phases", "gpu_phases")
                 verb = "INSERT OR REPLACE" if keyed else "INSERT"
                 db.executemany(f"{verb} INTO {table} VALUES ({marks})", data)
             if gpu_times:

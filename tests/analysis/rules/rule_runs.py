@@ -33,8 +33,10 @@ class RunBuilder:
         start: float = T0 + 1.0,
         samples: float = 32,
         process_start: float = T0,
+        wait_cpu: float = np.nan,
     ) -> RunBuilder:
-        """Back-to-back steps of one rank; its training process has pid 1000 + rank."""
+        """Back-to-back steps of one rank; its training process has pid 1000 + rank and uses
+        `wait_cpu` % of a core while its steps wait (NaN: not measured)."""
         d = np.asarray(durations, dtype=float)
         w = np.broadcast_to(np.asarray(waits, dtype=float), d.shape)
         ends = start + np.cumsum(d)
@@ -42,6 +44,7 @@ class RunBuilder:
             self._steps.append(
                 (self.host, rank, rank, 1000 + rank, i, end - dur, end, dur, wait, samples, np.nan)
                 + (np.nan,) * 7  # phases (host clock, other, GPU clock): not measured
+                + (wait * wait_cpu / 100,)
             )
         self.ranks.append(
             {

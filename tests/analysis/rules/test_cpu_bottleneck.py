@@ -242,6 +242,30 @@ def test_the_sample_reaching_into_the_warm_up_does_not_sway_the_fit() -> None:
     assert low > 97 and high < 103
 
 
+def _phase_locked(wait_cpu: float):
+    """Steps exactly one sampling interval long, 79 of their 100 ms waiting for data: every
+    sample holds the same wait share, so a fit cannot tell waiting from computing. The training
+    process's CPU is 78% in every sample; `wait_cpu` is what its thread used across its waits."""
+    b = RunBuilder(interval=0.1, cpu_count=2).steps([0.1] * 100, waits=0.079, wait_cpu=wait_cpu)
+    return b.process(1000, "main", 78.0).build()
+
+
+def test_cpu_measured_across_each_wait_finds_a_loader_the_samples_cannot() -> None:
+    assert fired(_phase_locked(np.nan)) == []  # fitted: no verdict
+    (f,) = fired(_phase_locked(97.0))
+    assert f.evidence["role"] == "main" and f.evidence["main_cpu_while_waiting_from"] == "measured"
+    assert f.evidence["main_cpu_while_waiting_pct"] == 97.0
+    assert f.evidence["main_cpu_while_computing_pct"] == "n/a"  # the samples still cannot tell
+    assert "the training thread runs at 97% CPU (97-97%) while its steps wait" in f.recommendation
+
+
+def test_a_training_process_asleep_while_it_waits_is_not_cpu_bound() -> None:
+    # The same run, but the waits are spent asleep (reading from a slow disk): not a CPU problem.
+    assert fired(_phase_locked(3.0)) == []
+    loading, _ = Context(_phase_locked(3.0)).main_cpu_split()
+    assert abs(loading - 3.0) < 1e-9
+
+
 def test_one_free_core_is_said_in_the_singular() -> None:
     b = RunBuilder(cpu_count=4).steps([0.1] * 100, waits=0.06).process(1000, "main", 90.0)
     b.process(2000, "worker", 97.0).process(2001, "worker", 97.0)

@@ -20,6 +20,8 @@ from gpufeed.analysis.rules.base import Param
 from gpufeed.present.numbers import count
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gpufeed.analysis.run import Run
 
 WARMUP_ID = "warmup"
@@ -335,10 +337,13 @@ class Context:
         """CPU of the training processes (on `host`; None: on every host, % of a core) while their
         steps wait on data, and otherwise.
 
-        Each process sample averages CPU over the interval before it; with f the share of that interval
-        spent in data wait, cpu = a*f + b*(1-f) is fitted by least squares and (a, b) returned, clipped
-        to what a process can use (0 to 100 x cores). NaN where the samples do not separate waiting
-        from computing.
+        While waiting: measured where the steps have `data_wait_cpu`, the CPU time the training
+        threads used across their data waits over the waits' wall time (a thread, not the process:
+        idle OpenMP threads spinning on other cores do not count). Otherwise, and always for the
+        CPU while computing: each process sample averages CPU over the interval before it; with f
+        the share of that interval spent in data wait, cpu = a*f + b*(1-f) is fitted by least
+        squares. Clipped to what a process can use (0 to 100 x cores); NaN where the samples do not
+        separate waiting from computing.
         """
         return self._main_cpu_fit(host)[0]
 
@@ -347,16 +352,78 @@ class Context:
         it; a weak fit (few samples, noisy CPU) gives a wide range. NaN where there is no fit."""
         return self._main_cpu_fit(host)[1]
 
+    def main_cpu_waiting_measured(self, host: str | None = None) -> bool:
+        """Whether `main_cpu_split`'s CPU-while-waiting was measured across the waits, not fitted."""
+        return bool(np.isfinite(self._measured_wait_cpu(host)[0]))
+
+    def _measured_wait_cpu(self, host: str | None) -> tuple[float, float]:
+        """(CPU % while waiting, its 2-standard-error margin) from the steps' `data_wait_cpu`: the
+        ratio of the CPU time to the wait time over the steps that have both; NaN unless those
+        steps hold at least half of the data wait."""
+        nan = (float("nan"), float("nan"))
+        s = self.steps
+        if "data_wait_cpu" not in s or len(s) == 0:
+            return nan
+        if host is not None:
+            s = s[s["host"] == host]
+        wait = s["data_wait"].to_numpy(dtype=float)
+        cpu = s["data_wait_cpu"].to_numpy(dtype=float)
+        known = np.isfinite(cpu)
+        total = float(wait[known].sum())
+        if known.sum() < 3 or total <= 0 or total < 0.5 * float(wait.sum()):
+            return nan
+        w, c = wait[known], cpu[known]
+        ratio = float(c.sum()) / total
+        residual = c - ratio * w
+        se = float(np.sqrt(np.sum(residual**2) * len(w) / (len(w) - 1))) / total
+        return 100.0 * ratio, 200.0 * se
+
     def _main_cpu_fit(self, host: str | None) -> tuple[tuple[float, float], tuple[float, float]]:
         if host not in self._fits:
             self._fits[host] = self._fit_main_cpu(host)
         return self._fits[host]
 
     def _fit_main_cpu(self, host: str | None) -> tuple[tuple[float, float], tuple[float, float]]:
+        hosts = [host] if host is not None else list(self.rank_hosts)
+        top = 100.0 * max([self.cores_of(h) for h in hosts] or [self.cpu_count])
+
+        def clip(x: float) -> float:
+            return float(min(max(x, 0.0), top))
+
+        fit = self._fit_samples(host, clip)
+        measured, margin = self._measured_wait_cpu(host)
+        if np.isfinite(measured):
+            (_, computing), _ = fit
+            return (clip(measured), computing), (clip(measured - margin), clip(measured + margin))
+        return fit
+
+    def _fit_samples(
+        self, host: str | None, clip: Callable[[float], float]
+    ) -> tuple[tuple[float, float], tuple[float, float]]:
+        """`main_cpu_split` and its range fitted to the process samples alone."""
         nan = (float("nan"), float("nan"))
-        if "pid" not in self.steps:
+        f, cpu = self._wait_shares(host)
+        if len(f) == 0:
             return nan, nan
-        fs, cpus = [], []
+        if f.std() < 0.05:
+            if f.mean() > 0.9:
+                se = 2 * float(cpu.std()) / max(1.0, np.sqrt(len(cpu)))
+                a = float(cpu.mean())
+                return (clip(a), float("nan")), (clip(a - se), clip(a + se))
+            return nan, nan
+        design = np.column_stack([f, 1.0 - f])
+        (a, b), *_ = np.linalg.lstsq(design, cpu, rcond=None)
+        dof = max(1, len(cpu) - 2)
+        sigma2 = float(np.sum((cpu - design @ np.array([a, b])) ** 2)) / dof
+        se = 2 * float(np.sqrt(sigma2 * np.linalg.pinv(design.T @ design)[0, 0]))
+        return (clip(a), clip(b)), (clip(a - se), clip(a + se))
+
+    def _wait_shares(self, host: str | None) -> tuple[np.ndarray, np.ndarray]:
+        """(f, cpu) per sample of the training processes (on `host`) inside their steps: the share
+        of the sample's interval spent in data wait, and the process's CPU % over it."""
+        fs, cpus = [np.zeros(0)], [np.zeros(0)]
+        if "pid" not in self.steps:
+            return fs[0], cpus[0]
         main = self.processes[self.processes["role"] == "main"]
         for (on, pid), s in self.steps.groupby(["host", "pid"]):
             if host is not None and on != host:
@@ -371,27 +438,7 @@ class Context:
                 continue
             fs.append(_share_inside(s, t_start[inside], t_end[inside]))
             cpus.append(m["cpu"].to_numpy(dtype=float)[inside])
-        if not fs:
-            return nan, nan
-        f, cpu = np.concatenate(fs), np.concatenate(cpus)
-        hosts = [host] if host is not None else list(self.rank_hosts)
-        top = 100.0 * max([self.cores_of(h) for h in hosts] or [self.cpu_count])
-
-        def clip(x: float) -> float:
-            return float(min(max(x, 0.0), top))
-
-        if f.std() < 0.05:
-            if f.mean() > 0.9:
-                se = 2 * float(cpu.std()) / max(1.0, np.sqrt(len(cpu)))
-                a = float(cpu.mean())
-                return (clip(a), float("nan")), (clip(a - se), clip(a + se))
-            return nan, nan
-        design = np.column_stack([f, 1.0 - f])
-        (a, b), *_ = np.linalg.lstsq(design, cpu, rcond=None)
-        dof = max(1, len(cpu) - 2)
-        sigma2 = float(np.sum((cpu - design @ np.array([a, b])) ** 2)) / dof
-        se = 2 * float(np.sqrt(sigma2 * np.linalg.pinv(design.T @ design)[0, 0]))
-        return (clip(a), clip(b)), (clip(a - se), clip(a + se))
+        return np.concatenate(fs), np.concatenate(cpus)
 
     @cached_property
     def interval(self) -> float:

@@ -26,13 +26,15 @@ class CPUBottleneck(Rule):
     with num_workers=0, or Python/launch overhead with no data wait), or processes outside the run.
     A process counts as saturated at `busy` % of a core, or at half that while its host is above
     `host_busy` % (it is then starved rather than idle); so do a host's loader workers that
-    together keep half its cores busy while it is. The training process's CPU while it waits is a
-    fit, clipped to what it can use, and must be saturated over its whole range; each host's
-    training processes are fitted and judged by that host's load. On a host so
-    oversubscribed that the run's processes get less than that, the rule stays silent: CPU-bound
-    and sleeping look alike. So it does where the samples hold about the same share of data wait
-    each (steps about one sampling interval long, with little compute in them): waiting cannot be
-    told from computing. Free cores are those neither the run nor other processes keep busy;
+    together keep half its cores busy while it is. The training process's CPU while it waits is
+    measured across each DataLoader wait (its CPU time over the wait's wall time), or, where it
+    was not (a run recorded before gpufeed measured it, or batches that come from another
+    iterator), fitted to the CPU samples; it must be saturated over its whole 95% range, and each
+    host's training processes are judged by that host's load. On a host so oversubscribed that
+    the run's processes get less than that, the rule stays silent: CPU-bound and sleeping look
+    alike. A fit also stays silent where the samples hold about the same share of data wait each
+    (steps about one sampling interval long, with little compute in them): waiting cannot be told
+    from computing. Free cores are those neither the run nor other processes keep busy;
     the workers it advises are DataLoaderBottleneck's count (`Context.workers_needed`, capped by
     `Context.worker_room`), so the two rules never name two numbers.
     """
@@ -138,19 +140,23 @@ class CPUBottleneck(Rule):
                 ctx.main_cpu_split(loader),
                 ctx.main_cpu_waiting_range(loader),
             )
+            measured = ctx.main_cpu_waiting_measured(loader)
+            # measured: the thread that iterates the loader; fitted: the whole process
+            one, many = ("thread", "threads") if measured else ("process", "processes")
             evidence |= {
                 "role": "main",
                 "main_cpu_while_waiting_pct": round(loading, 1),
                 "main_cpu_while_waiting_range": f"{low:.0f}-{high:.0f}",
+                "main_cpu_while_waiting_from": "measured" if measured else "fitted",
                 "main_cpu_while_computing_pct": round(computing, 1)
                 if np.isfinite(computing)
                 else "n/a",
             } | _host_evidence(ctx, loader, several)
             who = (
-                f"the training processes on {loader} run at {loading:.0f}% CPU each "
+                f"the training {many} on {loader} run at {loading:.0f}% CPU each "
                 f"({low:.0f}-{high:.0f}%) while their"
                 if several
-                else f"the training process runs at {loading:.0f}% CPU ({low:.0f}-{high:.0f}%) "
+                else f"the training {one} runs at {loading:.0f}% CPU ({low:.0f}-{high:.0f}%) "
                 "while its"
             )
             yield self.warning(
