@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gpufeed
-from gpufeed.analysis.stats import percentile_table, phases, step_summary
+from gpufeed.analysis.stats import percentile_table, phases, step_summary, wait_cpu_note
 
 
 def test_percentile_table_matches_numpy_per_metric_and_device(make_run):
@@ -68,9 +68,32 @@ def test_step_summary(make_run):
     assert s["data_wait_share"] == pytest.approx(0.2)
 
 
+@pytest.mark.parametrize(
+    ("wait", "cpu", "said"),
+    [
+        (0.4, 0.99, "the training thread was on a CPU 99% of it (it loads the batches itself)"),
+        (
+            0.4,
+            0.03,
+            "the training thread was on a CPU 3% of it (asleep on loader workers or storage)",
+        ),
+        (0.4, 0.5, "on a CPU 50% of it (partly loading batches itself, partly asleep)"),
+        (0.02, 0.99, None),  # a short wait is mostly handing over ready batches: not worth a word
+        (0.4, math.nan, None),  # not measured
+    ],
+)
+def test_what_the_training_thread_did_while_it_waited(wait, cpu, said):
+    note = wait_cpu_note({"data_wait_share": wait, "data_wait_cpu_share": cpu})
+    if said is None:
+        assert note is None
+    else:
+        assert note is not None and said in note
+
+
 def test_step_summary_without_steps_is_nan(make_run):
     s = step_summary(gpufeed.load(make_run()))
     assert s["steps"] == 0 and math.isnan(s["steps_per_s"]) and math.isnan(s["data_wait_share"])
+    assert math.isnan(s["data_wait_cpu_share"])
 
 
 def test_step_phases_take_the_gpu_clock_where_cuda_events_timed_the_model():

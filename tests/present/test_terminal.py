@@ -33,6 +33,21 @@ def test_show_prints_phases_throughput_and_percentiles(make_run):
     assert "gpu." not in out and "NVML unavailable" in out
 
 
+def test_show_says_what_the_training_thread_did_while_it_waited(make_run):
+    from gpufeed.profiler.store import Store
+
+    run_dir = make_run(system=CPU, ranks=STEPS)
+    assert "Data wait:" not in _text(show, run_dir)  # not measured: nothing said
+    (path,) = run_dir.glob("steps-*.db")
+    store = Store(path)
+    store.write(cpu_phases=[(i, 0.24) for i in range(10)])  # 0.24 of each 0.25-s wait
+    store.close()
+    out = _text(show, run_dir)
+    assert (
+        "Data wait: the training thread was on a CPU 96% of it (it loads the batches itself)" in out
+    )
+
+
 def test_show_sums_cpu_and_memory_per_process_role(make_run):
     procs = [(1000.0 + t, pid, role, cpu, 2**30) for t in range(3) for pid, role, cpu in PROCS]
     out = _text(show, make_run(system=CPU, ranks=STEPS, processes=procs))

@@ -138,7 +138,9 @@ def evaluation_passes(run: Run) -> pd.DataFrame:
 
 def step_summary(run: Run) -> dict[str, Any]:
     """Training steps only: steps, ranks, steps/s (per rank), samples/s (all ranks), step time p50/p95,
-    data-wait share (NaN = unknown: no step had a measured wait), phase shares (``phase_clock``
+    data-wait share (NaN = unknown: no step had a measured wait), ``data_wait_cpu_share`` (the
+    share of that wait the training thread spent on a CPU, loading batches itself; NaN where not
+    measured), phase shares (``phase_clock``
     says which clock timed forward, backward and optimizer: `step_phases`); evaluation apart.
 
     Rates divide by the time spent in training steps (evaluation passes are not steps, so they do
@@ -155,6 +157,7 @@ def step_summary(run: Run) -> dict[str, Any]:
         "step_p50": math.nan,
         "step_p95": math.nan,
         "data_wait_share": math.nan,
+        "data_wait_cpu_share": math.nan,
         "training_time": math.nan,
         "eval_time": float(evals.groupby(["host", "rank"])["duration"].sum().mean())
         if len(evals)
@@ -181,6 +184,8 @@ def step_summary(run: Run) -> dict[str, Any]:
         data_wait_share=_share(timed["duration"], timed["data_wait"]),
         training_time=train_time,
     )
+    if "data_wait_cpu" in timed:
+        out["data_wait_cpu_share"] = _share(timed["data_wait"], timed["data_wait_cpu"])
     parts, out["phase_clock"] = step_phases(timed)
     for p in PHASES:
         out[f"{p}_share"] = _share(timed["duration"], parts[p])
@@ -217,7 +222,8 @@ def step_phases(steps: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 
 def _share(durations: pd.Series, values: pd.Series) -> float:
-    """Share of step time in `values`, over the steps where it was measured; NaN where none was."""
+    """Share of `durations` (step time) in `values`, over the steps where it was measured; NaN
+    where none was."""
     known = np.isfinite(values.to_numpy(dtype=float))
     total = float(durations[known].sum())
     return float(values[known].clip(lower=0.0).sum() / total) if total > 0 else math.nan
@@ -231,3 +237,19 @@ def _finite_min(values: list[Any]) -> float:
 def _finite_max(values: list[Any]) -> float:
     v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
     return max(v) if v else math.nan
+
+
+def wait_cpu_note(summary: dict[str, Any]) -> str | None:
+    """What the training thread did while its steps waited for data, from `step_summary`: one
+    clause, or None where the wait was not measured or too short to matter (under 5% of step
+    time, where it is mostly the hand-over of ready batches)."""
+    share, cpu = summary["data_wait_share"], summary["data_wait_cpu_share"]
+    if not (math.isfinite(share) and math.isfinite(cpu)) or share < 0.05:
+        return None
+    if cpu >= 0.7:
+        what = "it loads the batches itself"
+    elif cpu <= 0.3:
+        what = "asleep on loader workers or storage"
+    else:
+        what = "partly loading batches itself, partly asleep"
+    return f"the training thread was on a CPU {100 * cpu:.0f}% of it ({what})"

@@ -164,7 +164,7 @@ def render_html(
 
 
 def _summary(run: Run, t0: float, t1: float) -> list[dict[str, str]]:
-    from gpufeed.analysis.stats import phases, step_summary
+    from gpufeed.analysis.stats import phases, step_summary, wait_cpu_note
 
     s = step_summary(run)
     ph = {r.phase: r.duration for r in phases(run).itertuples()}
@@ -198,6 +198,7 @@ def _summary(run: Run, t0: float, t1: float) -> list[dict[str, str]]:
             if math.isfinite(s["data_wait_share"])
             else "unknown",
             "detail": "of step time (wait / whole step)"
+            + (f"; {note}" if (note := wait_cpu_note(s)) else "")
             if math.isfinite(s["data_wait_share"])
             else "not measured for what fed this loop (never read as 0%)",
         },

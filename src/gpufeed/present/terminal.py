@@ -46,7 +46,7 @@ _UNITS: dict[str, tuple[str, float, int]] = {
 def print_run(run: Run, findings: list[Finding], console: Console | None = None) -> None:
     """Print a run's summary: what ran, phases, step throughput, a percentile table per metric, and
     the given findings."""
-    from gpufeed.analysis.stats import PHASES, phases, step_summary
+    from gpufeed.analysis.stats import PHASES, phases, step_summary, wait_cpu_note
 
     console = console or Console()
     meta = run.meta
@@ -121,6 +121,9 @@ def print_run(run: Run, findings: list[Finding], console: Console | None = None)
                 for p in PHASES
             )
             console.print(f"Step phases ({clock}): {shares}")
+        note = wait_cpu_note(s)
+        if note:
+            console.print(f"Data wait: {note}")
         if s["eval_passes"]:
             console.print(
                 f"Evaluation: {s['eval_passes']} passes, {_seconds(s['eval_time'])} "
