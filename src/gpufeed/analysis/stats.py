@@ -239,6 +239,11 @@ def _finite_max(values: list[Any]) -> float:
     return max(v) if v else math.nan
 
 
+# Shares of its data wait a training thread spends on a CPU, at or below which it is asleep (on
+# workers, storage or latency) and at or above which it loads the batches itself.
+WAIT_ASLEEP, WAIT_LOADING = 0.3, 0.7
+
+
 def wait_cpu_note(summary: dict[str, Any]) -> str | None:
     """What the training thread did while its steps waited for data, from `step_summary`: one
     clause, or None where the wait was not measured or too short to matter (under 5% of step
@@ -246,9 +251,9 @@ def wait_cpu_note(summary: dict[str, Any]) -> str | None:
     share, cpu = summary["data_wait_share"], summary["data_wait_cpu_share"]
     if not (math.isfinite(share) and math.isfinite(cpu)) or share < 0.05:
         return None
-    if cpu >= 0.7:
+    if cpu >= WAIT_LOADING:
         what = "it loads the batches itself"
-    elif cpu <= 0.3:
+    elif cpu <= WAIT_ASLEEP:
         what = "asleep on loader workers or storage"
     else:
         what = "partly loading batches itself, partly asleep"

@@ -45,6 +45,22 @@ def test_without_workers_it_suggests_moving_loading_into_workers(builder: RunBui
     assert "num_workers=3" in f.recommendation  # ceil(60/40) + 1
 
 
+@pytest.mark.parametrize("wait_cpu", [4.0, 97.0])
+def test_without_workers_a_training_thread_asleep_in_its_waits_points_at_storage(
+    wait_cpu: float,
+) -> None:
+    # 2 cores, steps of 300 ms waiting 200: about 3 workers needed, room for 1 on the cores.
+    b = RunBuilder(cpu_count=2).steps([0.3] * 100, waits=0.2, wait_cpu=wait_cpu)
+    (f,) = fired(b.process(1000, "main", 40.0).build())
+    if wait_cpu < 30:  # measured asleep: storage or latency, and waiting workers need no core
+        assert "on a CPU only 4% of the time it waits" in f.recommendation
+        assert "set num_workers=3 (workers that wait need no core each)" in f.recommendation
+        assert "cut the CPU cost" not in f.recommendation
+    else:  # measured loading: as many workers as the cores have room for, and cut the cost
+        assert "Set num_workers=1" in f.recommendation and "about 3 needed" in f.recommendation
+        assert "cut the CPU cost per sample" in f.recommendation
+
+
 def test_idle_workers_point_at_storage_latency_not_cpu(builder: RunBuilder) -> None:
     builder.steps([0.1] * 100, waits=0.05).process(1000, "main", 50.0)
     for w in range(2):

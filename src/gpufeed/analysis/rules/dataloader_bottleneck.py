@@ -17,6 +17,7 @@ from gpufeed.analysis.rules.context import (
 )
 from gpufeed.analysis.rules.cpu_bottleneck import CPUBottleneck
 from gpufeed.analysis.rules.periodic_stall import PeriodicStall
+from gpufeed.analysis.stats import WAIT_ASLEEP
 from gpufeed.present.numbers import count
 
 
@@ -27,7 +28,10 @@ class DataLoaderBottleneck(Rule):
     loader workers there are now, how busy they are, and how many cores the host has. Workers on a
     host whose CPU is full (CPUBottleneck's `host_busy`) count as CPU-bound at half `busy_worker_cpu`,
     or when together they keep half its cores busy, as CPUBottleneck counts them: starved, not idle,
-    and more of them would only share the same cores. Estimated speedup = mean step / mean (step - wait).
+    and more of them would only share the same cores. A training process that loads every batch
+    itself (num_workers=0) but was measured mostly off the CPU while it waited (`data_wait_cpu`)
+    waits on storage or latency: the workers it is advised are not capped by the cores. Estimated
+    speedup = mean step / mean (step - wait).
     """
 
     id = "DataLoaderBottleneck"
@@ -109,6 +113,14 @@ def _recommend(
         if ctx.has_gpu
         else ""
     )
+    if workers < 0.5 and _asleep_while_waiting(ctx, host):
+        loading, _ = ctx.main_cpu_split(host)
+        return (
+            "The training process loads every batch itself (num_workers=0) and is on a CPU only "
+            f"{loading:.0f}% of the time it waits, so it waits on storage or latency rather than "
+            f"CPU: set num_workers={need} (workers that wait need no core each) and "
+            "prefetch_factor=4, and read " + _sequential(ctx) + f". {why.capitalize()}.{gpu_tail}"
+        )
     if workers < 0.5:
         n = min(need, budget)
         text = (
@@ -156,10 +168,20 @@ def _recommend(
     return (
         f"The loader workers are mostly idle ({workers_at(now, wcpu)}), so they wait on storage "
         f"or latency rather than CPU: set num_workers={need} and prefetch_factor=4, and read "
-        + (
-            "large sequential shards (`gpufeed pack`) instead of many small files"
-            if ctx.images
-            else "large sequential files (or memory-mapped arrays) instead of many small reads"
-        )
+        + _sequential(ctx)
         + f". {why.capitalize()}.{gpu_tail}"
     )
+
+
+def _sequential(ctx: Context) -> str:
+    """What to read instead of many small files, for the kind of data this run loads."""
+    if ctx.images:
+        return "large sequential shards (`gpufeed pack`) instead of many small files"
+    return "large sequential files (or memory-mapped arrays) instead of many small reads"
+
+
+def _asleep_while_waiting(ctx: Context, host: str) -> bool:
+    """Whether the training threads on `host` were measured mostly off the CPU while they waited
+    for data (see `Context.main_cpu_split`)."""
+    loading, _ = ctx.main_cpu_split(host)
+    return ctx.main_cpu_waiting_measured(host) and loading <= 100 * WAIT_ASLEEP
