@@ -87,3 +87,21 @@ def test_an_empty_run_is_refused_by_name(make_run, tmp_path):
     with pytest.raises(ExportError, match="nothing to export"):
         export_tensorboard(empty, tmp_path / "tb", echo=lambda _: None)
     assert not (tmp_path / "tb").exists()
+
+
+def test_the_training_threads_cpu_while_it_waited_is_a_scalar_where_it_was_measured(run_dir):
+    import gpufeed
+    from gpufeed.present.tensorboard import tensorboard_scalars
+    from gpufeed.profiler.session import steps_store_path
+    from gpufeed.profiler.store import Store
+
+    def tags(rank: str) -> set[str]:
+        return {tag for tag, *_ in tensorboard_scalars(gpufeed.load(run_dir))[f"node-a/{rank}"]}
+
+    assert "step/data_wait_cpu_ms" not in tags("rank0")  # never invented
+    store = Store(steps_store_path(run_dir, "node-a", 100))  # rank 0's
+    store.write(cpu_phases=[(0, 0.2), (1, 0.01)])
+    store.close()
+    rank0 = tensorboard_scalars(gpufeed.load(run_dir))["node-a/rank0"]
+    waits = [(step, v) for tag, step, v, _ in rank0 if tag == "step/data_wait_cpu_ms"]
+    assert waits == [(0, pytest.approx(200.0)), (1, pytest.approx(10.0))]
