@@ -39,6 +39,7 @@ def test_png_goes_through_pillow():
     Image.new("RGBA", (30, 20), (10, 20, 30, 255)).save(buf, format="PNG")
     out = decode(buf.getvalue())
     assert out.shape == (20, 30, 3) and tuple(out[0, 0]) == (10, 20, 30)
+    assert out.flags.writeable  # as libjpeg-turbo's: torch.from_numpy takes it without a warning
 
 
 def test_garbage_and_truncated_images_raise_corrupt_image(jpeg: bytes):

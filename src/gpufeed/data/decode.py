@@ -65,7 +65,7 @@ def to_rgb(im: PILImage) -> np.ndarray:
         top = 65535 if im.mode.startswith("I;16") or a.max(initial=0) <= 65535 else a.max()
         a8 = (np.clip(a, 0, None).astype(np.float64) * (255 / top) + 0.5).astype(np.uint8)
         return np.ascontiguousarray(np.repeat(a8[..., None], 3, axis=2))
-    return np.asarray(im.convert("RGB"))
+    return np.array(im.convert("RGB"))  # a writable copy: torch warns on a read-only array
 
 
 def _pillow_open(data: bytes) -> PILImage:
