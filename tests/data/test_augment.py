@@ -196,3 +196,14 @@ def test_the_sampling_grid_is_affine_grids():
     theta = torch.randn(5, 2, 3, generator=torch.Generator().manual_seed(0))
     want = F.affine_grid(theta, [5, 3, 24, 40], align_corners=False)
     assert torch.allclose(sampling_grid(theta, (24, 40)), want, atol=1e-6)
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_a_warped_float_batch_is_rounded_into_uint8_in_either_memory_layout(channels_last):
+    x = torch.tensor([-3.0, 0.5, 1.5, 2.49, 254.5, 300.0]).repeat(2, 3, 4, 1)  # 2×3×4×6
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.empty(x.shape, dtype=torch.uint8, memory_format=fmt)
+    Augment().finish(x.clone(), [], out, owned=True)
+    assert out.is_contiguous(memory_format=fmt)
+    assert out[1, 2, 3].tolist() == [0, 0, 2, 2, 254, 255]  # half to even, clamped
+    assert torch.equal(out, x.round().clamp(0, 255).to(torch.uint8))
