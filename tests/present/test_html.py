@@ -110,6 +110,14 @@ def test_report_is_self_contained(profiled: Path, tmp_path: Path) -> None:
     assert "No bottleneck found" in html  # no findings passed: the healthy message
 
 
+def test_the_data_wait_card_says_the_training_thread_slept_on_its_worker(profiled: Path) -> None:
+    html = render_html(gpufeed.load(profiled), [])
+    # the one worker sleeps 64 ms a batch; the training thread waits for it, off the CPU
+    assert re.search(
+        r"the training thread was on a CPU \d+% of it \(asleep on loader workers", html
+    )
+
+
 def test_cli_writes_json_findings_and_rejects_bad_options(profiled: Path, tmp_path: Path) -> None:
     out, js = tmp_path / "r.html", tmp_path / "f.json"
     cli = [sys.executable, "-m", "gpufeed.cli", "report", str(profiled), "-o", str(out)]
