@@ -69,6 +69,23 @@ def test_idle_workers_point_at_storage_latency_not_cpu(builder: RunBuilder) -> N
     assert "mostly idle" in f.recommendation and "num_workers=4" in f.recommendation
 
 
+@pytest.mark.parametrize("wait_cpu", [60.0, 5.0, float("nan")])
+def test_idle_workers_with_a_busy_training_thread_point_at_the_hand_over(wait_cpu: float) -> None:
+    b = RunBuilder().steps([0.1] * 100, waits=0.05, wait_cpu=wait_cpu).process(1000, "main", 50.0)
+    for w in range(2):
+        b.process(2000 + w, "worker", 20.0)
+    (f,) = fired(b.build())
+    assert "mostly idle (2 workers at 20% CPU each)" in f.recommendation
+    if wait_cpu == 60.0:  # measured: the training thread works through its waits, the workers don't
+        assert "on a CPU 60% of the time it waits: receiving the batches" in f.recommendation
+        assert "return tensors from the Dataset or collate_fn" in f.recommendation
+        assert "storage" not in f.recommendation and "num_workers=" not in f.recommendation
+    else:  # asleep, or not measured: storage or latency, as before
+        assert (
+            "wait on storage or latency" in f.recommendation and "num_workers=4" in f.recommendation
+        )
+
+
 def _cpu_bound(cores: int, workers: int, cpu: float, main: float, wait: float = 0.06):
     """A run on `cores` cores whose steps (100 ms) wait `wait` s for `workers` loader workers
     at `cpu`% each; its training process runs at `main`%."""

@@ -30,7 +30,10 @@ class DataLoaderBottleneck(Rule):
     or when together they keep half its cores busy, as CPUBottleneck counts them: starved, not idle,
     and more of them would only share the same cores. A training process that loads every batch
     itself (num_workers=0) but was measured mostly off the CPU while it waited (`data_wait_cpu`)
-    waits on storage or latency: the workers it is advised are not capped by the cores. Estimated
+    waits on storage or latency: the workers it is advised are not capped by the cores. Idle
+    workers whose training thread was measured busy while it waited (on a CPU at least half of
+    it, and more than a worker) are not waiting on storage: the hand-over is the bottleneck, as
+    when batches travel pickled instead of as tensors in shared memory. Estimated
     speedup = mean step / mean (step - wait).
     """
 
@@ -165,6 +168,16 @@ def _recommend(
             f"sample ({ctx.cut_cost()}) or use a host with more cores{meanwhile}. "
             f"{why.capitalize()}.{gpu_tail}"
         )
+    if _receiving(ctx, host, wcpu):
+        loading, _ = ctx.main_cpu_split(host)
+        return (
+            f"The loader workers are mostly idle ({workers_at(now, wcpu)}) while the training "
+            f"thread is on a CPU {loading:.0f}% of the time it waits: receiving the batches is the "
+            "bottleneck. Batches that are not tensors (NumPy arrays, PIL images, lists, strings) "
+            "are pickled through a pipe and unpickled in the training process: return tensors "
+            "from the Dataset or collate_fn, so that they travel through shared memory (a costly "
+            f"sampler or batch_sampler also runs in that thread). {why.capitalize()}.{gpu_tail}"
+        )
     return (
         f"The loader workers are mostly idle ({workers_at(now, wcpu)}), so they wait on storage "
         f"or latency rather than CPU: set num_workers={need} and prefetch_factor=4, and read "
@@ -178,6 +191,15 @@ def _sequential(ctx: Context) -> str:
     if ctx.images:
         return "large sequential shards (`gpufeed pack`) instead of many small files"
     return "large sequential files (or memory-mapped arrays) instead of many small reads"
+
+
+def _receiving(ctx: Context, host: str, worker_cpu: float) -> bool:
+    """Whether the training threads on `host` were measured busier while they waited for batches
+    than the workers that make them: on a CPU at least half of each wait, and more than a worker."""
+    if not ctx.main_cpu_waiting_measured(host):
+        return False
+    loading, _ = ctx.main_cpu_split(host)
+    return loading >= 50.0 and loading > worker_cpu
 
 
 def _asleep_while_waiting(ctx: Context, host: str) -> bool:
