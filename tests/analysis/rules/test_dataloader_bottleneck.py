@@ -80,6 +80,8 @@ def test_idle_workers_with_a_busy_training_thread_point_at_the_hand_over(wait_cp
         assert "on a CPU 60% of the time it waits: receiving the batches" in f.recommendation
         assert "return tensors from the Dataset or collate_fn" in f.recommendation
         assert "storage" not in f.recommendation and "num_workers=" not in f.recommendation
+        (f,) = fired(b.build(), **{RULE: {"receiving_wait_cpu": 70.0}})  # a stricter threshold
+        assert "wait on storage or latency" in f.recommendation
     else:  # asleep, or not measured: storage or latency, as before
         assert (
             "wait on storage or latency" in f.recommendation and "num_workers=4" in f.recommendation

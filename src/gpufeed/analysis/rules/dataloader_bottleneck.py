@@ -45,6 +45,16 @@ class DataLoaderBottleneck(Rule):
         "busy_worker_cpu": Param(
             80.0, "% of a core above which a loader worker counts as CPU-bound"
         ),
+        "asleep_wait_cpu": Param(
+            100 * WAIT_ASLEEP,
+            "% of its data wait at or below which a training thread without workers counts as "
+            "asleep (storage or latency), where measured",
+        ),
+        "receiving_wait_cpu": Param(
+            50.0,
+            "% of its data wait at or above which a training thread with idle workers counts as "
+            "busy receiving their batches, where measured",
+        ),
     }
     cpu_only = "same as on GPU runs (pin_memory advice left out)"
 
@@ -116,11 +126,12 @@ def _recommend(
         if ctx.has_gpu
         else ""
     )
-    if workers < 0.5 and _asleep_while_waiting(ctx, host):
-        loading, _ = ctx.main_cpu_split(host)
+    measured = ctx.main_cpu_waiting_measured(host)
+    main_wait_cpu, _ = ctx.main_cpu_split(host)
+    if workers < 0.5 and measured and main_wait_cpu <= p["asleep_wait_cpu"]:
         return (
             "The training process loads every batch itself (num_workers=0) and is on a CPU only "
-            f"{loading:.0f}% of the time it waits, so it waits on storage or latency rather than "
+            f"{main_wait_cpu:.0f}% of the time it waits, so it waits on storage or latency rather than "
             f"CPU: set num_workers={need} (workers that wait need no core each) and "
             "prefetch_factor=4, and read " + _sequential(ctx) + f". {why.capitalize()}.{gpu_tail}"
         )
@@ -168,11 +179,10 @@ def _recommend(
             f"sample ({ctx.cut_cost()}) or use a host with more cores{meanwhile}. "
             f"{why.capitalize()}.{gpu_tail}"
         )
-    if _receiving(ctx, host, wcpu):
-        loading, _ = ctx.main_cpu_split(host)
+    if measured and main_wait_cpu >= p["receiving_wait_cpu"] and main_wait_cpu > wcpu:
         return (
             f"The loader workers are mostly idle ({workers_at(now, wcpu)}) while the training "
-            f"thread is on a CPU {loading:.0f}% of the time it waits: receiving the batches is the "
+            f"thread is on a CPU {main_wait_cpu:.0f}% of the time it waits: receiving the batches is the "
             "bottleneck. Batches that are not tensors (NumPy arrays, PIL images, lists, strings) "
             "are pickled through a pipe and unpickled in the training process: return tensors "
             "from the Dataset or collate_fn, so that they travel through shared memory (a costly "
@@ -191,19 +201,3 @@ def _sequential(ctx: Context) -> str:
     if ctx.images:
         return "large sequential shards (`gpufeed pack`) instead of many small files"
     return "large sequential files (or memory-mapped arrays) instead of many small reads"
-
-
-def _receiving(ctx: Context, host: str, worker_cpu: float) -> bool:
-    """Whether the training threads on `host` were measured busier while they waited for batches
-    than the workers that make them: on a CPU at least half of each wait, and more than a worker."""
-    if not ctx.main_cpu_waiting_measured(host):
-        return False
-    loading, _ = ctx.main_cpu_split(host)
-    return loading >= 50.0 and loading > worker_cpu
-
-
-def _asleep_while_waiting(ctx: Context, host: str) -> bool:
-    """Whether the training threads on `host` were measured mostly off the CPU while they waited
-    for data (see `Context.main_cpu_split`)."""
-    loading, _ = ctx.main_cpu_split(host)
-    return ctx.main_cpu_waiting_measured(host) and loading <= 100 * WAIT_ASLEEP
