@@ -71,13 +71,17 @@ def test_step_summary(make_run):
 @pytest.mark.parametrize(
     ("wait", "cpu", "said"),
     [
-        (0.4, 0.99, "the training thread was on a CPU 99% of it (it loads the batches itself)"),
+        (
+            0.4,
+            0.99,
+            "the training thread was on a CPU 99% of it (it loads or unpacks the batches itself)",
+        ),
         (
             0.4,
             0.03,
             "the training thread was on a CPU 3% of it (asleep on loader workers or storage)",
         ),
-        (0.4, 0.5, "on a CPU 50% of it (partly loading batches itself, partly asleep)"),
+        (0.4, 0.5, "on a CPU 50% of it (partly working on the batches, partly asleep)"),
         (0.02, 0.99, None),  # a short wait is mostly handing over ready batches: not worth a word
         (0.4, math.nan, None),  # not measured
     ],

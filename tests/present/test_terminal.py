@@ -44,7 +44,8 @@ def test_show_says_what_the_training_thread_did_while_it_waited(make_run):
     store.close()
     out = _text(show, run_dir)
     assert (
-        "Data wait: the training thread was on a CPU 96% of it (it loads the batches itself)" in out
+        "Data wait: the training thread was on a CPU 96% of it (it loads or unpacks the batches itself)"
+        in out
     )
 
 

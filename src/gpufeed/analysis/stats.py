@@ -240,21 +240,21 @@ def _finite_max(values: list[Any]) -> float:
 
 
 # Shares of its data wait a training thread spends on a CPU, at or below which it is asleep (on
-# workers, storage or latency) and at or above which it loads the batches itself.
+# workers, storage or latency) and at or above which it loads or unpacks the batches itself.
 WAIT_ASLEEP, WAIT_LOADING = 0.3, 0.7
 
 
 def wait_cpu_note(summary: dict[str, Any]) -> str | None:
     """What the training thread did while its steps waited for data, from `step_summary`: one
-    clause, or None where the wait was not measured or too short to matter (under 5% of step
+    clause (working: loading batches itself, or unpacking those its workers send), or None where the wait was not measured or too short to matter (under 5% of step
     time, where it is mostly the hand-over of ready batches)."""
     share, cpu = summary["data_wait_share"], summary["data_wait_cpu_share"]
     if not (math.isfinite(share) and math.isfinite(cpu)) or share < 0.05:
         return None
     if cpu >= WAIT_LOADING:
-        what = "it loads the batches itself"
+        what = "it loads or unpacks the batches itself"
     elif cpu <= WAIT_ASLEEP:
         what = "asleep on loader workers or storage"
     else:
-        what = "partly loading batches itself, partly asleep"
+        what = "partly working on the batches, partly asleep"
     return f"the training thread was on a CPU {100 * cpu:.0f}% of it ({what})"

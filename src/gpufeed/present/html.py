@@ -32,21 +32,25 @@ _PLOTLY_MARK = "\x00gpufeed-plotly-js\x00"
 # What NVML's utilization.gpu measures, said wherever the report shows it.
 GPU_UTIL_MEANS = "% of time a kernel was running (NVML utilization.gpu; not SM occupancy)"
 _PHASE_COLORS = {
+    "data_wait_cpu": "#b45309",
     "data_wait": "#f59e0b",
     "forward": "#2563eb",
     "backward": "#7c3aed",
     "optimizer": "#059669",
     "other": "#94a3b8",
 }
+# The stacked bar of the data wait that the training thread spent on a CPU (loading, unpickling).
+_WAIT_CPU_BAR = "data wait, training thread on a CPU"
 _EVAL_COLOR = "rgba(236, 72, 153, 0.18)"
 _ROLE_COLORS = {"main": "#2563eb", "worker": "#f59e0b", "other": "#94a3b8"}
 _LAYOUT = {
-    "margin": {"l": 60, "r": 60, "t": 40, "b": 45},
-    "height": 320,
+    "margin": {"l": 60, "r": 60, "t": 40, "b": 80},
+    "height": 340,
     "font": {"size": 12},
     "paper_bgcolor": "#ffffff",
     "plot_bgcolor": "#ffffff",
-    "legend": {"orientation": "h", "y": -0.2},
+    # below the x-axis title, not over it
+    "legend": {"orientation": "h", "y": -0.26, "yanchor": "top"},
 }
 
 
@@ -488,7 +492,9 @@ def _lowest_rank(steps: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 def _breakdown(steps: pd.DataFrame, max_points: int) -> tuple[dict[str, Any], str]:
     """Stacked bars per step of the lowest rank: data wait, forward, backward, optimizer, other
     where the hooks measured them (GPU time where CUDA events did), else data wait vs the rest; an
-    unmeasured data wait is never drawn as zero, it stays inside "other" and the note says so."""
+    unmeasured data wait is never drawn as zero, it stays inside "other" and the note says so.
+    Where the training thread's CPU during the wait was measured, the wait is two bars: on a CPU
+    (loading or unpickling batches itself) and the rest (asleep on workers or storage)."""
     from gpufeed.analysis.stats import PHASES, step_phases
 
     rank, label = _lowest_rank(steps)
@@ -505,13 +511,19 @@ def _breakdown(steps: pd.DataFrame, max_points: int) -> tuple[dict[str, Any], st
         for p in PHASES[1:-1]:
             parts[p] = np.nan_to_num(phases[p].to_numpy(dtype=float))
     known_wait = np.nan_to_num(wait)
-    parts = {"data_wait": known_wait, **parts}
+    waits = {"data_wait": known_wait}
+    cpu = rank["data_wait_cpu"].to_numpy(dtype=float) if "data_wait_cpu" in rank else wait * np.nan
+    if (np.isfinite(cpu) & np.isfinite(wait)).any():
+        on_cpu = np.minimum(np.nan_to_num(cpu), known_wait)
+        waits = {"data_wait_cpu": on_cpu, "data_wait": known_wait - on_cpu}
+    parts = {**waits, **parts}
     parts["other"] = np.maximum(dur - sum(parts.values()), 0.0)
     x = rank["step"].to_numpy()[::per]
+    names = {"other": "other" if split else "compute", "data_wait_cpu": _WAIT_CPU_BAR}
     traces = [
         {
             "type": "bar",
-            "name": ("compute" if p == "other" and not split else p.replace("_", " ")) + ", ms",
+            "name": names.get(p, p.replace("_", " ")) + ", ms",
             "x": _clean(x),
             "y": _clean(1e3 * np.bincount(idx, v) / count),
             "marker": {"color": _PHASE_COLORS[p]},
