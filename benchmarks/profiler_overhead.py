@@ -83,6 +83,7 @@ def recorder_cost(n: int = 50_000) -> tuple[float, float]:
 
     from gpufeed.profiler import autopatch
     from gpufeed.profiler.session import ENV_RUN_DIR
+    from gpufeed.profiler.threadclock import reading
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     batch = (torch.zeros(128, 256), torch.zeros(128))
@@ -91,8 +92,8 @@ def recorder_cost(n: int = 50_000) -> tuple[float, float]:
         rec = autopatch.recorder()
         t = time.perf_counter()
         for _ in range(n):
-            t0, c0 = time.perf_counter(), time.thread_time()  # what the wrapper adds to __next__
-            rec.on_batch(t0, time.perf_counter(), batch, None, time.thread_time() - c0)
+            t0, c0 = time.perf_counter(), reading()  # what the wrapper adds to __next__
+            rec.on_batch(t0, time.perf_counter(), batch, None, (c0, reading()))
         per_batch = (time.perf_counter() - t) / n * 1e6
         t = time.perf_counter()
         for _ in range(n):

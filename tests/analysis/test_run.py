@@ -73,11 +73,11 @@ def test_a_store_written_before_wait_cpu_was_measured_loads_it_as_unknown(make_r
     assert gpufeed.load(run_dir).steps["data_wait_cpu"].isna().all()
 
     store = Store(path)  # a store that has the table: each step's CPU, NaN where not written
-    store.write(cpu_phases=[(1, 0.38)])
+    store.write(cpu_phases=[(1, 0.38, 0.02)])
     store.close()
-    assert gpufeed.load(run_dir).steps["data_wait_cpu"].tolist() == pytest.approx(
-        [math.nan, 0.38], nan_ok=True
-    )
+    steps = gpufeed.load(run_dir).steps
+    assert steps["data_wait_cpu"].tolist() == pytest.approx([math.nan, 0.38], nan_ok=True)
+    assert steps["data_wait_ready"].tolist() == pytest.approx([math.nan, 0.02], nan_ok=True)
 
 
 def test_unknown_start_gives_nan_duration(make_run):

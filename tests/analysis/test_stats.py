@@ -82,12 +82,17 @@ def test_step_summary(make_run):
             "the training thread was on a CPU 3% of it (asleep on loader workers or storage)",
         ),
         (0.4, 0.5, "on a CPU 50% of it (partly working on the batches, partly asleep)"),
+        # on a busy host: half on a CPU, the rest runnable but kept off a core, not asleep
+        (0.4, (0.5, 0.45), "on a CPU 50% of it and waiting for a free core 45% (it loads or"),
         (0.02, 0.99, None),  # a short wait is mostly handing over ready batches: not worth a word
         (0.4, math.nan, None),  # not measured
     ],
 )
 def test_what_the_training_thread_did_while_it_waited(wait, cpu, said):
-    note = wait_cpu_note({"data_wait_share": wait, "data_wait_cpu_share": cpu})
+    cpu, ready = cpu if isinstance(cpu, tuple) else (cpu, math.nan)
+    note = wait_cpu_note(
+        {"data_wait_share": wait, "data_wait_cpu_share": cpu, "data_wait_ready_share": ready}
+    )
     if said is None:
         assert note is None
     else:
@@ -97,7 +102,7 @@ def test_what_the_training_thread_did_while_it_waited(wait, cpu, said):
 def test_step_summary_without_steps_is_nan(make_run):
     s = step_summary(gpufeed.load(make_run()))
     assert s["steps"] == 0 and math.isnan(s["steps_per_s"]) and math.isnan(s["data_wait_share"])
-    assert math.isnan(s["data_wait_cpu_share"])
+    assert math.isnan(s["data_wait_cpu_share"]) and math.isnan(s["data_wait_ready_share"])
 
 
 def test_step_phases_take_the_gpu_clock_where_cuda_events_timed_the_model():

@@ -100,8 +100,10 @@ def test_the_training_threads_cpu_while_it_waited_is_a_scalar_where_it_was_measu
 
     assert "step/data_wait_cpu_ms" not in tags("rank0")  # never invented
     store = Store(steps_store_path(run_dir, "node-a", 100))  # rank 0's
-    store.write(cpu_phases=[(0, 0.2), (1, 0.01)])
+    store.write(cpu_phases=[(0, 0.2, 0.03), (1, 0.01, 0.0)])
     store.close()
     rank0 = tensorboard_scalars(gpufeed.load(run_dir))["node-a/rank0"]
     waits = [(step, v) for tag, step, v, _ in rank0 if tag == "step/data_wait_cpu_ms"]
     assert waits == [(0, pytest.approx(200.0)), (1, pytest.approx(10.0))]
+    ready = [(step, v) for tag, step, v, _ in rank0 if tag == "step/data_wait_ready_ms"]
+    assert ready == [(0, pytest.approx(30.0)), (1, 0.0)]

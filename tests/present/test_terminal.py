@@ -40,7 +40,7 @@ def test_show_says_what_the_training_thread_did_while_it_waited(make_run):
     assert "Data wait:" not in _text(show, run_dir)  # not measured: nothing said
     (path,) = run_dir.glob("steps-*.db")
     store = Store(path)
-    store.write(cpu_phases=[(i, 0.24) for i in range(10)])  # 0.24 of each 0.25-s wait
+    store.write(cpu_phases=[(i, 0.24, 0.0) for i in range(10)])  # 0.24 of each 0.25-s wait
     store.close()
     out = _text(show, run_dir)
     assert (

@@ -49,8 +49,9 @@ def test_the_cpu_used_across_a_steps_training_waits_is_stored_with_it(recorder):
     recorder.flush()
     data = read_store(recorder.path)
     assert [w for *_, w, _, _ in data["steps"]] == pytest.approx([0.5, 0.1])
-    ((step, cpu),) = data["cpu_phases"]
+    ((step, cpu, ready),) = data["cpu_phases"]
     assert step == 0 and cpu == pytest.approx(0.4)
+    assert ready is None  # given as seconds of CPU: the wait for a core is not known
 
 
 class Opt:

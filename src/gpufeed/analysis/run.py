@@ -21,7 +21,7 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
 
 ``steps``     columns: host, rank, local_rank, pid, step, start, end, duration, data_wait, samples, gpu_time,
               forward, backward, optimizer, other, gpu_forward, gpu_backward, gpu_optimizer,
-              data_wait_cpu
+              data_wait_cpu, data_wait_ready
     One row per training step per rank. A step spans from the end of the previous step (or the first
     batch request) to the end of its optimizer step, so ``duration`` INCLUDES ``data_wait`` (seconds
     the step spent blocked on the DataLoader iterator). ``samples``: leading dim of the batch (NaN
@@ -37,7 +37,9 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     ``data_wait_cpu``: CPU seconds the training thread (the one iterating the DataLoader) used
     while the step waited on it: about ``data_wait`` when it loads the data itself
     (num_workers=0), near 0 when it sleeps on worker processes or a slow disk. NaN where not
-    measured (no DataLoader, or a run recorded before gpufeed measured it).
+    measured (no DataLoader, or a run recorded before gpufeed measured it). ``data_wait_ready``:
+    seconds of that wait the thread was ready to run but kept off a core (a busy host): CPU it
+    wanted and did not get. NaN where not measured (also off Linux, where only the CPU is read).
 
 ``processes`` columns: time, host, pid, role, cpu, rss
     role in {"main", "worker", "other"}: "main" = a training process (one per rank),
@@ -108,6 +110,7 @@ STEP_COLUMNS = [
     "gpu_backward",
     "gpu_optimizer",
     "data_wait_cpu",
+    "data_wait_ready",
 ]
 EVAL_COLUMNS = [
     "host",
@@ -228,13 +231,14 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
             ranks.append({k: info.get(k) for k in _RANK_KEYS})
             phases = {row[0]: row[1:] for row in data["phases"]}
             gpu_phases = {row[0]: row[1:] for row in data["gpu_phases"]}
-            wait_cpu = dict(data["cpu_phases"])
+            wait_cpu = {row[0]: row[1:] for row in data["cpu_phases"]}
             unknown = (None, None, None)
             for step, start, end, wait, samples, gpu in data["steps"]:
                 row = (host, rank, local, pid, step, start, end, None, wait, samples, gpu)
                 host_clock = phases.get(step, unknown)
                 gpu_clock = gpu_phases.get(step, unknown)
-                steps.append((*row, *host_clock, None, *gpu_clock, wait_cpu.get(step)))
+                cpu = wait_cpu.get(step, (None, None))
+                steps.append((*row, *host_clock, None, *gpu_clock, *cpu))
             evals += [(host, rank, pid, a, b, None, n, s, w) for a, b, n, s, w in data["evals"]]
             workers.setdefault(host, set()).update(pid for pid, _ in data["workers"])
 

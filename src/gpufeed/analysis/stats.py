@@ -138,9 +138,9 @@ def evaluation_passes(run: Run) -> pd.DataFrame:
 
 def step_summary(run: Run) -> dict[str, Any]:
     """Training steps only: steps, ranks, steps/s (per rank), samples/s (all ranks), step time p50/p95,
-    data-wait share (NaN = unknown: no step had a measured wait), ``data_wait_cpu_share`` (the
-    share of that wait the training thread spent on a CPU, loading batches itself; NaN where not
-    measured), phase shares (``phase_clock``
+    data-wait share (NaN = unknown: no step had a measured wait), ``data_wait_cpu_share`` and
+    ``data_wait_ready_share`` (the shares of that wait the training thread spent on a CPU, and
+    ready for one on a busy host; NaN where not measured), phase shares (``phase_clock``
     says which clock timed forward, backward and optimizer: `step_phases`); evaluation apart.
 
     Rates divide by the time spent in training steps (evaluation passes are not steps, so they do
@@ -158,6 +158,7 @@ def step_summary(run: Run) -> dict[str, Any]:
         "step_p95": math.nan,
         "data_wait_share": math.nan,
         "data_wait_cpu_share": math.nan,
+        "data_wait_ready_share": math.nan,
         "training_time": math.nan,
         "eval_time": float(evals.groupby(["host", "rank"])["duration"].sum().mean())
         if len(evals)
@@ -184,8 +185,9 @@ def step_summary(run: Run) -> dict[str, Any]:
         data_wait_share=_share(timed["duration"], timed["data_wait"]),
         training_time=train_time,
     )
-    if "data_wait_cpu" in timed:
-        out["data_wait_cpu_share"] = _share(timed["data_wait"], timed["data_wait_cpu"])
+    for part in ("cpu", "ready"):
+        if f"data_wait_{part}" in timed:
+            out[f"data_wait_{part}_share"] = _share(timed["data_wait"], timed[f"data_wait_{part}"])
     parts, out["phase_clock"] = step_phases(timed)
     for p in PHASES:
         out[f"{p}_share"] = _share(timed["duration"], parts[p])
@@ -239,22 +241,28 @@ def _finite_max(values: list[Any]) -> float:
     return max(v) if v else math.nan
 
 
-# Shares of its data wait a training thread spends on a CPU, at or below which it is asleep (on
-# workers, storage or latency) and at or above which it loads or unpacks the batches itself.
+# Shares of its data wait a training thread spends working (on a CPU, or ready for one), at or
+# below which it is asleep (on workers, storage or latency) and at or above which it loads or
+# unpacks the batches itself.
 WAIT_ASLEEP, WAIT_LOADING = 0.3, 0.7
 
 
 def wait_cpu_note(summary: dict[str, Any]) -> str | None:
     """What the training thread did while its steps waited for data, from `step_summary`: one
-    clause (working: loading batches itself, or unpacking those its workers send), or None where the wait was not measured or too short to matter (under 5% of step
-    time, where it is mostly the hand-over of ready batches)."""
+    clause (working: loading batches itself, or unpacking those its workers send; on a busy host
+    partly waiting for a free core), or None where the wait was not measured or too short to
+    matter (under 5% of step time, where it is mostly the hand-over of ready batches)."""
     share, cpu = summary["data_wait_share"], summary["data_wait_cpu_share"]
     if not (math.isfinite(share) and math.isfinite(cpu)) or share < 0.05:
         return None
-    if cpu >= WAIT_LOADING:
+    ready = summary["data_wait_ready_share"]
+    ready = ready if math.isfinite(ready) else 0.0
+    busy = cpu + ready
+    if busy >= WAIT_LOADING:
         what = "it loads or unpacks the batches itself"
-    elif cpu <= WAIT_ASLEEP:
+    elif busy <= WAIT_ASLEEP:
         what = "asleep on loader workers or storage"
     else:
         what = "partly working on the batches, partly asleep"
-    return f"the training thread was on a CPU {100 * cpu:.0f}% of it ({what})"
+    queued = f" and waiting for a free core {100 * ready:.0f}%" if ready >= 0.05 else ""
+    return f"the training thread was on a CPU {100 * cpu:.0f}% of it{queued} ({what})"

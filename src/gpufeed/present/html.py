@@ -39,8 +39,9 @@ _PHASE_COLORS = {
     "optimizer": "#059669",
     "other": "#94a3b8",
 }
-# The stacked bar of the data wait that the training thread spent on a CPU (loading, unpickling).
-_WAIT_CPU_BAR = "data wait, training thread on a CPU"
+# The stacked bar of the data wait that the training thread spent working (loading, unpickling):
+# on a CPU, or ready for one on a busy host.
+_WAIT_CPU_BAR = "data wait, training thread busy"
 _EVAL_COLOR = "rgba(236, 72, 153, 0.18)"
 _ROLE_COLORS = {"main": "#2563eb", "worker": "#f59e0b", "other": "#94a3b8"}
 _LAYOUT = {
@@ -493,8 +494,9 @@ def _breakdown(steps: pd.DataFrame, max_points: int) -> tuple[dict[str, Any], st
     """Stacked bars per step of the lowest rank: data wait, forward, backward, optimizer, other
     where the hooks measured them (GPU time where CUDA events did), else data wait vs the rest; an
     unmeasured data wait is never drawn as zero, it stays inside "other" and the note says so.
-    Where the training thread's CPU during the wait was measured, the wait is two bars: on a CPU
-    (loading or unpickling batches itself) and the rest (asleep on workers or storage)."""
+    Where the training thread's CPU during the wait was measured, the wait is two bars: busy (on
+    a CPU or ready for one: loading or unpickling batches itself) and the rest (asleep on workers
+    or storage)."""
     from gpufeed.analysis.stats import PHASES, step_phases
 
     rank, label = _lowest_rank(steps)
@@ -514,8 +516,9 @@ def _breakdown(steps: pd.DataFrame, max_points: int) -> tuple[dict[str, Any], st
     waits = {"data_wait": known_wait}
     cpu = rank["data_wait_cpu"].to_numpy(dtype=float) if "data_wait_cpu" in rank else wait * np.nan
     if (np.isfinite(cpu) & np.isfinite(wait)).any():
-        on_cpu = np.minimum(np.nan_to_num(cpu), known_wait)
-        waits = {"data_wait_cpu": on_cpu, "data_wait": known_wait - on_cpu}
+        ready = rank["data_wait_ready"].to_numpy(dtype=float) if "data_wait_ready" in rank else 0
+        busy = np.minimum(np.nan_to_num(cpu) + np.nan_to_num(ready), known_wait)
+        waits = {"data_wait_cpu": busy, "data_wait": known_wait - busy}
     parts = {**waits, **parts}
     parts["other"] = np.maximum(dur - sum(parts.values()), 0.0)
     x = rank["step"].to_numpy()[::per]

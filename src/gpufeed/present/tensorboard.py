@@ -44,8 +44,9 @@ def tensorboard_scalars(run: Run) -> dict[str, list[tuple[str, int, float, float
                     )
             if math.isfinite(s.data_wait):
                 rows.append(("step/data_wait_ms", step, 1e3 * s.data_wait, wall))
-            if math.isfinite(s.data_wait_cpu):
-                rows.append(("step/data_wait_cpu_ms", step, 1e3 * s.data_wait_cpu, wall))
+            for tag, v in (("cpu", s.data_wait_cpu), ("ready", s.data_wait_ready)):
+                if math.isfinite(v):
+                    rows.append((f"step/data_wait_{tag}_ms", step, 1e3 * v, wall))
             if math.isfinite(s.gpu_time):
                 rows.append(("step/gpu_time_ms", step, 1e3 * s.gpu_time, wall))
     for host, g in run.system.groupby("host", sort=True):

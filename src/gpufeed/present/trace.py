@@ -147,9 +147,10 @@ def build_trace(
             for p in ("forward", "backward", "optimizer")
         }
         samples = g["samples"].to_numpy(dtype=float)
-        wait_cpu = (
-            g["data_wait_cpu"].to_numpy(dtype=float) if "data_wait_cpu" in g else wait * np.nan
-        )
+        thread = {  # the training thread during each wait: on a CPU, ready for one
+            k: g[f"data_wait_{k}"].to_numpy(dtype=float) if f"data_wait_{k}" in g else wait * np.nan
+            for k in ("cpu", "ready")
+        }
         for i, step in enumerate(g["step"].to_numpy()):
             args: dict[str, Any] = {
                 "step": int(step),
@@ -162,12 +163,14 @@ def build_trace(
                 args["samples"] = int(samples[i])
             events.append(_span(f"step {int(step)}", "step", ts[i], dur[i], pid, tid, args))
             if math.isfinite(wait[i]) and wait[i] > 0:
-                # the training thread's CPU meanwhile: loading itself, or asleep on workers
-                cpu = (
-                    {"cpu_ms": round(wait_cpu[i] * 1e3, 3)} if math.isfinite(wait_cpu[i]) else None
-                )
+                # the training thread meanwhile: loading itself, or asleep on workers
+                cpu = {
+                    f"{k}_ms": round(v[i] * 1e3, 3)
+                    for k, v in thread.items()
+                    if math.isfinite(v[i])
+                }
                 events.append(
-                    _span("data wait", "data", ts[i], min(wait[i], dur[i]), pid, tid, cpu)
+                    _span("data wait", "data", ts[i], min(wait[i], dur[i]), pid, tid, cpu or None)
                 )
             # The hooks keep durations only: lay the model's phases back from the step's end (the
             # end of its optimizer step), never before the data wait.

@@ -26,11 +26,12 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from time import perf_counter, thread_time
+from time import perf_counter
 from typing import Any
 
 from gpufeed.profiler.session import ENV_RUN_DIR, identity, steps_store_path, warn_once
 from gpufeed.profiler.steps import Recorder, batch_size
+from gpufeed.profiler.threadclock import reading
 
 _DISABLED: Any = False  # sentinel: this process does not record
 _recorder: Recorder | Any | None = None  # None: not decided yet
@@ -327,23 +328,24 @@ def _record(event: str, *args: Any) -> None:
 
 
 def _next(self: Any) -> Any:
-    # This thread's CPU time across the wait tells loading in it (num_workers=0) from sleeping on
-    # workers or disks: 0.6 us a read. Not the process's: idle OpenMP threads spin on cores.
-    t0, c0 = perf_counter(), thread_time()
+    # This thread's scheduler clock across the wait tells working in it (loading with
+    # num_workers=0, unpickling batches) from sleeping on workers or disks: about 1 us a read. Not
+    # the process's CPU: idle OpenMP threads spin on cores.
+    t0, c0 = perf_counter(), reading()
     try:
         batch = _original_next(self)  # type: ignore[misc]
     except StopIteration:
-        _record("on_wait", t0, perf_counter(), self, thread_time() - c0)
+        _record("on_wait", t0, perf_counter(), self, (c0, reading()))
         raise
-    _record("on_batch", t0, perf_counter(), batch, self, thread_time() - c0)
+    _record("on_batch", t0, perf_counter(), batch, self, (c0, reading()))
     return batch
 
 
 def _iter(self: Any) -> Any:
     # Starting an epoch's iterator (worker processes, pickling the dataset for them) is input time.
-    t0, c0 = perf_counter(), thread_time()
+    t0, c0 = perf_counter(), reading()
     it = _original_iter(self)  # type: ignore[misc]
-    _record("on_iter_start", t0, perf_counter(), it, thread_time() - c0)
+    _record("on_iter_start", t0, perf_counter(), it, (c0, reading()))
     return it
 
 

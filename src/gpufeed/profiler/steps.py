@@ -29,6 +29,7 @@ from typing import Any
 from gpufeed.profiler.clocks import CudaClock, Spans
 from gpufeed.profiler.session import FLUSH_INTERVAL, warn_once
 from gpufeed.profiler.store import Store
+from gpufeed.profiler.threadclock import between
 
 NAN = math.nan
 # The phases timed on the GPU clock, as `Spans` names them (and the store's gpu_phases columns).
@@ -99,13 +100,14 @@ def _autocast_active(device_type: str) -> bool:
 @dataclass
 class StepParts:
     """One training step split into phases (host seconds; NaN where not measured), the training
-    thread's CPU seconds while it waited on data, the evaluation pass found among its events, if any:
-    (start, end, batches, samples, data_wait), and the GPU clock's marks of its training phases:
-    (phase, begin, end)."""
+    thread's seconds on a CPU and ready for one (runnable, kept off a core) while it waited on
+    data, the evaluation pass found among its events, if any: (start, end, batches, samples,
+    data_wait), and the GPU clock's marks of its training phases: (phase, begin, end)."""
 
     start: float
     data_wait: float
     data_wait_cpu: float
+    data_wait_ready: float
     samples: float
     forward: float
     backward: float
@@ -123,8 +125,8 @@ def split_step(
 ) -> StepParts:
     """Split one step's events (in order) into phases and take evaluation out of it.
 
-    Events: ("f", t0, t1, samples, iterator id[, True at the epoch's end[, CPU seconds meanwhile]])
-    a batch fetched; ("F", t0, t1, samples, module id,
+    Events: ("f", t0, t1, samples, iterator id[, True at the epoch's end[, the thread's CPU
+    meanwhile: two `threadclock` readings or seconds]]) a batch fetched; ("F", t0, t1, samples, module id,
     grad enabled, module.training[, gpu begin, gpu end]) a forward of a root module; ("B", t0, t1[,
     gpu begin, gpu end]) a backward pass; ("O", t0, t1[, gpu begin, gpu end]) an optimizer step.
     GPU marks (None where not taken) of training forwards, backward passes and optimizer steps
@@ -133,8 +135,10 @@ def split_step(
     iterator, are evaluation too. The step then starts where the evaluation ended. Data wait is the
     DataLoader's blocked time where batches came from one; else (any other iterator) the host time
     before each training forward and between it and its backward that no hook attributes elsewhere;
-    NaN (unknown) where neither was seen. Its CPU is the training thread's CPU time across those fetches,
-    NaN where any of them was not measured or the wait was not a DataLoader's. Samples come from the model's input (a loader reading ahead cannot shift them), else from
+    NaN (unknown) where neither was seen. Its CPU is the training thread's time on a CPU across
+    those fetches, and its ready time its time runnable but off a core; NaN where any of them was
+    not measured (ready: not measurable here) or the wait was not a DataLoader's. Samples come
+    from the model's input (a loader reading ahead cannot shift them), else from
     the fetched batches. `eval_iters` (ids of evaluation iterators) is updated in place, and so is
     `train_iters` (those that fed training steps) when given.
     """
@@ -148,7 +152,8 @@ def split_step(
             backward_after.add(i)
     ev: list[Any] | None = None  # [t0, t1, batches, samples, wait]
     pending: list[tuple] = []
-    fetch_wait, fetch_cpu, fetch_n, fetched, fetch_known = 0.0, 0.0, 0.0, False, False
+    fetch_wait, fetch_n, fetched, fetch_known = 0.0, 0.0, False, False
+    fetch_cpu = fetch_ready = 0.0
     fwd = bwd = opt = 0.0
     n_fwd, opt_seen, fwd_samples, fwd_known, primary = 0, False, 0.0, True, None
     gap, mark, since_mark = 0.0, start, 0.0
@@ -164,9 +169,10 @@ def split_step(
         ev[4] += wait
 
     def to_training(fetch: tuple) -> None:
-        nonlocal fetch_wait, fetch_cpu, fetch_n, fetched, fetch_known
+        nonlocal fetch_wait, fetch_cpu, fetch_ready, fetch_n, fetched, fetch_known
         fetch_wait += fetch[2] - fetch[1]
-        fetch_cpu += fetch[6] if len(fetch) > 6 else NAN
+        cpu, ready = _thread_times(fetch[6] if len(fetch) > 6 else NAN)
+        fetch_cpu, fetch_ready = fetch_cpu + cpu, fetch_ready + ready
         fetch_n += fetch[3] or 0.0
         fetched, fetch_known = True, fetch_known or fetch[3] is not None
         if train_iters is not None:
@@ -230,7 +236,7 @@ def split_step(
     )
     if ev is not None and ev[1] <= first_train:
         start = max(start, ev[1]) if math.isfinite(start) else start
-    wait_cpu = fetch_cpu if fetched else NAN
+    wait_cpu, wait_ready = (fetch_cpu, fetch_ready) if fetched else (NAN, NAN)
     if fetched:
         wait = fetch_wait
     elif n_fwd and math.isfinite(start):
@@ -247,6 +253,7 @@ def split_step(
         start,
         wait,
         wait_cpu,
+        wait_ready,
         samples,
         fwd if n_fwd else NAN,
         bwd if n_fwd else NAN,
@@ -254,6 +261,13 @@ def split_step(
         (ev[0], ev[1], ev[2], ev[3], ev[4]) if ev is not None else None,
         gpu,
     )
+
+
+def _thread_times(cpu: Any) -> tuple[float, float]:
+    """(seconds on a CPU, seconds ready for one) of a fetch event's CPU field."""
+    if isinstance(cpu, tuple):
+        return between(*cpu)
+    return float(cpu), NAN
 
 
 def gpu_marks(events: list[tuple]) -> list[Any]:
@@ -337,10 +351,11 @@ class Recorder:
             self._start = time.perf_counter()
 
     def on_batch(
-        self, t0: float, t1: float, batch: Any, iterator: Any = None, cpu: float = NAN
+        self, t0: float, t1: float, batch: Any, iterator: Any = None, cpu: Any = NAN
     ) -> None:
-        """A DataLoader `__next__` blocked from t0 to t1 (perf_counter) and returned `batch`; the
-        calling thread used `cpu` seconds of CPU meanwhile (NaN: not measured)."""
+        """A DataLoader `__next__` blocked from t0 to t1 (perf_counter) and returned `batch`.
+        `cpu`: the calling thread's CPU meanwhile, as two `threadclock.reading()`s (start, end) or
+        seconds (NaN: not measured)."""
         if self._start is None:
             self._start = t0
         self._events.append(("f", t0, t1, batch_size(batch), _serial(iterator), False, cpu))
@@ -357,13 +372,13 @@ class Recorder:
         if self._ev_start is None and self.cuda_ready():
             self._ev_start = self.gpu_mark()
 
-    def on_wait(self, t0: float, t1: float, iterator: Any = None, cpu: float = NAN) -> None:
+    def on_wait(self, t0: float, t1: float, iterator: Any = None, cpu: Any = NAN) -> None:
         """A DataLoader `__next__` blocked from t0 to t1 and ended the epoch (StopIteration)."""
         if self._start is None:
             self._start = t0
         self._events.append(("f", t0, t1, None, _serial(iterator), True, cpu))
 
-    def on_iter_start(self, t0: float, t1: float, iterator: Any, cpu: float = NAN) -> None:
+    def on_iter_start(self, t0: float, t1: float, iterator: Any, cpu: Any = NAN) -> None:
         """`iter(DataLoader)` took t0..t1 (worker start-up): input time of the batches it feeds."""
         if self._start is None:
             self._start = t0
@@ -513,7 +528,7 @@ class Recorder:
                 )
                 phase_rows.append((step, parts.forward, parts.backward, parts.optimizer))
                 if math.isfinite(parts.data_wait_cpu):
-                    cpu_rows.append((step, parts.data_wait_cpu))
+                    cpu_rows.append((step, parts.data_wait_cpu, parts.data_wait_ready))
                 if parts.evaluation is not None:
                     t0, t1, batches, n, wait = parts.evaluation
                     eval_rows.append((t0 + off, t1 + off, batches, n, wait))

@@ -23,7 +23,8 @@ CREATE TABLE IF NOT EXISTS processes (time REAL, pid INTEGER, role TEXT, cpu REA
 CREATE TABLE IF NOT EXISTS workers (pid INTEGER PRIMARY KEY, time REAL);
 CREATE TABLE IF NOT EXISTS phases (step INTEGER PRIMARY KEY, forward REAL, backward REAL,
                                    optimizer REAL);
-CREATE TABLE IF NOT EXISTS cpu_phases (step INTEGER PRIMARY KEY, data_wait REAL);
+CREATE TABLE IF NOT EXISTS cpu_phases (step INTEGER PRIMARY KEY, data_wait REAL,
+                                       data_wait_ready REAL);
 CREATE TABLE IF NOT EXISTS gpu_phases (step INTEGER PRIMARY KEY, forward REAL, backward REAL,
                                        optimizer REAL);
 CREATE TABLE IF NOT EXISTS evals (start REAL, "end" REAL, batches INTEGER, samples REAL,
@@ -36,7 +37,7 @@ TABLES = {
     "processes": ("time", "pid", "role", "cpu", "rss"),
     "workers": ("pid", "time"),
     "phases": ("step", "forward", "backward", "optimizer"),
-    "cpu_phases": ("step", "data_wait"),
+    "cpu_phases": ("step", "data_wait", "data_wait_ready"),
     "gpu_phases": ("step", "forward", "backward", "optimizer"),
     "evals": ("start", "end", "batches", "samples", "data_wait"),
 }

@@ -44,7 +44,7 @@ class RunBuilder:
             self._steps.append(
                 (self.host, rank, rank, 1000 + rank, i, end - dur, end, dur, wait, samples, np.nan)
                 + (np.nan,) * 7  # phases (host clock, other, GPU clock): not measured
-                + (wait * wait_cpu / 100,)
+                + (wait * wait_cpu / 100, 0.0 if np.isfinite(wait_cpu) else np.nan)
             )
         self.ranks.append(
             {

@@ -259,6 +259,17 @@ def test_cpu_measured_across_each_wait_finds_a_loader_the_samples_cannot() -> No
     assert "the training thread runs at 97% CPU (97-97%) while its steps wait" in f.recommendation
 
 
+def test_a_training_thread_kept_off_its_core_by_other_load_is_still_cpu_bound() -> None:
+    # Loading on a host where other work takes half the time: 55% on a CPU, 40% ready for one.
+    b = RunBuilder(interval=0.1, cpu_count=2).steps([0.1] * 100, waits=0.079, wait_cpu=55.0)
+    run = b.process(1000, "main", 50.0).build()
+    run.steps["data_wait_ready"] = run.steps["data_wait"] * 0.40
+    (f,) = fired(run)
+    assert f.evidence["main_cpu_while_waiting_pct"] == 95.0
+    assert f.evidence["main_ready_while_waiting_pct"] == 40.0
+    assert "runs at 95% CPU (95-95%, 40 points of it waiting for a free core)" in f.recommendation
+
+
 def test_a_training_process_asleep_while_it_waits_is_not_cpu_bound() -> None:
     # The same run, but the waits are spent asleep (reading from a slow disk): not a CPU problem.
     assert fired(_phase_locked(3.0)) == []

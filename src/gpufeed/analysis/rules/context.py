@@ -337,9 +337,12 @@ class Context:
         """CPU of the training processes (on `host`; None: on every host, % of a core) while their
         steps wait on data, and otherwise.
 
-        While waiting: measured where the steps have `data_wait_cpu`, the CPU time the training
-        threads used across their data waits over the waits' wall time (a thread, not the process:
-        idle OpenMP threads spinning on other cores do not count). Otherwise, and always for the
+        While waiting: measured where the steps have `data_wait_cpu`, the time the training
+        threads spent on a CPU or ready for one (`data_wait_ready`: runnable but kept off a core,
+        CPU they wanted on a busy host) across their data waits, over the waits' wall time (a
+        thread, not the process: idle OpenMP threads spinning on other cores do not count). So
+        a thread that loads on an oversubscribed host still reads as busy, and one asleep on
+        workers or storage as idle. Otherwise, and always for the
         CPU while computing: each process sample averages CPU over the interval before it; with f
         the share of that interval spent in data wait, cpu = a*f + b*(1-f) is fitted by least
         squares. Clipped to what a process can use (0 to 100 x cores); NaN where the samples do not
@@ -356,11 +359,17 @@ class Context:
         """Whether `main_cpu_split`'s CPU-while-waiting was measured across the waits, not fitted."""
         return bool(np.isfinite(self._measured_wait_cpu(host)[0]))
 
-    def _measured_wait_cpu(self, host: str | None) -> tuple[float, float]:
-        """(CPU % while waiting, its 2-standard-error margin) from the steps' `data_wait_cpu`: the
-        ratio of the CPU time to the wait time over the steps that have both; NaN unless those
-        steps hold at least half of the data wait."""
-        nan = (float("nan"), float("nan"))
+    def main_ready_while_waiting(self, host: str | None = None) -> float:
+        """% of their data waits the training threads (on `host`) were ready to run but kept off
+        a core: the part of the measured CPU-while-waiting that they wanted and did not get
+        (NaN where not measured)."""
+        return self._measured_wait_cpu(host)[2]
+
+    def _measured_wait_cpu(self, host: str | None) -> tuple[float, float, float]:
+        """(% of the wait on a CPU or ready for one, its 2-standard-error margin, % ready) from
+        the steps' `data_wait_cpu` and `data_wait_ready`, over the steps that have the CPU; NaN
+        unless those steps hold at least half of the data wait."""
+        nan = (float("nan"), float("nan"), float("nan"))
         s = self.steps
         if "data_wait_cpu" not in s or len(s) == 0:
             return nan
@@ -368,15 +377,20 @@ class Context:
             s = s[s["host"] == host]
         wait = s["data_wait"].to_numpy(dtype=float)
         cpu = s["data_wait_cpu"].to_numpy(dtype=float)
+        ready = (
+            s["data_wait_ready"].to_numpy(dtype=float) if "data_wait_ready" in s else cpu * np.nan
+        )
         known = np.isfinite(cpu)
         total = float(wait[known].sum())
         if known.sum() < 3 or total <= 0 or total < 0.5 * float(wait.sum()):
             return nan
-        w, c = wait[known], cpu[known]
+        w, r = wait[known], ready[known]
+        c = cpu[known] + np.nan_to_num(r)
         ratio = float(c.sum()) / total
         residual = c - ratio * w
         se = float(np.sqrt(np.sum(residual**2) * len(w) / (len(w) - 1))) / total
-        return 100.0 * ratio, 200.0 * se
+        ready_share = 100.0 * float(r.sum()) / total if np.isfinite(r).all() else float("nan")
+        return 100.0 * ratio, 200.0 * se, ready_share
 
     def _main_cpu_fit(self, host: str | None) -> tuple[tuple[float, float], tuple[float, float]]:
         if host not in self._fits:
@@ -391,7 +405,7 @@ class Context:
             return float(min(max(x, 0.0), top))
 
         fit = self._fit_samples(host, clip)
-        measured, margin = self._measured_wait_cpu(host)
+        measured, margin, _ = self._measured_wait_cpu(host)
         if np.isfinite(measured):
             (_, computing), _ = fit
             return (clip(measured), computing), (clip(measured - margin), clip(measured + margin))

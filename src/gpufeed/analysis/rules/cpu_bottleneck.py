@@ -27,14 +27,15 @@ class CPUBottleneck(Rule):
     A process counts as saturated at `busy` % of a core, or at half that while its host is above
     `host_busy` % (it is then starved rather than idle); so do a host's loader workers that
     together keep half its cores busy while it is. The training process's CPU while it waits is
-    measured across each DataLoader wait (its CPU time over the wait's wall time), or, where it
-    was not (a run recorded before gpufeed measured it, or batches that come from another
-    iterator), fitted to the CPU samples; it must be saturated over its whole 95% range, and each
-    host's training processes are judged by that host's load. On a host so oversubscribed that
-    the run's processes get less than that, the rule stays silent: CPU-bound and sleeping look
-    alike. A fit also stays silent where the samples hold about the same share of data wait each
-    (steps about one sampling interval long, with little compute in them): waiting cannot be told
-    from computing. Free cores are those neither the run nor other processes keep busy;
+    measured across each DataLoader wait (the training thread's time on a CPU or ready for one,
+    over the wait's wall time: on Linux a thread kept off a core by other load still counts as
+    busy), or, where it was not (a run recorded before gpufeed measured it, or batches that come
+    from another iterator), fitted to the CPU samples; it must be saturated over its whole 95%
+    range, and each host's training processes are judged by that host's load. A fit cannot tell
+    CPU-bound from sleeping on a host so oversubscribed that the run's processes get less than
+    that, nor where the samples hold about the same share of data wait each (steps about one
+    sampling interval long, with little compute in them); the rule then stays silent. Free cores
+    are those neither the run nor other processes keep busy;
     the workers it advises are DataLoaderBottleneck's count (`Context.workers_needed`, capped by
     `Context.worker_room`), so the two rules never name two numbers.
     """
@@ -148,16 +149,23 @@ class CPUBottleneck(Rule):
                 "main_cpu_while_waiting_pct": round(loading, 1),
                 "main_cpu_while_waiting_range": f"{low:.0f}-{high:.0f}",
                 "main_cpu_while_waiting_from": "measured" if measured else "fitted",
+                "main_ready_while_waiting_pct": round(ctx.main_ready_while_waiting(loader), 1)
+                if np.isfinite(ctx.main_ready_while_waiting(loader))
+                else "n/a",
                 "main_cpu_while_computing_pct": round(computing, 1)
                 if np.isfinite(computing)
                 else "n/a",
             } | _host_evidence(ctx, loader, several)
+            ready = ctx.main_ready_while_waiting(loader) if measured else float("nan")
+            queued = (
+                f", {ready:.0f} points of it waiting for a free core" if ready >= 5 else ""
+            )  # ready is NaN where not measured
             who = (
                 f"the training {many} on {loader} run at {loading:.0f}% CPU each "
-                f"({low:.0f}-{high:.0f}%) while their"
+                f"({low:.0f}-{high:.0f}%{queued}) while their"
                 if several
-                else f"the training {one} runs at {loading:.0f}% CPU ({low:.0f}-{high:.0f}%) "
-                "while its"
+                else f"the training {one} runs at {loading:.0f}% CPU ({low:.0f}-{high:.0f}%"
+                f"{queued}) while its"
             )
             yield self.warning(
                 title="CPU-bound training process: it decodes and augments the data itself",
