@@ -80,6 +80,19 @@ def test_a_store_written_before_wait_cpu_was_measured_loads_it_as_unknown(make_r
     assert steps["data_wait_ready"].tolist() == pytest.approx([math.nan, 0.02], nan_ok=True)
 
 
+def test_a_column_an_older_writer_did_not_have_loads_as_unknown(make_run):
+    import sqlite3
+
+    run_dir = make_run(ranks={0: [(0, 1.0, 2.0, 0.5, 8.0, None)]})
+    (path,) = run_dir.glob("steps-*.db")
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE cpu_phases")
+        db.execute("CREATE TABLE cpu_phases (step INTEGER PRIMARY KEY, data_wait REAL)")
+        db.execute("INSERT INTO cpu_phases VALUES (0, 0.4)")
+    steps = gpufeed.load(run_dir).steps
+    assert steps["data_wait_cpu"].tolist() == [0.4] and steps["data_wait_ready"].isna().all()
+
+
 def test_unknown_start_gives_nan_duration(make_run):
     run = gpufeed.load(make_run(ranks={0: [(0, None, 5.0, 0.0, None, None)]}))
     assert math.isnan(run.steps["duration"].iloc[0]) and math.isnan(run.steps["samples"].iloc[0])

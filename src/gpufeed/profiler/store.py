@@ -113,8 +113,11 @@ def read_tables(db: sqlite3.Connection) -> dict[str, Any]:
         out["info"] = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM info")}
     for table, cols in TABLES.items():
         if table in tables:
-            quoted = ",".join(f'"{c}"' for c in cols)
-            out[table] = db.execute(f"SELECT {quoted} FROM {table}").fetchall()
+            # a column an older writer did not have reads as NULL (a double-quoted name SQLite
+            # cannot resolve would be read as a string literal)
+            have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+            picked = ",".join(f'"{c}"' if c in have else "NULL" for c in cols)
+            out[table] = db.execute(f"SELECT {picked} FROM {table}").fetchall()
         else:
             out[table] = []
     return out
