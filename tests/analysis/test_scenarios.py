@@ -27,6 +27,7 @@ EXPECTED: dict[str, set[str]] = {
     "straggler": {"LoadBalancing", "DataLoaderBottleneck"},
     "healthy": set(),
     "slow_data": {"DataLoaderBottleneck"},
+    "slow_disk": {"DataLoaderBottleneck"},  # no CPUBottleneck: the training thread sleeps
     "cpu_transform": {"DataLoaderBottleneck", "CPUBottleneck"},
     "crowded_workers": {"DataLoaderBottleneck", "CPUBottleneck"},
     "periodic_stall": {"PeriodicStall"},
@@ -132,6 +133,15 @@ def test_sleeping_dataset_waits_on_idle_workers(scenarios) -> None:
     assert 0.4 <= f.evidence["data_wait_share"] <= 0.95
     assert f.evidence["num_workers"] == 1 and f.evidence["worker_cpu_pct"] < 40
     assert "mostly idle" in f.recommendation and f.est_speedup > 1.5
+
+
+@pytest.mark.slow
+def test_a_training_process_asleep_on_its_reads_is_pointed_at_storage(scenarios) -> None:
+    f = scenarios["slow_disk"]["DataLoaderBottleneck"]
+    # measured asleep, whatever else loads the host: more workers than cores, no CPU-cost cuts
+    assert f.evidence["num_workers"] == 0 and "waits on storage or latency" in f.recommendation
+    assert "workers that wait need no core each" in f.recommendation
+    assert "cut the CPU cost" not in f.recommendation
 
 
 @pytest.mark.slow

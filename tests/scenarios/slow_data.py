@@ -20,9 +20,9 @@ class SlowStorage(Dataset):
         return torch.randn(3, 16, 16), i % 10
 
 
-def main() -> None:
+def main(num_workers: int = 1) -> None:
     model, opt = model_and_optimizer()
-    for x, y in DataLoader(SlowStorage(), batch_size=8, num_workers=1):
+    for x, y in DataLoader(SlowStorage(), batch_size=8, num_workers=num_workers):
         train_step(model, opt, x, y)
 
 
