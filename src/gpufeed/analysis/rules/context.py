@@ -42,6 +42,7 @@ class Context:
         self.warmup_seconds = float(w["seconds"])
         self.params: dict[str, dict[str, Any]] = {}  # every rule's parameters in this analysis
         self._fits: dict[str | None, Any] = {}  # main_cpu_split's fits, per host (None: all)
+        self._measured: dict[str | None, tuple[float, float, float]] = {}  # ... measured, per host
 
     def rule_params(self, rule: Any) -> dict[str, Any]:
         """The parameters `rule` (a Rule class) runs with in this analysis, overrides included."""
@@ -369,6 +370,11 @@ class Context:
         """(% of the wait on a CPU or ready for one, its 2-standard-error margin, % ready) from
         the steps' `data_wait_cpu` and `data_wait_ready`, over the steps that have the CPU; NaN
         unless those steps hold at least half of the data wait."""
+        if host not in self._measured:
+            self._measured[host] = self._measure_wait_cpu(host)
+        return self._measured[host]
+
+    def _measure_wait_cpu(self, host: str | None) -> tuple[float, float, float]:
         nan = (float("nan"), float("nan"), float("nan"))
         s = self.steps
         if "data_wait_cpu" not in s or len(s) == 0:

@@ -142,6 +142,7 @@ class CPUBottleneck(Rule):
                 ctx.main_cpu_waiting_range(loader),
             )
             measured = ctx.main_cpu_waiting_measured(loader)
+            ready = ctx.main_ready_while_waiting(loader)  # NaN where not measured
             # measured: the thread that iterates the loader; fitted: the whole process
             one, many = ("thread", "threads") if measured else ("process", "processes")
             evidence |= {
@@ -149,17 +150,12 @@ class CPUBottleneck(Rule):
                 "main_cpu_while_waiting_pct": round(loading, 1),
                 "main_cpu_while_waiting_range": f"{low:.0f}-{high:.0f}",
                 "main_cpu_while_waiting_from": "measured" if measured else "fitted",
-                "main_ready_while_waiting_pct": round(ctx.main_ready_while_waiting(loader), 1)
-                if np.isfinite(ctx.main_ready_while_waiting(loader))
-                else "n/a",
+                "main_ready_while_waiting_pct": round(ready, 1) if np.isfinite(ready) else "n/a",
                 "main_cpu_while_computing_pct": round(computing, 1)
                 if np.isfinite(computing)
                 else "n/a",
             } | _host_evidence(ctx, loader, several)
-            ready = ctx.main_ready_while_waiting(loader) if measured else float("nan")
-            queued = (
-                f", {ready:.0f} points of it waiting for a free core" if ready >= 5 else ""
-            )  # ready is NaN where not measured
+            queued = f", {ready:.0f} points of it waiting for a free core" if ready >= 5 else ""
             who = (
                 f"the training {many} on {loader} run at {loading:.0f}% CPU each "
                 f"({low:.0f}-{high:.0f}%{queued}) while their"
