@@ -26,12 +26,12 @@ chromium:
 
 test: $(STAMP) chromium
 	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples README.md
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check --fix src tests benchmarks examples
-	$(VENV)/bin/ruff format src tests benchmarks examples
+	$(VENV)/bin/ruff format src tests benchmarks examples README.md
 
 clean:
 	rm -rf $(VENV) gpufeed-runs .pytest_cache
