@@ -4,6 +4,7 @@ finder that refuses to import them (nothing is uninstalled)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -149,3 +150,36 @@ def test_whether_an_extra_is_installed_is_a_yes_or_no_not_an_error():
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["False", "True"]
+
+
+@pytest.mark.parametrize("user_setting", [None, "2"])
+def test_nvimgcodec_imports_quiet_unless_the_user_asks_for_its_log(user_setting: str | None):
+    pytest.importorskip("nvidia.nvimgcodec")
+    code = """
+        import io, os
+        from PIL import Image
+        from gpufeed.extras import require
+        nic = require("nvimgcodec")
+        print("after import:", os.environ.get("PYNVIMGCODEC_VERBOSITY"))
+        buf = io.BytesIO()
+        Image.new("RGB", (64, 64), (10, 200, 30)).save(buf, format="JPEG")
+        decoder = nic.Decoder(
+            device_id=nic.NVIMGCODEC_DEVICE_CPU_ONLY,
+            backends=[nic.Backend(nic.BackendKind.CPU_ONLY)],
+        )
+        print("decoded:", [im is not None for im in decoder.decode([buf.getvalue()[:200]])])
+        """
+    env = {k: v for k, v in os.environ.items() if k != "PYNVIMGCODEC_VERBOSITY"}
+    if user_setting is not None:
+        env["PYNVIMGCODEC_VERBOSITY"] = user_setting
+    res = subprocess.run(
+        [sys.executable, "-c", BLOCKER + textwrap.dedent(code), "nothing"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert "decoded: [False]" in res.stdout, res.stderr
+    # the environment is as it was: gpufeed's default held only while the library was imported
+    assert f"after import: {user_setting}" in res.stdout
+    assert ("Invalid marker" in res.stderr) == (user_setting is not None), res.stderr

@@ -63,13 +63,24 @@ class NvImageCodecDecoder:
         if len(self._reuse) >= len(data):
             kw["images"] = self._reuse[: len(data)]
         out = self.decoder.decode([bytes(d) for d in data], **kw)
-        bad = {i: "cannot decode image (nvImageCodec)" for i, im in enumerate(out) if im is None}
+        bad = {i: _why_not(data[i]) for i, im in enumerate(out) if im is None}
         good = [im for im in out if im is not None]
         if not bad and len(out) > len(self._reuse):
             self._reuse = list(out)
         if self.device.type == "cuda":
             return [torch.as_tensor(im, device=self.device) for im in good], bad
         return [torch.from_numpy(np.asarray(im.cpu())) for im in good], bad
+
+
+def _why_not(data: np.ndarray) -> str:
+    """Why nvImageCodec gave no image for `data`, in libjpeg-turbo's words (nvImageCodec's own log
+    is quiet: see `gpufeed.extras.QUIET_IMPORT`)."""
+    from gpufeed.data.batch import cpu_decoder
+
+    got = cpu_decoder([bytes(data)], [(0, 0)])[0]
+    if isinstance(got, Exception):
+        return f"{got} (nvImageCodec)"
+    return "cannot decode image with nvImageCodec (libjpeg-turbo can: try Loader(decoder='cpu'))"
 
 
 class RegionDecoder:
