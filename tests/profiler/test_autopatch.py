@@ -170,13 +170,15 @@ for x, y in DataLoader(Data(), batch_size=4):
 """
 
 
-def _measured_steps(run_profiled, script: str, mode: str, steps: int):
-    """The steps of `script MODE` profiled: `steps` of them, each with its wait's CPU measured."""
+def _measured_steps(run_profiled, script: str, mode: str, steps: int, workers: bool = False):
+    """The steps of `script MODE` profiled: `steps` of them, each with its wait's CPU measured but
+    the first where it starts worker processes (forking them is not loading)."""
     cp, run_dir = run_profiled(script, mode)
     assert cp.returncode == 0, cp.stderr[-2000:]
     s = gpufeed.load(run_dir).steps
-    assert len(s) == steps and s["data_wait_cpu"].notna().all()
-    return s
+    assert len(s) == steps and s["data_wait_cpu"].iloc[1:].notna().all()
+    assert s["data_wait_cpu"].isna().iloc[0] == workers
+    return s.iloc[1:] if workers else s
 
 
 def test_the_cpu_a_training_process_burns_while_it_waits_is_measured(run_profiled):
@@ -217,7 +219,7 @@ if __name__ == "__main__":
 def test_unpickling_batches_shows_as_training_thread_cpu_inside_the_wait(run_profiled):
     per_batch = {}
     for mode in ("numpy", "tensor"):
-        steps = _measured_steps(run_profiled, PICKLED_BATCHES, mode, 12).iloc[1:]  # workers started
+        steps = _measured_steps(run_profiled, PICKLED_BATCHES, mode, 12, workers=True)
         # the mean: a batch that arrives out of turn is unpickled in an earlier step's wait
         per_batch[mode] = float(steps["data_wait_cpu"].mean())
     # 9.6 MB of NumPy unpickled per batch against a shared-memory handle: CPU time, whatever the load

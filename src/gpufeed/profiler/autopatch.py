@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import importlib.abc
 import itertools
+import math
 import os
 import sys
 import threading
@@ -343,9 +344,12 @@ def _next(self: Any) -> Any:
 
 def _iter(self: Any) -> Any:
     # Starting an epoch's iterator (worker processes, pickling the dataset for them) is input time.
+    # Its CPU with workers is their start-up (forking), not loading: so the step it falls in has
+    # no wait CPU measure (short epochs would otherwise read as "busy receiving batches").
     t0, c0 = perf_counter(), reading()
     it = _original_iter(self)  # type: ignore[misc]
-    _record("on_iter_start", t0, perf_counter(), it, (c0, reading()))
+    cpu = (c0, reading()) if not getattr(self, "num_workers", 0) else math.nan
+    _record("on_iter_start", t0, perf_counter(), it, cpu)
     return it
 
 
