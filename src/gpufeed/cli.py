@@ -94,6 +94,12 @@ def check_seconds(option: str, value: float | None) -> None:
         raise GpufeedError(f"{option} {value:g}: give a number of seconds above 0, e.g. {option} 4")
 
 
+AUGMENT_LOAD_HELP = (
+    "Augmentation of the images measured: 0 = the ImageNet recipe (random-resized crop, flip); "
+    "L = that plus L x (flips, rotation up to ±15°), each rotation one more resampling."
+)
+
+
 def check_count(option: str, value: int | None, least: int) -> None:
     """Refuse a count below `least`."""
     if value is not None and value < least:
@@ -513,6 +519,10 @@ def diagnose_cmd(
     compile: Annotated[
         bool, typer.Option("--compile", help="torch.compile the model, as the job does.")
     ] = default(diagnose, "compile"),
+    augment_load: Annotated[
+        int,
+        typer.Option("--augment-load", help=AUGMENT_LOAD_HELP + " Folder and shards only."),
+    ] = default(diagnose, "augment_load"),
     json_out: Annotated[
         str | None,
         typer.Option("--json", help="Also write the diagnosis as JSON to this file (for CI)."),
@@ -523,6 +533,7 @@ def diagnose_cmd(
     check_count("--workers", workers, 0)
     check_count("--batch-size", batch_size, 1)
     check_count("--image-size", image_size, 1)
+    check_count("--augment-load", augment_load, 0)
     check_output_folder("--json", json_out)
 
     result = diagnose(
@@ -536,6 +547,7 @@ def diagnose_cmd(
         precision=precision,
         channels_last=channels_last,
         compile=compile,
+        augment_load=augment_load,
     )
     echo_result(result)
     if json_out:
@@ -580,11 +592,15 @@ def tune_cmd(
     repeats: Annotated[
         int, typer.Option("--repeats", help="Measurements per trial (median, spread).")
     ] = default(tune, "repeats"),
+    augment_load: Annotated[int, typer.Option("--augment-load", help=AUGMENT_LOAD_HELP)] = default(
+        tune, "augment_load"
+    ),
 ) -> None:
     """Search loader workers, prefetch, CPU/GPU preprocessing (and batch size) by measured trials."""
     check_seconds("--seconds", seconds)
     check_count("--batch-size", batch_size, 1)
     check_count("--image-size", image_size, 1)
+    check_count("--augment-load", augment_load, 0)
 
     result = tune(
         data,
@@ -596,6 +612,7 @@ def tune_cmd(
         out,
         seconds,
         repeats=repeats,
+        augment_load=augment_load,
     )
     echo_result(result)
 

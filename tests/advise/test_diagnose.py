@@ -123,26 +123,42 @@ def test_an_image_folder_is_measured_with_pre_resized_shards_as_an_alternative(p
         image_size=32, seconds=1.5,
     )  # fmt: skip
     assert "Pillow" in d.loader_desc and d.loader.batch_shape == (32, 3, 32, 32)
+    assert d.augment_load == 1  # by default, the recipe with one rotation per image
     assert d.verdict == "input-bound"
     shards = [a for a in d.alternatives if "pre-resized shards" in a.name]
     assert len(shards) == 1
     assert shards[0].images_per_s > d.loader.images_per_s  # far less decode work per image
 
 
-def test_shards_are_measured_with_the_gpufeed_loader(photos: Path, tmp_path: Path):
+def test_shards_are_measured_with_the_gpufeed_loader(
+    photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     import warnings
 
+    import gpufeed.data.loader
+    from gpufeed.data.augment import Augment
     from gpufeed.data.budget import usable_cores
     from gpufeed.data.packing import pack
 
+    recipes = []  # the augmentation of every Loader it makes, recorded on the way in
+
+    class Loader(gpufeed.data.loader.Loader):
+        def __init__(self, *args, augment=None, **kwargs):
+            recipes.append(augment)
+            super().__init__(*args, augment=augment, **kwargs)
+
+    monkeypatch.setattr(gpufeed.data.loader, "Loader", Loader)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tiny shards, below the 1-128 MB advice
         pack(photos, tmp_path / "shards", resize=40, progress=False, workers=1)
     d = diagnose(
         str(tmp_path / "shards"), model=f"{THIS}:tiny_cnn", batch_size=16, device="cpu",
-        workers=1, image_size=32, seconds=1.5,
+        workers=1, image_size=32, seconds=1.5, augment_load=0,
     )  # fmt: skip
     assert d.loader_desc.startswith("gpufeed Loader") and d.loader.batch_shape[1:] == (3, 32, 32)
+    # --augment-load 0: the ImageNet recipe for the job's loader and every alternative alike
+    assert recipes and all(r == Augment(size=(32, 32)) for r in recipes)
+    assert d.augment_load == 0 and d.to_dict()["augment_load"] == 0
     assert d.threads == max(1, usable_cores() - 1)  # the model trains beside one loader worker
     assert d.verdict == "input-bound"  # a three-layer CNN outruns JPEG decoding
     if usable_cores() > 1:
@@ -168,6 +184,7 @@ runner = CliRunner()
         (["--data", f"{THIS}:fast_loader", "--model", f"{THIS}:not_a_model"], "not an nn.Module"),
         (["--data", f"{THIS}:fast_loader", "--device", "tpu"], "--device 'tpu'"),
         (["--data", f"{THIS}:fast_loader", "--precision", "int3"], "--precision 'int3'"),
+        (["--data", f"{THIS}:fast_loader", "--augment-load", "-1"], "--augment-load -1: must be 0"),
         (
             ["--data", f"{THIS}:broken_loader"],
             "the data loader raised OSError: cannot read /data/img_17.jpg",

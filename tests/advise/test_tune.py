@@ -101,6 +101,38 @@ def test_tune_stops_as_soon_as_the_loader_outruns_the_model(
     assert r.trials[-1].images_per_s <= r.model_images_per_s * 1.2
 
 
+@pytest.mark.parametrize("load", [0, 2])
+def test_every_trial_augments_as_asked_and_the_file_and_title_say_how(
+    shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, load: int
+):
+    import io
+
+    from rich.console import Console
+
+    import gpufeed.data.loader
+
+    recipes = []  # the augmentation of every trial's Loader, recorded on the way in
+
+    class Recording(gpufeed.data.loader.Loader):
+        def __init__(self, *args, augment=None, **kwargs):
+            recipes.append(augment)
+            super().__init__(*args, augment=augment, **kwargs)
+
+    monkeypatch.setattr(gpufeed.data.loader, "Loader", Recording)
+    out = tmp_path / "tune.json"
+    r = tune(
+        str(shards), batch_size=16, device="cpu", image_size=32, out=out, seconds=0.3, repeats=1,
+        augment_load=load, progress=False,
+    )  # fmt: skip
+    want = Augment(size=(32, 32)) if load == 0 else Augment.load_factor(load, size=(32, 32))
+    assert len(recipes) >= len(r.trials) and all(a == want for a in recipes)
+    assert json.loads(out.read_text())["augment_load"] == load
+    text = io.StringIO()
+    Console(file=text, width=100).print(r)
+    title = "ImageNet recipe (crop, flip)" if load == 0 else f"augmentation load {load}"
+    assert f"gpufeed tune: {shards} · {title}" in text.getvalue()
+
+
 def test_a_trial_refused_by_a_limit_is_skipped_and_said_why(shards: Path):
     # batches of 4096 images of 1024 px need ~13 GB each: over the host-memory cap of any trial
     with pytest.raises(MeasureError, match=r"every trial was skipped: skipped .*max_host_bytes"):
@@ -114,6 +146,7 @@ def test_a_trial_refused_by_a_limit_is_skipped_and_said_why(shards: Path):
         (["--data", "/no/such/shards"], "--data /no/such/shards: no such directory"),
         (["--data", ".", "--out", "/no/such/dir/t.json"], "the folder /no/such/dir does not exist"),
         (["--data", ".", "--model", "resnet9"], "--model 'resnet9' is not known"),
+        (["--data", ".", "--augment-load", "-2"], "--augment-load -2: must be 0 or more"),
     ],
 )
 def test_bad_input_exits_2_naming_the_option(args: list[str], message: str):

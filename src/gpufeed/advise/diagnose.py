@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpufeed.advise.inputs import SAMPLE_IMAGES, DataSpec, pack_sample, resolve_data
 from gpufeed.advise.measure import (
+    DEFAULT_AUGMENT_LOAD,
     MeasureError,
     Rate,
     TrainSettings,
@@ -30,6 +31,8 @@ from gpufeed.advise.measure import (
     measure_model,
     measure_together,
     model_classes,
+    recipe,
+    recipe_name,
 )
 from gpufeed.advise.progress import progress_notes
 from gpufeed.devices import default_device
@@ -67,6 +70,7 @@ class Diagnosis:
     together: Rate | None = None  # the model trained on the loader's batches
     settings: TrainSettings = field(default_factory=TrainSettings)
     offload: OffloadAdvice | None = None  # would a Ray cluster's CPU nodes help (advise/offload.py)
+    augment_load: int | None = None  # the recipe's load (measure.recipe); None: the user's loader
 
     def __rich__(self) -> Group:
         """The two measurements, the verdict, the alternatives as a table and the offload advice."""
@@ -109,6 +113,7 @@ class Diagnosis:
         return {
             "data": self.data,
             "loader": self.loader_desc,
+            "augment_load": self.augment_load,
             "model": self.model,
             "device": self.device,
             "threads": self.threads,
@@ -152,7 +157,7 @@ def assumed_workers(device: str = "cpu") -> int:
 
 
 def make_pipeline(
-    spec: DataSpec, batch_size: int, workers: int, image_size: int, device: str
+    spec: DataSpec, batch_size: int, workers: int, augment: Augment, device: str
 ) -> tuple[str, Iterable[Any]]:
     """(description, loader) for what `--data` names, as the user would run it."""
     if spec.kind == "function":
@@ -164,25 +169,17 @@ def make_pipeline(
         from gpufeed.advise.naive import naive_loader
 
         try:
-            loader = naive_loader(spec.where, batch_size, workers, recipe(image_size))
+            loader = naive_loader(spec.where, batch_size, workers, augment)
         except ValueError as e:
             raise MeasureError(f"--data {spec.where}: {e}") from None
         return f"PyTorch DataLoader + Pillow decode, num_workers={workers}", loader
     return f"gpufeed Loader (CPU preprocessing, num_workers={workers})", _gpufeed_loader(
-        spec.where, batch_size, workers, image_size, device, "cpu"
+        spec.where, batch_size, workers, augment, device, "cpu"
     )
 
 
-def recipe(image_size: int) -> Augment:
-    """The augmentation both pipelines apply (the naive baseline and the gpufeed Loader), so that
-    they do the same work: `Augment.load_factor(1)` at the training image size."""
-    from gpufeed.data.augment import Augment
-
-    return Augment.load_factor(1, size=(image_size, image_size))
-
-
 def _gpufeed_loader(
-    shards: str, batch_size: int, workers: int, image_size: int, device: str, preprocess: str
+    shards: str, batch_size: int, workers: int, augment: Augment, device: str, preprocess: str
 ) -> Any:
     from gpufeed.data.loader import Loader
     from gpufeed.data.shards import ShardError
@@ -194,7 +191,7 @@ def _gpufeed_loader(
             num_workers=workers,
             preprocess=preprocess,
             device=device,
-            augment=recipe(image_size),
+            augment=augment,
         )
     except (ShardError, ValueError) as e:
         raise MeasureError(f"--data {shards}: {e}") from None
@@ -224,7 +221,7 @@ def alternatives(
     loader: Iterable[Any],
     workers: int,
     batch_size: int,
-    image_size: int,
+    augment: Augment,
     device: str,
     seconds: float,
     tmp: Path,
@@ -248,7 +245,7 @@ def alternatives(
             plans.append(
                 (
                     f"PyTorch DataLoader + Pillow decode, num_workers={cores}",
-                    lambda: naive_loader(spec.where, batch_size, cores, recipe(image_size)),
+                    lambda: naive_loader(spec.where, batch_size, cores, augment),
                 )
             )
         shards: list[Path] = []
@@ -256,7 +253,7 @@ def alternatives(
         def sample() -> str:
             if not shards:
                 note(f"packing a sample of up to {SAMPLE_IMAGES} images, pre-resized …")
-                packed = pack_sample(spec.where, tmp, image_size)
+                packed = pack_sample(spec.where, tmp, augment.size[0])
                 if packed.skipped:
                     note(packed.left_out())
                 shards.append(packed.shards)
@@ -265,14 +262,14 @@ def alternatives(
         plans.append(
             (
                 f"pre-resized shards, gpufeed Loader (CPU, num_workers={cores})",
-                lambda: _gpufeed_loader(sample(), batch_size, cores, image_size, device, "cpu"),
+                lambda: _gpufeed_loader(sample(), batch_size, cores, augment, device, "cpu"),
             )
         )
         if torch.cuda.is_available() and device == "cuda":
             plans.append(
                 (
                     f"pre-resized shards, gpufeed Loader (GPU preprocessing, num_workers={cores})",
-                    lambda: _gpufeed_loader(sample(), batch_size, cores, image_size, device, "gpu"),
+                    lambda: _gpufeed_loader(sample(), batch_size, cores, augment, device, "gpu"),
                 )
             )
     else:
@@ -280,9 +277,7 @@ def alternatives(
             plans.append(
                 (
                     f"gpufeed Loader (CPU preprocessing, num_workers={cores})",
-                    lambda: _gpufeed_loader(
-                        spec.where, batch_size, cores, image_size, device, "cpu"
-                    ),
+                    lambda: _gpufeed_loader(spec.where, batch_size, cores, augment, device, "cpu"),
                 )
             )
         if torch.cuda.is_available() and device == "cuda":
@@ -290,7 +285,7 @@ def alternatives(
                 (
                     f"gpufeed Loader (GPU preprocessing, num_workers={workers})",
                     lambda: _gpufeed_loader(
-                        spec.where, batch_size, workers, image_size, device, "gpu"
+                        spec.where, batch_size, workers, augment, device, "gpu"
                     ),
                 )
             )
@@ -326,10 +321,12 @@ def diagnose(
     precision: str | None = "auto",
     channels_last: bool | None = None,
     compile: bool = False,
+    augment_load: int = DEFAULT_AUGMENT_LOAD,
 ) -> Diagnosis:
     """Measure loader alone, model alone and both together with the job's settings; return the
-    verdict (from the together figure) and, if input-bound, measured alternatives. It prints
-    nothing but, with `progress`, what it is measuring (on stderr)."""
+    verdict (from the together figure) and, if input-bound, measured alternatives. Images from a
+    folder or shards get `recipe(image_size, augment_load)`; the user's own loader its own. It
+    prints nothing but, with `progress`, what it is measuring (on stderr)."""
     note = progress_notes(progress)
     device = check_device(device or default_device())
     for name, value, least in (
@@ -340,10 +337,11 @@ def diagnose(
         if value < least:
             raise MeasureError(f"{name} must be at least {least}, got {value}")
     settings = TrainSettings.for_device(device, precision, channels_last, compile)
+    augment = recipe(image_size, augment_load)
     net = build_model(model)  # fail early on a bad model, before measuring anything
     spec = resolve_data(data)
     workers = assumed_workers(device) if workers is None else workers
-    desc, loader = make_pipeline(spec, batch_size, workers, image_size, device)
+    desc, loader = make_pipeline(spec, batch_size, workers, augment, device)
     try:
         note(f"measuring the loader alone: {desc} …")
         loader_rate = measure_loader(loader, seconds=seconds)
@@ -371,12 +369,14 @@ def diagnose(
         result = Diagnosis(
             data, desc, model, device, loader_rate, model_rate, together=together, settings=settings
         )
+        if spec.kind != "function":
+            result.augment_load = augment_load
         if device == "cpu":
             result.threads = threads
         if result.input_bound:
             with tempfile.TemporaryDirectory(prefix="gpufeed-diagnose-") as tmp:
                 result.alternatives = alternatives(
-                    spec, loader, workers, batch_size, image_size, device, seconds, Path(tmp), note
+                    spec, loader, workers, batch_size, augment, device, seconds, Path(tmp), note
                 )
     finally:
         _close(loader)
@@ -398,7 +398,10 @@ def _render(d: Diagnosis) -> Group:
     parts: list[Any] = []
 
     shape = "×".join(str(x) for x in d.loader.batch_shape)
-    table = Table(title=f"gpufeed diagnose: {escape(d.data)}", title_justify="left")
+    title = f"gpufeed diagnose: {escape(d.data)}"
+    if d.augment_load is not None:
+        title += f" · {recipe_name(d.augment_load)}"
+    table = Table(title=title, title_justify="left")
     table.add_column("measured")
     table.add_column("images/s", justify="right")
     table.add_row(f"loader alone: {escape(d.loader_desc)}", f"{d.loader.images_per_s:,.1f}")

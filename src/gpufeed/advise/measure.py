@@ -1,5 +1,6 @@
 """Short measurements shared by `diagnose` and `tune`: a model alone, a model trained on a loader,
-and the user's own objects named as `module:function` (or `path/to/file.py:function`). A loader
+the augmentation recipe both measure with, and the user's own objects named as `module:function`
+(or `path/to/file.py:function`). A loader
 alone is measured by `gpufeed.data.rate.measure_loader`, re-exported here."""
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpufeed.data.forking import frozen_heap
 from gpufeed.data.rate import MeasureError, Rate, guarded, images_of, measure_loader
+
+if TYPE_CHECKING:
+    from gpufeed.data.augment import Augment
 
 __all__ = ["MeasureError", "Rate", "measure_loader", "measure_model", "measure_together"]
 
@@ -270,3 +274,24 @@ def check_device(device: str) -> str:
     if device == "cuda" and not torch.cuda.is_available():
         raise MeasureError("--device cuda: no CUDA device is available here; use --device cpu")
     return device
+
+
+DEFAULT_AUGMENT_LOAD = 1
+
+
+def recipe(image_size: int, load: int = DEFAULT_AUGMENT_LOAD) -> Augment:
+    """The augmentation `diagnose` and `tune` measure with (the naive baseline and the gpufeed
+    Loader alike, so that they do the same work): load 0 is the ImageNet recipe (random-resized
+    crop, horizontal flip), load L >= 1 `Augment.load_factor(L)` (crop, then L x flips and a
+    rotation of up to ±15°), at the training image size."""
+    from gpufeed.data.augment import Augment
+
+    if load < 0:
+        raise MeasureError(f"--augment-load must be 0 (the ImageNet recipe) or more, got {load}")
+    size = (image_size, image_size)
+    return Augment(size=size) if load == 0 else Augment.load_factor(load, size=size)
+
+
+def recipe_name(load: int) -> str:
+    """How `recipe(size, load)` is named where results are shown."""
+    return "ImageNet recipe (crop, flip)" if load == 0 else f"augmentation load {load}"

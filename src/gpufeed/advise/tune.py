@@ -3,7 +3,9 @@
 The first trial is the Loader's defaults; then loader workers, prefetch depth, CPU vs GPU
 preprocessing (GPU only where CUDA exists), decoding only the crop boxes (where nvImageCodec is
 installed: `Loader(decoder="nvimgcodec")`) and, if allowed, the batch size, each varied around the
-best so far. Each trial is measured `repeats` times (median kept, spread shown); one that a limit
+best so far. Every trial's loader augments as `--augment-load` says (`measure.recipe`: the
+ImageNet recipe at 0, heavier rotations from 1, the default, as `diagnose` measures): the cost
+per image decides how many workers, and whether GPU preprocessing, pay. Each trial is measured `repeats` times (median kept, spread shown); one that a limit
 refuses (a memory cap, say) is skipped and the reason noted. With a model, its images/s alone is
 measured first and each trial trains it on the loader's batches (end to end): the search stops as
 soon as training no longer waits for data (more loader speed would only idle). The winner is
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpufeed.advise.measure import (
+    DEFAULT_AUGMENT_LOAD,
     MeasureError,
     TrainSettings,
     build_model,
@@ -34,6 +37,8 @@ from gpufeed.advise.measure import (
     measure_loader,
     measure_together,
     model_classes,
+    recipe,
+    recipe_name,
 )
 from gpufeed.advise.progress import progress_notes
 from gpufeed.data.settings import SETTING_KEYS
@@ -81,6 +86,7 @@ class TuneResult:
     out: Path | None = None
     notes: list[str] = field(default_factory=list)
     offload: OffloadAdvice | None = None  # would a Ray cluster's CPU nodes help (advise/offload.py)
+    augment_load: int = DEFAULT_AUGMENT_LOAD  # the trials' augmentation (measure.recipe)
 
     def __rich__(self) -> Group:
         """The trials as a table (the winner in bold), the early stop, where the settings went and
@@ -110,6 +116,7 @@ class TuneResult:
                 "data": self.data,
                 "device": self.device,
                 "image_size": self.image_size,
+                "augment_load": self.augment_load,
                 "hardware": describe(hardware()),
                 # strict JSON: a figure not measured (NaN) is null
                 "trials": [
@@ -142,9 +149,11 @@ def tune(
     seconds: float = 2.5,
     progress: bool = True,
     repeats: int = 3,
+    augment_load: int = DEFAULT_AUGMENT_LOAD,
 ) -> TuneResult:
-    """Run the trials and write the winner to `out` (None: don't write); return them all. It
-    prints nothing but, with `progress`, each trial as it starts (on stderr)."""
+    """Run the trials, each loader augmenting by `recipe(image_size, augment_load)`, and write the
+    winner to `out` (None: don't write); return them all. It prints nothing but, with
+    `progress`, each trial as it starts (on stderr)."""
     from gpufeed.advise.inputs import pack_sample, resolve_data
     from gpufeed.data.budget import usable_cores
 
@@ -154,6 +163,7 @@ def tune(
         raise MeasureError("--batch-size must be at least 1 and --image-size at least 16")
     if repeats < 1:
         raise MeasureError(f"--repeats must be at least 1, got {repeats}")
+    recipe(image_size, augment_load)  # a bad load fails here, before anything is measured
     if ":" in data and not Path(data).is_dir():
         raise MeasureError(
             f"--data {data}: tune searches the gpufeed Loader's settings; give shards "
@@ -173,7 +183,9 @@ def tune(
             notes.append("tuned on a pre-resized sample of the image folder; pack it to use them")
             if sample.skipped:
                 notes.append(sample.left_out())
-        result = TuneResult(data, device, image_size, [], model, notes=notes)
+        result = TuneResult(
+            data, device, image_size, [], model, notes=notes, augment_load=augment_load
+        )
         if net is not None:
             from gpufeed.advise.measure import measure_model
 
@@ -216,7 +228,6 @@ def _search(
     repeats: int = 3,
 ) -> None:
     """Coordinate search from the defaults: workers, then prefetch, preprocess, batch size."""
-    from gpufeed.data.augment import Augment
     from gpufeed.data.choose import choose_preprocess
     from gpufeed.data.loader import Loader, default_workers
 
@@ -234,7 +245,7 @@ def _search(
                 preprocess=trial.preprocess,
                 decoder=trial.decoder,
                 device=result.device,
-                augment=Augment(size=(result.image_size, result.image_size)),
+                augment=recipe(result.image_size, result.augment_load),
             )
         except ValueError as e:  # e.g. a memory cap this trial does not fit: skip it, say why
             result.notes.append(f"skipped {_described(trial)}: {e}")
@@ -351,7 +362,8 @@ def _render(result: TuneResult) -> Group:
     }
     if fixed.get("decoder") == "auto":  # the default everywhere: nothing to say
         del fixed["decoder"]
-    title = f"gpufeed tune: {result.data}" + "".join(f" · {k} {v}" for k, v in fixed.items())
+    title = f"gpufeed tune: {result.data} · {recipe_name(result.augment_load)}"
+    title += "".join(f" · {k} {v}" for k, v in fixed.items())
     # run strings (paths, error messages in the notes) are Text, never read as markup
     parts.append(Text(title))  # as wide as the terminal, not the table
     table = Table(box=box.SIMPLE_HEAVY, show_edge=False, collapse_padding=True)
