@@ -981,3 +981,26 @@ def test_a_worker_transform_with_gpu_preprocessing_is_a_clear_error(
     loader = make(shards, 8, num_workers=0, preprocess="gpu", decoder=decoder, augment=aug)
     with pytest.raises(ValueError, match=r"transform_on='worker'\) needs preprocess='cpu'"):
         next(iter(loader))
+
+
+def test_on_a_cpu_device_the_feeder_converts_on_one_thread_and_leaves_the_loops_threads(
+    shards: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from gpufeed.data.device import threads_are_per_thread
+
+    calls = []  # (thread name, threads asked for), recorded on the way to torch
+    set_threads = torch.set_num_threads
+
+    def recording(n: int) -> None:
+        calls.append((threading.current_thread().name, n))
+        set_threads(n)
+
+    monkeypatch.setattr(torch, "set_num_threads", recording)
+    before = torch.get_num_threads()
+    with Loader(shards, 4, num_workers=1, augment=Augment(size=(16, 16))) as loader:
+        batches = [x for x, _ in loader]
+    assert batches and batches[0].dtype == torch.float32
+    # no OpenMP threads woken for it in the training process, beside the workers; the training
+    # thread's own setting (a CPU model's threads) is as it was
+    assert calls == ([("gpufeed-feeder", 1)] if threads_are_per_thread() else [])
+    assert torch.get_num_threads() == before

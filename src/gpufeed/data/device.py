@@ -24,6 +24,7 @@ the same crops, flips and angles.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -154,6 +155,13 @@ class DeviceBatch:
     retried: int
 
 
+@functools.cache
+def threads_are_per_thread() -> bool:
+    """Whether `torch.set_num_threads` in one thread leaves the others as they are: so with
+    torch's OpenMP backend (its setting is per thread), not with its native thread pool."""
+    return "parallel backend: OpenMP" in torch.__config__.parallel_info()
+
+
 class DeviceStage:
     """Slot → `DeviceBatch` on `device`, for one `BatchSpec`."""
 
@@ -188,6 +196,14 @@ class DeviceStage:
         # CPU batches, reused: those the feeder keeps ready, the loop's, and the one being made
         self.outputs = OutputPool(keep=4)
         self.decoder_name = describe_decoder(self.decoder, device)
+        # on a CPU device, batches the workers finished only need converting: one thread does it
+        # (more would wake OpenMP threads that spin in the training process beside the workers)
+        self.one_thread = (
+            not self.cuda
+            and spec.handoff != "encoded"
+            and not (aug.transform is not None and aug.transform_on == "device")
+            and threads_are_per_thread()
+        )
 
     def first(self, at: Position, index: int, meta: dict[str, Any]) -> tuple[Any, Any]:
         """Step one, from the slot: (a DeviceBatch, or what `second` finishes if `split`; an

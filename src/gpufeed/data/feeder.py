@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Any
 
+import torch
+
 from gpufeed.data.device import DeviceBatch, DeviceStage
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.workers import Pool, Stopped
@@ -64,6 +66,8 @@ class Feeder:
         )
 
     def _run_first(self, at: Position, out: queue.Queue[Any], stop: threading.Event) -> None:
+        if self.stage.one_thread:
+            torch.set_num_threads(1)  # this thread's own setting (OpenMP's is per thread)
         try:
             while not stop.is_set():
                 t = time.perf_counter()
