@@ -983,8 +983,9 @@ def test_a_worker_transform_with_gpu_preprocessing_is_a_clear_error(
         next(iter(loader))
 
 
+@pytest.mark.parametrize("preprocess", ["cpu", "gpu"])
 def test_on_a_cpu_device_the_feeder_converts_on_one_thread_and_leaves_the_loops_threads(
-    shards: Path, monkeypatch: pytest.MonkeyPatch
+    shards: Path, monkeypatch: pytest.MonkeyPatch, preprocess: str
 ):
     from gpufeed.data.device import threads_are_per_thread
 
@@ -997,10 +998,13 @@ def test_on_a_cpu_device_the_feeder_converts_on_one_thread_and_leaves_the_loops_
 
     monkeypatch.setattr(torch, "set_num_threads", recording)
     before = torch.get_num_threads()
-    with Loader(shards, 4, num_workers=1, augment=Augment(size=(16, 16))) as loader:
+    aug = Augment(size=(16, 16))
+    with Loader(shards, 4, num_workers=1, augment=aug, preprocess=preprocess) as loader:
         batches = [x for x, _ in loader]
     assert batches and batches[0].dtype == torch.float32
-    # no OpenMP threads woken for it in the training process, beside the workers; the training
-    # thread's own setting (a CPU model's threads) is as it was
-    assert calls == ([("gpufeed-feeder", 1)] if threads_are_per_thread() else [])
+    # workers that finished the batches: no OpenMP threads woken for converting them in the
+    # training process, beside the workers (a device stage that decodes keeps its threads); the
+    # training thread's own setting (a CPU model's threads) is as it was
+    one = preprocess == "cpu" and threads_are_per_thread()
+    assert calls == ([("gpufeed-feeder", 1)] if one else [])
     assert torch.get_num_threads() == before

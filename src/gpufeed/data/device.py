@@ -200,7 +200,7 @@ class DeviceStage:
         # (more would wake OpenMP threads that spin in the training process beside the workers)
         self.one_thread = (
             not self.cuda
-            and spec.handoff != "encoded"
+            and spec.handoff == "decoded"
             and not (aug.transform is not None and aug.transform_on == "device")
             and threads_are_per_thread()
         )
