@@ -133,6 +133,23 @@ def test_every_trial_augments_as_asked_and_the_file_and_title_say_how(
     assert f"gpufeed tune: {shards} · {title}" in text.getvalue()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_a_heavy_recipe_also_tries_the_workers_and_gpu_split(shards: Path):
+    r = tune(
+        str(shards), batch_size=16, device="cuda", image_size=32, out=None, seconds=0.5,
+        repeats=1, augment_load=3, progress=False,
+    )  # fmt: skip
+    split = [t for t in r.trials if t.decoder == "workers"]
+    assert [t.preprocess for t in split] == ["gpu"] and split[0].images_per_s > 0
+    # the light recipe has no warps left for the GPU: no such trial
+    light = tune(
+        str(shards), batch_size=16, device="cuda", image_size=32, out=None, seconds=0.5,
+        repeats=1, augment_load=1, progress=False,
+    )  # fmt: skip
+    assert all(t.decoder != "workers" for t in light.trials)
+
+
 def test_a_trial_refused_by_a_limit_is_skipped_and_said_why(shards: Path):
     # batches of 4096 images of 1024 px need ~13 GB each: over the host-memory cap of any trial
     with pytest.raises(MeasureError, match=r"every trial was skipped: skipped .*max_host_bytes"):

@@ -1,15 +1,17 @@
 """`gpufeed tune`: find the `Loader` settings that feed a model fastest, by short measured trials.
 
 The first trial is the Loader's defaults; then loader workers, prefetch depth, CPU vs GPU
-preprocessing (GPU only where CUDA exists), decoding only the crop boxes (where nvImageCodec is
-installed: `Loader(decoder="nvimgcodec")`) and, if allowed, the batch size, each varied around the
-best so far. Every trial's loader augments as `--augment-load` says (`measure.recipe`: the
-ImageNet recipe at 0, heavier rotations from 1, the default, as `diagnose` measures): the cost
-per image decides how many workers, and whether GPU preprocessing, pay. Each trial is measured `repeats` times (median kept, spread shown); one that a limit
-refuses (a memory cap, say) is skipped and the reason noted. With a model, its images/s alone is
-measured first and each trial trains it on the loader's batches (end to end): the search stops as
-soon as training no longer waits for data (more loader speed would only idle). The winner is
-written as JSON:
+preprocessing (GPU only where CUDA exists; with `--augment-load` above 1 also the split of
+`decoder="workers"`: the CPU workers decode and crop, the GPU makes the other warps), decoding
+only the crop boxes (where nvImageCodec is installed: `Loader(decoder="nvimgcodec")`) and, if
+allowed, the batch size, each varied around the best so far. Every trial's loader augments as
+`--augment-load` says (`measure.recipe`: the ImageNet recipe at 0, heavier rotations from 1, the
+default, as `diagnose` measures): the cost per image decides how many workers, and whether GPU
+preprocessing, pay. Each trial is measured `repeats` times (median kept, spread shown); one that
+a limit refuses (a memory cap, say) is skipped and the reason noted. With a model, its images/s
+alone is measured first and each trial trains it on the loader's batches (end to end): the
+search stops as soon as training no longer waits for data (more loader speed would only idle).
+The winner is written as JSON:
 
     from gpufeed.data import Loader, load_settings
     loader = Loader("shards/", **load_settings("gpufeed-tune.json"))
@@ -315,6 +317,11 @@ def _search(
     choose_preprocess("auto", result.device, None, rate)
     if result.stopped_early:
         return
+    if result.device == "cuda" and result.augment_load > 1:
+        # the CPU workers decode, crop and make the first warp; the GPU the other L - 1 warps
+        split = Trial(batch_size, best.num_workers, best.prefetch, "gpu", decoder="workers")
+        if run(split):
+            return
     best = result.best if result.trials else base
     if best.preprocess == "cpu" and installed("nvimgcodec"):  # the workers decode crop boxes only
         regions = Trial(batch_size, best.num_workers, best.prefetch, "cpu", decoder="nvimgcodec")
