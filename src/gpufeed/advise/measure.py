@@ -1,7 +1,7 @@
 """Short measurements shared by `diagnose` and `tune`: a model alone, a model trained on a loader,
 the augmentation recipe both measure with, and the user's own objects named as `module:function`
-(or `path/to/file.py:function`). A loader
-alone is measured by `gpufeed.data.rate.measure_loader`, re-exported here."""
+(or `path/to/file.py:function`). A loader alone is measured by
+`gpufeed.data.rate.measure_loader`, re-exported here."""
 
 from __future__ import annotations
 
