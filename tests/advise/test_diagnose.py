@@ -131,23 +131,14 @@ def test_an_image_folder_is_measured_with_pre_resized_shards_as_an_alternative(p
 
 
 def test_shards_are_measured_with_the_gpufeed_loader(
-    photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    photos: Path, tmp_path: Path, loader_recipes: list
 ):
     import warnings
 
-    import gpufeed.data.loader
     from gpufeed.data.augment import Augment
     from gpufeed.data.budget import usable_cores
     from gpufeed.data.packing import pack
 
-    recipes = []  # the augmentation of every Loader it makes, recorded on the way in
-
-    class Loader(gpufeed.data.loader.Loader):
-        def __init__(self, *args, augment=None, **kwargs):
-            recipes.append(augment)
-            super().__init__(*args, augment=augment, **kwargs)
-
-    monkeypatch.setattr(gpufeed.data.loader, "Loader", Loader)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tiny shards, below the 1-128 MB advice
         pack(photos, tmp_path / "shards", resize=40, progress=False, workers=1)
@@ -157,7 +148,7 @@ def test_shards_are_measured_with_the_gpufeed_loader(
     )  # fmt: skip
     assert d.loader_desc.startswith("gpufeed Loader") and d.loader.batch_shape[1:] == (3, 32, 32)
     # --augment-load 0: the ImageNet recipe for the job's loader and every alternative alike
-    assert recipes and all(r == Augment(size=(32, 32)) for r in recipes)
+    assert loader_recipes and all(r == Augment(size=(32, 32)) for r in loader_recipes)
     assert d.augment_load == 0 and d.to_dict()["augment_load"] == 0
     assert d.threads == max(1, usable_cores() - 1)  # the model trains beside one loader worker
     assert d.verdict == "input-bound"  # a three-layer CNN outruns JPEG decoding

@@ -103,29 +103,19 @@ def test_tune_stops_as_soon_as_the_loader_outruns_the_model(
 
 @pytest.mark.parametrize("load", [0, 2])
 def test_every_trial_augments_as_asked_and_the_file_and_title_say_how(
-    shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, load: int
+    shards: Path, tmp_path: Path, loader_recipes: list, load: int
 ):
     import io
 
     from rich.console import Console
 
-    import gpufeed.data.loader
-
-    recipes = []  # the augmentation of every trial's Loader, recorded on the way in
-
-    class Recording(gpufeed.data.loader.Loader):
-        def __init__(self, *args, augment=None, **kwargs):
-            recipes.append(augment)
-            super().__init__(*args, augment=augment, **kwargs)
-
-    monkeypatch.setattr(gpufeed.data.loader, "Loader", Recording)
     out = tmp_path / "tune.json"
     r = tune(
         str(shards), batch_size=16, device="cpu", image_size=32, out=out, seconds=0.3, repeats=1,
         augment_load=load, progress=False,
     )  # fmt: skip
     want = Augment(size=(32, 32)) if load == 0 else Augment.load_factor(load, size=(32, 32))
-    assert len(recipes) >= len(r.trials) and all(a == want for a in recipes)
+    assert len(loader_recipes) >= len(r.trials) and all(a == want for a in loader_recipes)
     assert json.loads(out.read_text())["augment_load"] == load
     text = io.StringIO()
     Console(file=text, width=100).print(r)

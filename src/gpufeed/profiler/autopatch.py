@@ -346,10 +346,10 @@ def _iter(self: Any) -> Any:
     # Starting an epoch's iterator (worker processes, pickling the dataset for them) is input time.
     # Its CPU with workers is their start-up (forking), not loading: so the step it falls in has
     # no wait CPU measure (short epochs would otherwise read as "busy receiving batches").
-    t0, c0 = perf_counter(), reading()
+    measured = not getattr(self, "num_workers", 0)
+    t0, c0 = perf_counter(), reading() if measured else None
     it = _original_iter(self)  # type: ignore[misc]
-    cpu = (c0, reading()) if not getattr(self, "num_workers", 0) else math.nan
-    _record("on_iter_start", t0, perf_counter(), it, cpu)
+    _record("on_iter_start", t0, perf_counter(), it, (c0, reading()) if measured else math.nan)
     return it
 
 
