@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from gpufeed.data.budget import usable_cores
+from gpufeed.cores import usable_cores
 from gpufeed.hardware import describe, hardware
 
 

@@ -495,7 +495,9 @@ def diagnose_cmd(
     workers: Annotated[
         int | None,
         typer.Option(
-            "--workers", help="Loader workers for a folder or shards (default: half the cores)."
+            "--workers",
+            help="Loader workers for a folder or shards (default: on CUDA every core but one, "
+            "as the Loader; on a CPU device half the cores, which also train).",
         ),
     ] = default(diagnose, "workers"),
     image_size: Annotated[int, typer.Option("--image-size", help="Training image size.")] = default(

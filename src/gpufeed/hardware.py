@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
-from gpufeed.data.budget import usable_cores
+from gpufeed.cores import usable_cores
 from gpufeed.profiler.session import machine_meta
 
 __all__ = ["describe", "hardware"]

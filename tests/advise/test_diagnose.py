@@ -40,6 +40,27 @@ def slow_loader() -> DataLoader:
     return DataLoader(_Images(400, 32, 0.025), batch_size=16, num_workers=0)
 
 
+def slow_batch_sampler_loader() -> DataLoader:
+    """The same, batched by a batch_sampler (as bucketing or distributed samplers do)."""
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    images = _Images(400, 32, 0.025)
+    return DataLoader(images, batch_sampler=BatchSampler(SequentialSampler(images), 16, False))
+
+
+class _MainProcessOnly(_Images):
+    """Items that load only in the training process (say, from a handle a worker cannot open)."""
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if torch.utils.data.get_worker_info() is not None:
+            raise RuntimeError("this dataset cannot load in a worker process")
+        return super().__getitem__(i)
+
+
+def slow_main_process_loader() -> DataLoader:
+    return DataLoader(_MainProcessOnly(400, 32, 0.025), batch_size=16, num_workers=0)
+
+
 def fast_loader() -> DataLoader:
     """Tensors already in memory: thousands of images/s."""
     return DataLoader(_Images(512, 32, 0.0), batch_size=16, num_workers=0)
@@ -69,8 +90,9 @@ def wrong_input_model() -> nn.Module:
     return nn.Conv2d(1, 4, 3)  # expects one channel; the loader gives three
 
 
-def test_a_slow_loader_is_input_bound_and_more_workers_are_measured():
-    d = diagnose(f"{THIS}:slow_loader", model=f"{THIS}:tiny_cnn", device="cpu", seconds=1.5)
+@pytest.mark.parametrize("loader", ["slow_loader", "slow_batch_sampler_loader"])
+def test_a_slow_loader_is_input_bound_and_more_workers_are_measured(loader: str):
+    d = diagnose(f"{THIS}:{loader}", model=f"{THIS}:tiny_cnn", device="cpu", seconds=1.5)
     assert d.verdict == "input-bound"
     assert d.loader.images_per_s < 41  # bounded by the 25 ms sleep per item
     assert d.model_rate.images_per_s > 2 * d.loader.images_per_s
@@ -85,6 +107,18 @@ def test_a_slow_loader_is_input_bound_and_more_workers_are_measured():
     (alt,) = d.alternatives
     assert "workers" in alt.name
     assert alt.images_per_s > 1.3 * d.loader.images_per_s  # two sleeping workers overlap
+
+
+def test_an_alternative_that_fails_is_skipped_with_its_reason_and_the_diagnosis_stands(
+    capfd: pytest.CaptureFixture[str],
+):
+    d = diagnose(
+        f"{THIS}:slow_main_process_loader", model=f"{THIS}:tiny_cnn", device="cpu", seconds=1.0
+    )
+    assert d.verdict == "input-bound" and d.alternatives == []
+    err = capfd.readouterr().err
+    assert "skipped your loader with num_workers=" in err
+    assert "this dataset cannot load in a worker process" in err
 
 
 def test_from_python_it_returns_the_diagnosis_and_prints_nothing_on_stdout(
@@ -135,8 +169,8 @@ def test_shards_are_measured_with_the_gpufeed_loader(
 ):
     import warnings
 
+    from gpufeed.cores import usable_cores
     from gpufeed.data.augment import Augment
-    from gpufeed.data.budget import usable_cores
     from gpufeed.data.packing import pack
 
     with warnings.catch_warnings():

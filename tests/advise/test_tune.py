@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 from gpufeed.advise.measure import MeasureError
-from gpufeed.advise.tune import tune
+from gpufeed.advise.tune import _worker_counts, tune
+from gpufeed.cores import usable_cores
 from gpufeed.data import load_settings
 from gpufeed.data.augment import Augment
-from gpufeed.data.budget import usable_cores
 from gpufeed.data.loader import Loader, default_workers
 from gpufeed.data.packing import pack
 from gpufeed.demo.synth import make_image_folder
@@ -99,6 +99,20 @@ def test_tune_stops_as_soon_as_the_loader_outruns_the_model(
     assert r.stopped_early and r.trials[-1].data_wait_share < 0.1
     assert all(t.data_wait_share >= 0.1 for t in r.trials[:-1])
     assert r.trials[-1].images_per_s <= r.model_images_per_s * 1.2
+    # the offload advice costs an image's CPU from the best trial's loader alone, not from its
+    # end-to-end rate, which the sleeping model holds down
+    assert "measuring the loader alone" in err
+    best = r.best
+    assert r.offload is not None
+    assert r.offload.cpu_s_per_image < 0.5 * max(1, best.num_workers) / best.images_per_s
+    assert "not needed" in r.offload.text()
+
+
+def test_the_candidate_worker_counts_double_with_half_steps_up_to_the_most():
+    assert _worker_counts(1) == [0, 1]
+    assert _worker_counts(2) == [0, 1, 2]
+    assert _worker_counts(15) == [0, 1, 2, 4, 8, 12, 15]  # 16 cores on CUDA: the default, 15
+    assert _worker_counts(64) == [0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64]
 
 
 @pytest.mark.parametrize("load", [0, 2])

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from gpufeed.bench.experiments import run_bench
 from gpufeed.cli import app
-from gpufeed.data.budget import usable_cores
+from gpufeed.cores import usable_cores
 
 TINY = {"images": 32, "steps": 2, "batch_size": 8, "repeats": 1, "progress": False}
 

@@ -7,6 +7,7 @@ hand-off decoded on the feeder thread, corrupt samples, dead workers, bounded ho
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import signal
@@ -49,6 +50,8 @@ STATE_KEYS = {
     "batch_size",
     "samples",
     "drop_last",
+    "shuffle",
+    "shuffle_buffer",
 }
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -179,6 +182,17 @@ def test_drop_last_also_drops_samples_that_do_not_divide_over_the_ranks(
     assert len(seen) == len(set(seen)) == 40
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_more_ranks_than_twice_the_samples_still_give_every_rank_its_batch(
+    shards: Path, make: MakeLoader, num_workers: int
+):
+    # 48 samples over 100 ranks: one each, the epoch repeated for the ranks past 48 (and past 96)
+    for rank in (0, 47, 48, 97, 99):
+        loader = make(shards, 4, num_workers=num_workers, rank=rank, world_size=100)
+        got = [labels for _, labels in _batches(loader)]
+        assert len(loader) == 1 and [len(b) for b in got] == [1]
+
+
 def test_more_workers_than_batches(shards: Path, make: MakeLoader):
     loader = make(shards, 16, num_workers=4)  # 3 batches per epoch
     for _ in range(3):
@@ -306,6 +320,33 @@ def test_resume_on_the_same_loader_after_its_workers_ran_ahead(
     assert _epoch(loader) == _epoch(following)
 
 
+@pytest.mark.parametrize("via", ["loader", "sampler"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_set_epoch_after_load_state_dict_keeps_the_restored_position(
+    shards: Path, make: MakeLoader, num_workers: int, via: str
+):
+    """Trainers (Lightning, gpufeed.train.fit, the README's loop) restore the loader's state
+    and then call set_epoch for the epoch they resume: that must not start it over."""
+    loader = make(shards, 4, num_workers=num_workers, seed=3)
+    loader.set_epoch(2)
+    whole = _batches(loader)
+    cut = make(shards, 4, num_workers=num_workers, seed=3)
+    cut.set_epoch(2)
+    for i, _ in enumerate(cut):
+        if i == 4:
+            state = cut.state_dict()
+            break
+    resumed = make(shards, 4, num_workers=num_workers, seed=3)
+    resumed.load_state_dict(state)
+    (resumed if via == "loader" else resumed.sampler).set_epoch(2)
+    assert [y for _, y in _batches(resumed)] == [y for _, y in whole[5:]]
+    resumed.load_state_dict(state)
+    resumed.set_epoch(3)  # another epoch than the state's: that epoch, from its start
+    following = make(shards, 4, num_workers=num_workers, seed=3)
+    following.set_epoch(3)
+    assert _epoch(resumed) == _epoch(following)
+
+
 def test_state_dict_says_where_the_rank_is(shards: Path, make: MakeLoader):
     loader = make(shards, 4, num_workers=2, seed=9, rank=1, world_size=2, drop_last=True)
     assert loader.state_dict() == {
@@ -318,6 +359,8 @@ def test_state_dict_says_where_the_rank_is(shards: Path, make: MakeLoader):
         "batch_size": 4,
         "samples": 48,
         "drop_last": True,
+        "shuffle": True,
+        "shuffle_buffer": loader.dataset.shuffle_buffer,
     }
     it = iter(loader)
     next(it), next(it)
@@ -335,17 +378,28 @@ def test_state_dict_says_where_the_rank_is(shards: Path, make: MakeLoader):
         ("batch_size", 8),
         ("seed", 1),
         ("drop_last", True),
+        ("shuffle", False),  # another order: samples would repeat and others be missed
+        ("shuffle_buffer", 4),
     ],
 )
 def test_resume_with_other_settings_is_refused_naming_the_key(
     shards: Path, make: MakeLoader, option: str, value: Any
 ):
     options = {"num_workers": 2, "batch_size": 4, "seed": 0, "drop_last": False}
+    options |= {"shuffle": True, "shuffle_buffer": 64}
     state = make(shards, **options).state_dict()
     other = make(shards, **{**options, option: value})
     saved = re.escape(f"{option}={options[option]!r}")
     with pytest.raises(ValueError, match=rf"{saved}.*resume with the same {option}"):
         other.load_state_dict(state)
+
+
+def test_a_state_saved_without_the_shuffle_settings_still_resumes(shards: Path, make: MakeLoader):
+    state = make(shards, 4, num_workers=0).state_dict()
+    older = {k: v for k, v in state.items() if k not in ("shuffle", "shuffle_buffer")}
+    loader = make(shards, 4, num_workers=0)
+    loader.load_state_dict({**older, "batch": 3})
+    assert loader.state_dict()["batch"] == 3
 
 
 def test_resume_on_another_rank_or_data_set_is_refused(shards: Path, make: MakeLoader):
@@ -641,6 +695,31 @@ def test_close_stops_the_worker_processes(shards: Path):
     loader.close()
     assert wait_until(lambda: all(gone(pid) for pid in pids))
     assert not {p.pid for p in psutil.Process().children()} & set(pids)
+
+
+def test_a_loader_dropped_without_close_stops_its_workers_at_once(shards: Path):
+    gc.disable()  # freed by reference counting, not whenever the cycle collector runs
+    try:
+        loader = Loader(shards, 4, num_workers=2, augment=SMALL, device="cpu")
+        for i, _ in enumerate(loader):
+            if i == 1:
+                break
+        pids = list(loader._pool.pids)
+        del loader
+        assert wait_until(lambda: all(gone(pid) for pid in pids))
+    finally:
+        gc.enable()
+
+
+def test_an_iteration_refused_after_the_workers_started_leaves_no_workers(shards: Path):
+    before = {p.pid for p in psutil.Process().children()}
+    on_worker = Augment(size=(16, 16), transform=lambda x: x, transform_on="worker")
+    loader = Loader(shards, 4, num_workers=2, augment=on_worker, preprocess="gpu", device="cpu")
+    for _ in range(2):  # each try is refused the same way, and starts no workers of its own
+        with pytest.raises(ValueError, match="transform_on"):
+            iter(loader)
+    loader.close()
+    assert wait_until(lambda: not {p.pid for p in psutil.Process().children()} - before)
 
 
 def test_a_loop_that_ends_without_close_has_its_loader_closed_at_exit(shards: Path, tmp_path: Path):

@@ -150,10 +150,20 @@ def _offload_dict(advice: OffloadAdvice) -> dict[str, Any]:
 def assumed_workers(device: str = "cpu") -> int:
     """Loader workers assumed for an image folder or shards when `--workers` is not given: the
     Loader's own default on CUDA; half the usable cores on a CPU, which also trains."""
-    from gpufeed.data.budget import usable_cores
+    from gpufeed.cores import usable_cores
     from gpufeed.data.loader import default_workers
 
     return default_workers() if device == "cuda" else max(1, usable_cores() // 2)
+
+
+def most_workers(device: str) -> int:
+    """The most loader workers an alternative gets: on CUDA the Loader's default (every core but
+    the training process's own), on a CPU device every core (the model then trains on what the
+    workers leave, which the measurement shows)."""
+    from gpufeed.cores import usable_cores
+    from gpufeed.data.loader import default_workers
+
+    return default_workers() if device == "cuda" else usable_cores()
 
 
 def make_pipeline(
@@ -205,14 +215,26 @@ def _more_workers(loader: Any, workers: int) -> Any | None:
         return None
     if isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return None  # an iterable dataset may not split itself across workers
+    # a batch_sampler stands for batch_size, sampler and drop_last: pass it, or those three
+    batching: dict[str, Any] = (
+        {"batch_sampler": loader.batch_sampler}
+        if loader.batch_size is None and loader.batch_sampler is not None
+        else {
+            "batch_size": loader.batch_size,
+            "sampler": loader.sampler,
+            "drop_last": loader.drop_last,
+        }
+    )
     return torch.utils.data.DataLoader(
         loader.dataset,
-        batch_size=loader.batch_size,
-        sampler=loader.sampler,
+        **batching,
         num_workers=workers,
         collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last,
+        worker_init_fn=loader.worker_init_fn,
+        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
     )
 
 
@@ -230,9 +252,7 @@ def alternatives(
     """Measured alternatives for an input-bound job (only those that apply to this data)."""
     import torch
 
-    from gpufeed.data.budget import usable_cores
-
-    cores = usable_cores()
+    cores = most_workers(device)
     plans: list[tuple[str, Callable[[], Any]]] = []
     if spec.kind == "function":
         faster = _more_workers(loader, cores)
@@ -292,11 +312,16 @@ def alternatives(
     out = []
     for name, make in plans:
         note(f"measuring alternative: {name}")
-        loader = make()
         try:
-            out.append(Alternative(name, measure_loader(loader, seconds=seconds).images_per_s))
-        finally:
-            _close(loader)
+            loader = make()
+            try:
+                rate = measure_loader(loader, seconds=seconds).images_per_s
+            finally:
+                _close(loader)
+        except MeasureError as e:  # this alternative cannot run here: say why, measure the rest
+            note(f"skipped {name}: {e}")
+            continue
+        out.append(Alternative(name, rate))
     return out
 
 
@@ -382,7 +407,7 @@ def diagnose(
         _close(loader)
     # --- offload to a Ray cluster's CPU nodes: would more cores help? (advise/offload.py) ---
     from gpufeed.advise.offload import offload_advice
-    from gpufeed.data.budget import usable_cores
+    from gpufeed.cores import usable_cores
 
     rates, hw = (loader_rate.images_per_s, nw, model_rate.images_per_s), loader_rate.batch_shape
     result.offload = offload_advice(*rates, max(1, usable_cores() - 1), tuple(hw[-2:]))

@@ -196,7 +196,7 @@ def cpu_threads_beside(loader_workers: int, device: str) -> Iterator[int]:
     many times. Yields the thread count; restores torch's setting afterwards."""
     import torch
 
-    from gpufeed.data.budget import usable_cores
+    from gpufeed.cores import usable_cores
 
     before = torch.get_num_threads()
     if device == "cpu":

@@ -131,11 +131,15 @@ class TuneResult:
         )
 
 
-def _worker_counts(cores: int) -> list[int]:
-    counts = {0, 1, cores, max(1, cores - 1)}
+def _worker_counts(most: int) -> list[int]:
+    """The worker counts tried: 0, 1, doubling (with a step half-way from 8 on: 12, 24, ...)
+    below `most`, and `most`."""
+    counts = {0, 1, most}
     n = 2
-    while n < cores:
+    while n < most:
         counts.add(n)
+        if n >= 8 and n * 3 // 2 < most:
+            counts.add(n * 3 // 2)
         n *= 2
     return sorted(counts)
 
@@ -157,7 +161,7 @@ def tune(
     winner to `out` (None: don't write); return them all. It prints nothing but, with
     `progress`, each trial as it starts (on stderr)."""
     from gpufeed.advise.inputs import pack_sample, resolve_data
-    from gpufeed.data.budget import usable_cores
+    from gpufeed.cores import usable_cores
 
     note = progress_notes(progress)
     device = check_device(device or default_device())
@@ -204,18 +208,55 @@ def tune(
         )  # fmt: skip
         if not result.trials:
             raise MeasureError("every trial was skipped: " + "; ".join(result.notes))
+        # --- offload to a Ray cluster's CPU nodes: would more cores help? (advise/offload.py) ---
+        best = result.best
+        if result.model_images_per_s and best.preprocess == "cpu" and best.images_per_s > 0:
+            from gpufeed.advise.offload import offload_advice
+
+            # the trials' rates are end to end, held back by the model: the CPU an image costs
+            # comes from the best trial's loader alone
+            note(f"measuring the loader alone: {_described(best)} …")
+            alone = _loader_alone(shards, best, result, seconds)
+            if alone > 0:
+                rates = (alone, best.num_workers, result.model_images_per_s)
+                hw = (image_size, image_size)
+                result.offload = offload_advice(*rates, max(1, usable_cores() - 1), hw)
     if out is not None:
         result.out = Path(out)
         result.out.write_text(result.to_json() + "\n")
-    # --- offload to a Ray cluster's CPU nodes: would more cores help? (advise/offload.py) ---
-    best = result.best
-    if result.model_images_per_s and best.preprocess == "cpu" and best.images_per_s > 0:
-        from gpufeed.advise.offload import offload_advice
-
-        rates = (best.images_per_s, best.num_workers, result.model_images_per_s)
-        hw = (image_size, image_size)
-        result.offload = offload_advice(*rates, max(1, usable_cores() - 1), hw)
     return result
+
+
+def _loader(shards: str, trial: Trial, result: TuneResult) -> Any:
+    """The Loader that `trial` measures (a ValueError where its settings are refused)."""
+    from gpufeed.data.loader import Loader
+
+    return Loader(
+        shards,
+        trial.batch_size,
+        num_workers=trial.num_workers,
+        prefetch=trial.prefetch,
+        preprocess=trial.preprocess,
+        decoder=trial.decoder,
+        device=result.device,
+        augment=recipe(result.image_size, result.augment_load),
+    )
+
+
+def _loader_alone(shards: str, trial: Trial, result: TuneResult, seconds: float) -> float:
+    """Images/s of `trial`'s Loader alone (0 where it cannot be measured, with a note)."""
+    try:
+        loader = _loader(shards, trial, result)
+    except ValueError as e:
+        result.notes.append(f"no offload advice: {e}")
+        return 0.0
+    try:
+        return measure_loader(loader, seconds=seconds).images_per_s
+    except MeasureError as e:
+        result.notes.append(f"no offload advice: {e}")
+        return 0.0
+    finally:
+        loader.close()
 
 
 def _search(
@@ -231,7 +272,7 @@ def _search(
 ) -> None:
     """Coordinate search from the defaults: workers, then prefetch, preprocess, batch size."""
     from gpufeed.data.choose import choose_preprocess
-    from gpufeed.data.loader import Loader, default_workers
+    from gpufeed.data.loader import default_workers
 
     def run(trial: Trial) -> bool:
         """Measure a trial; True when the search should stop (the loader outruns the model)."""
@@ -239,16 +280,7 @@ def _search(
             return False
         note(f"trial {len(result.trials) + 1}: {_described(trial)} …")
         try:
-            loader = Loader(
-                shards,
-                trial.batch_size,
-                num_workers=trial.num_workers,
-                prefetch=trial.prefetch,
-                preprocess=trial.preprocess,
-                decoder=trial.decoder,
-                device=result.device,
-                augment=recipe(result.image_size, result.augment_load),
-            )
+            loader = _loader(shards, trial, result)
         except ValueError as e:  # e.g. a memory cap this trial does not fit: skip it, say why
             result.notes.append(f"skipped {_described(trial)}: {e}")
             return False
@@ -298,7 +330,10 @@ def _search(
     base = Trial(batch_size, default_workers(), 2, "cpu", note="default")
     if run(base):
         return
-    for n in _worker_counts(cores):
+    # On CUDA the training process keeps a core of its own, so the Loader's default is the most
+    # workers can use; on a CPU device the trials with a model measure the trade-off themselves.
+    most = default_workers() if result.device == "cuda" else cores
+    for n in sorted(set(_worker_counts(most)) | {default_workers()}):
         if run(Trial(batch_size, n, 2, "cpu")):
             return
     best = result.best if result.trials else base

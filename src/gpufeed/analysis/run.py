@@ -47,7 +47,8 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     (can exceed 100), rss bytes.
 
 ``meta`` dict: name, command (list[str], secrets redacted), start_time, end_time, exit_code,
-    interval, hosts (list[str]), cpu_count, cpu_model, gpus (list of {index, name, memory_total}),
+    interval, hosts (list[str]), cpu_count (cores the run may use: `gpufeed.cores.usable_cores`),
+    cpu_model, gpus (list of {index, name, memory_total}),
     gpu_unavailable (str reason, absent when GPUs were read), versions (dict), dropped_events (int),
     ranks (list of {host, rank, local_rank, world_size, pid, start, end, precision}: process
     start/end per training process, for the initialization and finalization phases; precision as

@@ -342,7 +342,7 @@ def _profiled(
 def workers(cfg: BenchConfig, out_dir: Path) -> ResultSet:
     """Images/s and utilization with 1 vs cores-1 loader workers, on full-size images resized on
     every read vs images pre-resized at pack time."""
-    from gpufeed.data.budget import usable_cores
+    from gpufeed.cores import usable_cores
 
     many = max(2, usable_cores() - 1)
     model = "resnet50" if cfg.full else "resnet18"

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpufeed.data.budget import usable_cores
+from gpufeed.cores import usable_cores
 from gpufeed.data.shards import has_index
 from gpufeed.errors import GpufeedError
 

@@ -1,5 +1,5 @@
-"""Host resources of a loader: its usable cores, and what its slots and read buffers hold at most
-against a memory cap sized from the machine."""
+"""Host resources of a loader: what its slots and read buffers hold at most, against a memory
+cap sized from the machine."""
 
 from __future__ import annotations
 
@@ -19,14 +19,6 @@ def machine_memory() -> int:
         return int(psutil.virtual_memory().total)
     except Exception:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity set), which is what a loader can use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def default_max_host_bytes() -> int:

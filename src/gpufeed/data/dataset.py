@@ -166,8 +166,8 @@ class ShardDataset:
         seq = self._epoch_sequence()
         per_rank = len(self)
         need = per_rank * self.world_size
-        if need > len(seq):
-            seq = np.concatenate([seq, seq[: need - len(seq)]])
+        if need > len(seq):  # pad by repeating the epoch, as often as the ranks need
+            seq = np.resize(seq, need)
         return seq[self.rank * per_rank : (self.rank + 1) * per_rank]
 
     def worker_slice(self, worker: int, num_workers: int) -> np.ndarray:

@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
+from gpufeed.cores import usable_cores
 from gpufeed.data.augment import Augment
-from gpufeed.data.budget import default_max_host_bytes, host_bytes, machine_memory, usable_cores
+from gpufeed.data.budget import default_max_host_bytes, host_bytes, machine_memory
 from gpufeed.data.choose import PREPROCESS_MODES, choose_preprocess, trial_rate
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.device import CANVAS_ELEMENTS, DeviceStage, decoder_name
@@ -34,6 +35,7 @@ from gpufeed.present.numbers import count
 
 DEVICE_DEPTH = 2  # batches the feeder keeps ready on the device
 _STATE_KEYS = ("seed", "world_size", "rank", "num_workers", "batch_size", "samples", "drop_last")
+_ORDER_KEYS = ("shuffle", "shuffle_buffer")  # checked where saved (older states lack them)
 
 try:  # the profiler measures data wait in DataLoader iterators' __next__: be one of them
     from torch.utils.data.dataloader import _BaseDataLoaderIter as _IterBase
@@ -66,10 +68,14 @@ class _Sampler:
     """`loader.sampler.set_epoch(n)`, where trainers (Lightning) look for it."""
 
     def __init__(self, loader: Loader) -> None:
-        self._loader = loader
+        # weak: a strong reference back would keep a dropped Loader (and its worker processes)
+        # alive until the cycle collector happens to run
+        self._loader = weakref.ref(loader)
 
     def set_epoch(self, epoch: int) -> None:
-        self._loader.set_epoch(epoch)
+        loader = self._loader()
+        if loader is not None:
+            loader.set_epoch(epoch)
 
 
 class Loader:
@@ -106,6 +112,11 @@ class Loader:
     With CPU preprocessing, `decoder="nvimgcodec"` has the workers decode each JPEG that they
     would decode at full size over its crop box only (nvImageCodec's CPU backend, libjpeg-turbo):
     the same pixels and batches, less CPU per image; the other decoder names change nothing there.
+
+    With `shuffle=False` (a `ShardDataset` option) the samples keep their packed order within each
+    worker's contiguous part of the epoch, but batches arrive in worker turns (worker 0's first,
+    worker 1's first, ...): only with `num_workers` 0 or 1 is that the packed order, which an
+    evaluation that matches outputs to files by position needs.
     """
 
     def __init__(
@@ -279,8 +290,11 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch of the next iteration (it seeds shard order, shuffle, augmentations).
-        Without it each iteration is the epoch after the previous one."""
-        self._next = Position(int(epoch), 0)
+        Without it each iteration is the epoch after the previous one. After `load_state_dict`,
+        the same epoch keeps the restored position (trainers call both on resume)."""
+        epoch = int(epoch)
+        if self._next is None or self._next.epoch != epoch:
+            self._next = Position(epoch, 0)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank, for any num_workers)."""
@@ -304,37 +318,46 @@ class Loader:
 
     def _running_feeder(self) -> Feeder:
         if self._feeder is None:
-            spec = self.spec()
-            self._slots = Slots(spec, *self._slot_layout(self.prefetch))
-            if self.cluster is not None:
-                self._pool = RayPool(self.plan, self._slots, self.cluster, depth=self.prefetch + 1)
-            elif self.num_workers > 0:
-                self._pool = WorkerPool(self.plan, self._slots, nice=self.worker_nice)
-            else:
-                self._pool = InlinePool(self.plan, self._slots)
-            # after the fork: CUDA may keep page-locked memory out of later forks
-            if self.device.type == "cuda" and self.pin_memory and spec.handoff != "encoded":
-                self._pinned = self._slots.pin() and self.non_blocking
-            stage = DeviceStage(
-                spec,
-                self.device,
-                self._slots,
-                pinned=self._pinned,
-                seed=self.dataset.seed,
-                rank=self.dataset.rank,
-            )
-            if self.preprocess == "gpu" and self.device_bytes_bound() > self.max_device_bytes:
-                raise ValueError(
-                    f"max_device_bytes={self.max_device_bytes:,} is too small for GPU "
-                    f"preprocessing of batches of {self.batch_size}: needs "
-                    f"{self.device_bytes_bound():,}; pass max_device_bytes="
-                    f"{self.device_bytes_bound()} or lower batch_size"
-                )
-            self._stage = stage
-            self._stats["decoder"] = stage.decoder_name  # auto's fallback, if any
-            self._feeder = Feeder(self._pool, stage, self.plan, DEVICE_DEPTH)
-            _OPEN[self] = os.getpid()
+            try:
+                self._start_feeder()
+            except BaseException:  # a setting refused after the workers started: stop them
+                self.close(wait=0)
+                raise
+        assert self._feeder is not None
         return self._feeder
+
+    def _start_feeder(self) -> None:
+        """Make the slots, the worker pool, the device stage and the feeder thread."""
+        spec = self.spec()
+        self._slots = Slots(spec, *self._slot_layout(self.prefetch))
+        if self.cluster is not None:
+            self._pool = RayPool(self.plan, self._slots, self.cluster, depth=self.prefetch + 1)
+        elif self.num_workers > 0:
+            self._pool = WorkerPool(self.plan, self._slots, nice=self.worker_nice)
+        else:
+            self._pool = InlinePool(self.plan, self._slots)
+        # after the fork: CUDA may keep page-locked memory out of later forks
+        if self.device.type == "cuda" and self.pin_memory and spec.handoff != "encoded":
+            self._pinned = self._slots.pin() and self.non_blocking
+        stage = DeviceStage(
+            spec,
+            self.device,
+            self._slots,
+            pinned=self._pinned,
+            seed=self.dataset.seed,
+            rank=self.dataset.rank,
+        )
+        if self.preprocess == "gpu" and self.device_bytes_bound() > self.max_device_bytes:
+            raise ValueError(
+                f"max_device_bytes={self.max_device_bytes:,} is too small for GPU "
+                f"preprocessing of batches of {self.batch_size}: needs "
+                f"{self.device_bytes_bound():,}; pass max_device_bytes="
+                f"{self.device_bytes_bound()} or lower batch_size"
+            )
+        self._stage = stage
+        self._stats["decoder"] = stage.decoder_name  # auto's fallback, if any
+        self._feeder = Feeder(self._pool, stage, self.plan, DEVICE_DEPTH)
+        _OPEN[self] = os.getpid()
 
     def _take(self, token: int, at: Position, first: bool = False) -> tuple[Any, Any]:
         if token != self._token or self._feeder is None:
@@ -407,6 +430,8 @@ class Loader:
             "batch_size": self.batch_size,
             "samples": ds.index.total,
             "drop_last": self.drop_last,
+            "shuffle": ds.shuffle,
+            "shuffle_buffer": ds.shuffle_buffer,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -423,7 +448,7 @@ class Loader:
                     f"loader state has no {key!r}; pass what Loader.state_dict() returned "
                     "(states saved by gpufeed before 0.2 cannot be resumed)"
                 )
-        for key in _STATE_KEYS:
+        for key in (*_STATE_KEYS, *(k for k in _ORDER_KEYS if k in state)):
             if state[key] != mine[key]:
                 raise ValueError(
                     f"loader state was saved with {key}={state[key]!r} but this loader has "

@@ -60,7 +60,7 @@ class DemoConfig:
         return max(8, math.ceil(self.image_size * 1.25))
 
     def loader_workers(self) -> int:
-        from gpufeed.data.budget import usable_cores
+        from gpufeed.cores import usable_cores
 
         return self.workers if self.workers is not None else max(1, usable_cores() - 1)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from gpufeed.cores import allowed_cores
 from gpufeed.profiler.session import (
     FLUSH_INTERVAL,
     check_interval,
@@ -176,7 +177,7 @@ class Sampler:
         self._ticks = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._cores = _usable_cores()
+        self._cores = allowed_cores()
         self._last_cpu = psutil.cpu_times(percpu=True)  # deltas from here on
         self._rng = random.Random()
 
@@ -377,14 +378,6 @@ def _lower_priority() -> None:
     # Nice only the sampler's own thread (Linux applies niceness per thread), never the training.
     with contextlib.suppress(OSError, AttributeError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-
-
-def _usable_cores() -> list[int]:
-    """The cores this process may run on (its affinity set; every core where that is unknown)."""
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return list(range(psutil.cpu_count() or 1))
 
 
 def _core_shares(before: Any, after: Any) -> tuple[float, float]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufeed.atomic import write_atomic
+from gpufeed.cores import usable_cores
 from gpufeed.errors import GpufeedError
 
 ENV_RUN_DIR = "GPUFEED_RUN_DIR"
@@ -148,7 +149,7 @@ def machine_meta() -> dict[str, Any]:
             versions[dist] = metadata.version(dist)
     return {
         "hosts": [hostname()],
-        "cpu_count": os.cpu_count() or 1,
+        "cpu_count": usable_cores(),
         "cpu_model": cpu_model(),
         "platform": platform.platform(),
         "versions": versions,

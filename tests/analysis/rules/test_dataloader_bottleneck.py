@@ -97,6 +97,22 @@ def _cpu_bound(cores: int, workers: int, cpu: float, main: float, wait: float = 
     return b.build()
 
 
+def test_workers_busy_most_of_a_core_are_not_idle_and_get_no_more_than_the_cores_hold() -> None:
+    # 16 cores, 15 workers at 70% each, steps waiting half their time: about 30 workers would end
+    # the wait, but each wants most of a core, and the cores leave room for 15.
+    (f,) = fired(_cpu_bound(16, 15, 70.0, 30.0, wait=0.05))
+    assert "mostly idle" not in f.recommendation and "storage" not in f.recommendation
+    assert f.recommendation.startswith(
+        "The loader workers are busy (15 workers at 70% CPU each, 16 cores) and about 30 would be "
+        "needed, more than the 15 the cores leave room for per training process"
+    )
+    assert "cut the CPU cost per sample" in f.recommendation
+    (f,) = fired(_cpu_bound(16, 15, 70.0, 30.0, wait=0.05), **{RULE: {"idle_worker_cpu": 75.0}})
+    assert "mostly idle" in f.recommendation and "num_workers=30" in f.recommendation
+    (f,) = fired(_cpu_bound(16, 4, 70.0, 30.0, wait=0.05))  # room on the cores: sized, not capped
+    assert f.recommendation.startswith("Set num_workers=8 (4 workers at 70% CPU each, 16 cores)")
+
+
 def test_when_cores_run_out_it_says_to_cut_cpu_per_sample() -> None:
     # 4 cores, one kept by the training process: room for 3 workers where about 20 are needed
     (f,) = fired(_cpu_bound(4, 2, 99.0, 20.0, wait=0.09))

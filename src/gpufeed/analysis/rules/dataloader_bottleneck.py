@@ -33,7 +33,9 @@ class DataLoaderBottleneck(Rule):
     waits on storage or latency: the workers it is advised are not capped by the cores. Idle
     workers whose training thread was measured busy while it waited (on a CPU at least half of
     it, and more than a worker) are not waiting on storage: the hand-over is the bottleneck, as
-    when batches travel pickled instead of as tensors in shared memory. Estimated
+    when batches travel pickled instead of as tensors in shared memory. Only workers below
+    `idle_worker_cpu` count as idle (waiting on storage or latency, so more of them need no core
+    each); busier ones get no more workers than the cores leave room for. Estimated
     speedup = mean step / mean (step - wait).
     """
 
@@ -44,6 +46,9 @@ class DataLoaderBottleneck(Rule):
         "min_steps": Param(5, "post-warm-up steps needed before judging"),
         "busy_worker_cpu": Param(
             80.0, "% of a core above which a loader worker counts as CPU-bound"
+        ),
+        "idle_worker_cpu": Param(
+            50.0, "% of a core below which loader workers count as idle (waiting on storage)"
         ),
         "asleep_wait_cpu": Param(
             100 * WAIT_ASLEEP,
@@ -169,16 +174,7 @@ def _recommend(
             f"{why.capitalize()}.{gpu_tail}"
         )
     if bound:
-        state = f"{workers_at(now, wcpu)}, {cores} cores"
-        if need <= budget:
-            return f"Set num_workers={need} ({state}): {why}.{gpu_tail}"
-        meanwhile = f"; meanwhile set num_workers={budget}" if budget > now else ""
-        return (
-            f"The loader workers are CPU-bound ({state}) and about {need} would be needed, more than "
-            f"the {budget} the cores leave room for per training process: cut the CPU cost per "
-            f"sample ({ctx.cut_cost()}) or use a host with more cores{meanwhile}. "
-            f"{why.capitalize()}.{gpu_tail}"
-        )
+        return _within_cores(ctx, "CPU-bound", now, wcpu, cores, need, budget, why, gpu_tail)
     if measured and main_wait_cpu >= p["receiving_wait_cpu"] and main_wait_cpu > wcpu:
         return (
             f"The loader workers are mostly idle ({workers_at(now, wcpu)}) while the training "
@@ -188,11 +184,38 @@ def _recommend(
             "from the Dataset or collate_fn, so that they travel through shared memory (a costly "
             f"sampler or batch_sampler also runs in that thread). {why.capitalize()}.{gpu_tail}"
         )
+    if wcpu >= p["idle_worker_cpu"]:  # partly on a CPU: each more worker wants most of a core
+        return _within_cores(ctx, "busy", now, wcpu, cores, need, budget, why, gpu_tail)
     return (
         f"The loader workers are mostly idle ({workers_at(now, wcpu)}), so they wait on storage "
         f"or latency rather than CPU: set num_workers={need} and prefetch_factor=4, and read "
         + _sequential(ctx)
         + f". {why.capitalize()}.{gpu_tail}"
+    )
+
+
+def _within_cores(
+    ctx: Context,
+    state: str,
+    now: int,
+    wcpu: float,
+    cores: int,
+    need: int,
+    budget: int,
+    why: str,
+    gpu_tail: str,
+) -> str:
+    """The advice for workers that use their cores: `need` of them where the cores leave room
+    (`budget` per training process), else cut the cost per sample."""
+    where = f"{workers_at(now, wcpu)}, {cores} cores"
+    if need <= budget:
+        return f"Set num_workers={need} ({where}): {why}.{gpu_tail}"
+    meanwhile = f"; meanwhile set num_workers={budget}" if budget > now else ""
+    return (
+        f"The loader workers are {state} ({where}) and about {need} would be needed, more than "
+        f"the {budget} the cores leave room for per training process: cut the CPU cost per "
+        f"sample ({ctx.cut_cost()}) or use a host with more cores{meanwhile}. "
+        f"{why.capitalize()}.{gpu_tail}"
     )
 
 

@@ -1,0 +1,59 @@
+"""The cores a job may use: its affinity set, capped by its container's CPU limit."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpufeed import cores
+from gpufeed.cores import allowed_cores, cpu_quota, usable_cores
+from gpufeed.profiler.session import machine_meta
+
+
+def _cgroup(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("files", "quota"),
+    [
+        ({"cpu.max": "1600000 100000\n"}, 16),
+        ({"cpu.max": "150000 100000\n"}, 2),  # 1.5 CPUs: two cores are kept busy part of the time
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu/cpu.cfs_quota_us": "800000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 8),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({"cpu.max": "garbage\n"}, None),
+        ({}, None),
+    ],
+)
+def test_the_container_cpu_limit_is_read_from_cgroup_v2_or_v1(
+    tmp_path: Path, files: dict[str, str], quota: int | None
+) -> None:
+    assert cpu_quota(_cgroup(tmp_path, files)) == quota
+
+
+def test_a_container_limit_caps_the_usable_cores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cores, "CGROUP_ROOT", _cgroup(tmp_path, {"cpu.max": "100000 100000"}))
+    assert usable_cores() == 1
+    monkeypatch.setattr(cores, "CGROUP_ROOT", _cgroup(tmp_path / "big", {"cpu.max": "max 100000"}))
+    assert usable_cores() == len(allowed_cores())
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
+def test_a_job_pinned_to_one_core_counts_one_core_and_records_it_in_its_run() -> None:
+    saved = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(saved)})
+        assert allowed_cores() == [min(saved)]
+        assert usable_cores() == 1
+        assert machine_meta()["cpu_count"] == 1
+    finally:
+        os.sched_setaffinity(0, saved)
+    assert usable_cores() == min(len(saved), cpu_quota() or len(saved))
