@@ -13,3 +13,8 @@ class GpufeedError(Exception):
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
+
+
+class OptionError(GpufeedError, ValueError):
+    """An option of the Loader, its ShardDataset or Augment that cannot work as given (the
+    message names it and says what to pass instead)."""

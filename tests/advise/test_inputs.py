@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.advise.inputs import pack_sample
+from gpufeed.advise.inputs import pack_sample, resolve_data
 from gpufeed.advise.measure import MeasureError
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.demo.synth import make_image_folder
@@ -52,3 +52,9 @@ def test_a_folder_with_no_readable_image_is_refused_by_its_own_name(tmp_path: Pa
     message = str(e.value)
     assert "none of the 3 files sampled from it is a readable image (e.g. " in message
     assert str(tmp_path / "s2") not in message  # not the temporary list file it packed from
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/shards", "gs://bucket/a/b"])
+def test_a_url_names_remote_shards_not_a_module_and_function(url: str):
+    spec = resolve_data(url)  # the Loader reads (and checks) them; nothing is imported
+    assert (spec.kind, spec.where, spec.loader) == ("shards", url, None)

@@ -28,6 +28,15 @@ def test_a_host_short_of_cores_is_told_how_many_remote_cores_and_how_much_networ
     assert "add ~24 remote cores" in advice.text() and "Gbit/s" in advice.text()
 
 
+def test_more_workers_than_cores_keep_only_the_cores_busy():
+    # 50 workers on a 2-core host (1 for the loader beside training) made 500 images/s alone:
+    # 2 cores were busy, not 50, so an image costs 4 ms, and 1,000 images/s need 4 cores
+    advice = offload_advice(500, 50, 1000, host_cores=1)
+    assert advice.cpu_s_per_image == pytest.approx(2 / 500)
+    assert advice.cores_needed == pytest.approx(4.0)
+    assert "this host gives the loader 1 core" in advice.text()
+
+
 def test_rates_that_are_not_positive_are_refused():
     with pytest.raises(ValueError, match="positive"):
         offload_advice(0, 1, 100, host_cores=4)

@@ -148,3 +148,14 @@ def test_bench_help_lists_the_experiments() -> None:
     r = CliRunner().invoke(app, ["bench", "--help"])
     assert r.exit_code == 0
     assert all(name in r.output for name in ("augload", "workers", "batch"))
+
+
+@pytest.mark.parametrize("where", ["file", "file/inside"])
+def test_an_out_that_is_or_lies_under_a_file_is_refused_before_anything_runs(
+    tmp_path: Path, where: str
+):
+    (tmp_path / "file").write_text("keep me")
+    result = CliRunner().invoke(app, ["bench", "workers", "-o", str(tmp_path / where)])
+    assert result.exit_code == 2
+    assert f"--out {tmp_path / where}:" in result.output and "not a folder" in result.output
+    assert (tmp_path / "file").read_text() == "keep me"

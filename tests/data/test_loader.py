@@ -35,6 +35,7 @@ from gpufeed.data.device import nvjpeg_available
 from gpufeed.data.loader import Loader
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.workers import LoaderWorkerError
+from gpufeed.errors import GpufeedError, OptionError
 
 SMALL = Augment(size=(16, 16))
 AUG = Augment.load_factor(2, size=(32, 32))
@@ -909,8 +910,29 @@ def test_unknown_preprocess_mode_is_refused(shards: Path):
     ],
 )
 def test_a_bad_count_is_refused_naming_the_option(shards: Path, option: str, value: object):
-    with pytest.raises(ValueError, match=rf"{option} must be an integer >= \d, got {value!r}"):
+    with pytest.raises(OptionError, match=rf"{option} must be an integer >= \d, got {value!r}"):
         Loader(shards, **{"batch_size": 4, option: value})
+
+
+def test_a_batch_larger_than_the_epoch_with_drop_last_is_a_gpufeed_error(shards: Path):
+    with pytest.raises(GpufeedError, match="batch_size"):
+        Loader(shards, 1000, drop_last=True, device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("tpu", "device='tpu': not a device PyTorch knows; pass 'cuda', 'cuda:N' or 'cpu'"),
+        ("cuda", "device='cuda': PyTorch sees no CUDA GPU on this machine; pass device='cpu'"),
+    ],
+)
+def test_a_device_this_machine_lacks_is_refused_when_the_loader_is_made(
+    shards: Path, device: str, message: str
+):
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    with pytest.raises(OptionError, match=re.escape(message)):
+        Loader(shards, 4, device=device)
 
 
 # --- CUDA ---------------------------------------------------------------------------------------

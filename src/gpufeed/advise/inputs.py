@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from gpufeed.advise.measure import MeasureError, load_object
 from gpufeed.data.shards import has_index
+from gpufeed.data.source import is_remote
 from gpufeed.present.numbers import count
 
 SAMPLE_IMAGES = 512  # images packed for the pre-resized alternative
@@ -27,7 +28,10 @@ class DataSpec:
 
 
 def resolve_data(data: str) -> DataSpec:
-    """Classify `--data`; MeasureError naming the path or function when it is unusable."""
+    """Classify `--data`; MeasureError naming the path or function when it is unusable. A URL
+    (s3://BUCKET/PREFIX) names remote shards, which the Loader reads (and checks) itself."""
+    if is_remote(data):
+        return DataSpec("shards", data)
     path = Path(data)
     if path.is_dir():
         return DataSpec("shards" if has_index(path) else "folder", str(path))

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gpufeed.present.numbers import count
+
 HEADROOM = 1.2  # remote cores are sized 20% above the bare need: node jitter, network stalls
 
 
@@ -52,7 +54,7 @@ class OffloadAdvice:
         need = (
             f"preprocessing needs {self.cores_needed:.1f} cores to keep up with the model "
             f"({self.cpu_s_per_image * 1e3:.1f} ms CPU/image × {self.model_images_per_s:,.0f} "
-            f"images/s); this host gives the loader {self.host_cores}"
+            f"images/s); this host gives the loader {count(self.host_cores, 'core')}"
         )
         if not self.helps:
             return f"offload to CPU nodes: not needed, {need}"
@@ -70,12 +72,15 @@ def offload_advice(
     host_cores: int,
     image_size: tuple[int, int] = (224, 224),
 ) -> OffloadAdvice:
-    """Advice from a loader measured alone on `loader_cores` busy cores and the model alone."""
+    """Advice from a loader measured alone with `loader_cores` workers (0: the training process
+    loads) and the model alone. Alone, the loader keeps at most every core busy, the training
+    process's one too (`host_cores` + 1), however many workers it has."""
     if loader_images_per_s <= 0 or model_images_per_s <= 0:
         raise ValueError("offload advice needs positive loader and model rates (images/s)")
     h, w = image_size
+    busy = min(max(1, loader_cores), max(1, host_cores) + 1)
     return OffloadAdvice(
-        cpu_s_per_image=max(1, loader_cores) / loader_images_per_s,
+        cpu_s_per_image=busy / loader_images_per_s,
         model_images_per_s=model_images_per_s,
         host_cores=max(1, host_cores),
         image_bytes=h * w * 3,

@@ -43,7 +43,9 @@ from gpufeed.advise.measure import (
     recipe_name,
 )
 from gpufeed.advise.progress import progress_notes
+from gpufeed.atomic import write_atomic
 from gpufeed.data.settings import SETTING_KEYS
+from gpufeed.data.source import is_remote
 from gpufeed.devices import default_device
 from gpufeed.extras import installed
 
@@ -170,11 +172,13 @@ def tune(
     if repeats < 1:
         raise MeasureError(f"--repeats must be at least 1, got {repeats}")
     recipe(image_size, augment_load)  # a bad load fails here, before anything is measured
-    if ":" in data and not Path(data).is_dir():
+    if ":" in data and not Path(data).is_dir() and not is_remote(data):
         raise MeasureError(
             f"--data {data}: tune searches the gpufeed Loader's settings; give shards "
             "(`gpufeed pack`) or an image folder, not your own loader (use `gpufeed diagnose`)"
         )
+    if out is not None and Path(out).is_dir():
+        raise MeasureError(f"--out {out}: is a folder; give a file name, e.g. {DEFAULT_OUT}")
     if out is not None and not Path(out).parent.is_dir():
         raise MeasureError(f"--out {out}: the folder {Path(out).parent} does not exist")
     spec = resolve_data(data)
@@ -223,7 +227,11 @@ def tune(
                 result.offload = offload_advice(*rates, max(1, usable_cores() - 1), hw)
     if out is not None:
         result.out = Path(out)
-        result.out.write_text(result.to_json() + "\n")
+        try:
+            write_atomic(result.out, result.to_json() + "\n")
+        except OSError as e:  # the trials are not lost: the result is returned and printed
+            result.out = None
+            result.notes.append(f"could not write --out {out}: {e.strerror or e}")
     return result
 
 

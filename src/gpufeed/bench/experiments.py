@@ -51,6 +51,10 @@ def run_bench(
         raise BenchError(f"unknown experiment {name!r}: choose one of {', '.join(EXPERIMENTS)}")
     cfg = default_config(full, **options)
     out_dir = Path(out) if out is not None else Path("gpufeed-runs") / f"bench-{name}"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise BenchError(f"--out {out_dir}: is a file, not a folder; give a results folder")
+    if any(p.exists() and not p.is_dir() for p in out_dir.parents):
+        raise BenchError(f"--out {out_dir}: a parent of it is a file, not a folder")
     runner = {"augload": augload, "workers": workers, "batch": batch}[name]
     return runner(cfg, out_dir).out_dir
 

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpufeed.errors import OptionError
+
 if TYPE_CHECKING:
     import torch
 
@@ -68,13 +70,13 @@ class Augment:
         if isinstance(self.size, int):
             object.__setattr__(self, "size", (self.size, self.size))
         if self.load < 0:
-            raise ValueError(f"augmentation load must be >= 0, got {self.load}")
+            raise OptionError(f"augmentation load must be >= 0, got {self.load}")
         if self.transform_on not in TRANSFORM_PLACES:
-            raise ValueError(
+            raise OptionError(
                 f"transform_on={self.transform_on!r}: choose one of {', '.join(TRANSFORM_PLACES)}"
             )
         if self.transform is not None and not callable(self.transform):
-            raise ValueError(
+            raise OptionError(
                 f"transform must be a callable on a batch tensor, got {type(self.transform).__name__}"
             )
 
@@ -101,7 +103,7 @@ class Augment:
                 if isinstance(out, torch.Tensor)
                 else type(out).__name__
             )
-            raise ValueError(
+            raise OptionError(
                 f"Augment.transform (transform_on='worker') returned {got}; it must return a "
                 f"uint8 batch of the shape it was given, {tuple(batch.shape)} (use "
                 "transform_on='device' to change shape or dtype)"

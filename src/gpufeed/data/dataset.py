@@ -25,6 +25,7 @@ import numpy as np
 from gpufeed.data.indexer import expand_urls, is_shard_pattern, split_shards
 from gpufeed.data.shards import IMAGE_EXTS, Index, ShardError
 from gpufeed.data.source import MB, Source
+from gpufeed.errors import OptionError
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class ShardDataset:
             or not isinstance(shuffle_buffer, int)
             or shuffle_buffer < 1
         ):
-            raise ValueError(
+            raise OptionError(
                 f"shuffle_buffer={shuffle_buffer!r}: give a number of samples, 1 or more "
                 "(1 keeps the shard order; pass shuffle=False to not shuffle at all)"
             )
@@ -122,14 +123,14 @@ class ShardDataset:
         self.rank = auto_rank if rank is None else rank
         self.world_size = auto_world if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} is outside world_size {self.world_size}")
+            raise OptionError(f"rank {self.rank} is outside world_size {self.world_size}")
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.shuffle_buffer = shuffle_buffer if shuffle else 1
         self.epoch = 0
         starts = np.cumsum([0] + [s.samples for s in self.index.shards])
         self._shard_start = starts
         if self.world_size > self.index.total and drop_last:
-            raise ValueError(
+            raise OptionError(
                 f"{self.index.total} samples cannot be split over {self.world_size} ranks with drop_last"
             )
 

@@ -45,7 +45,7 @@ from gpufeed.data.outputs import OutputPool
 from gpufeed.data.plan import Position
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
-from gpufeed.errors import GpufeedError
+from gpufeed.errors import GpufeedError, OptionError
 from gpufeed.extras import MissingExtra, require
 
 MAX_TAPS = 3  # supersampling taps per axis: antialiasing for downscales up to 3×
@@ -177,7 +177,7 @@ class DeviceStage:
     ) -> None:
         aug = spec.augment
         if aug.transform is not None and aug.transform_on == "worker" and spec.handoff != "decoded":
-            raise ValueError(
+            raise OptionError(
                 "Augment(transform_on='worker') needs preprocess='cpu': with GPU preprocessing "
                 "the workers do not finish the augmentation; use transform_on='device'"
             )

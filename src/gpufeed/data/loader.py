@@ -31,6 +31,7 @@ from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
 from gpufeed.data.workers import InlinePool, WorkerPool
 from gpufeed.devices import default_device
+from gpufeed.errors import OptionError
 from gpufeed.present.numbers import count
 
 DEVICE_DEPTH = 2  # batches the feeder keeps ready on the device
@@ -62,6 +63,22 @@ def default_workers() -> int:
     """Cores per local rank (torchrun's LOCAL_WORLD_SIZE), less one for the training loop."""
     per_rank = usable_cores() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     return max(1, per_rank - 1)
+
+
+def _device(device: Any) -> torch.device:
+    """`device` as a torch.device this machine has (the default device where None)."""
+    try:
+        dev = torch.device(device or default_device())
+    except (RuntimeError, TypeError):
+        raise OptionError(
+            f"device={device!r}: not a device PyTorch knows; pass 'cuda', 'cuda:N' or 'cpu'"
+        ) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise OptionError(
+            f"device={device!r}: PyTorch sees no CUDA GPU on this machine; pass device='cpu' "
+            "(or leave it out: the default is a GPU where there is one)"
+        )
+    return dev
 
 
 class _Sampler:
@@ -143,7 +160,7 @@ class Loader:
         **dataset_options: Any,
     ) -> None:
         if preprocess not in PREPROCESS_MODES:
-            raise ValueError(
+            raise OptionError(
                 f"preprocess={preprocess!r}: choose one of {', '.join(PREPROCESS_MODES)}"
             )
         for name, value, least in (
@@ -154,10 +171,10 @@ class Loader:
             if value is None and name == "num_workers":
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+                raise OptionError(f"{name} must be an integer >= {least}, got {value!r}")
         if isinstance(data, ShardDataset):
             if dataset_options:
-                raise ValueError(
+                raise OptionError(
                     f"options {sorted(dataset_options)} go to ShardDataset, which was given "
                     "ready-made"
                 )
@@ -173,7 +190,7 @@ class Loader:
         self.augment = augment or Augment()
         self.dtype = torch.float32 if dtype is None else dtype
         self.channels_last, self.strict = channels_last, strict
-        self.device = torch.device(device or default_device())
+        self.device = _device(device)
         self.pin_memory = (self.device.type == "cuda") if pin_memory is None else pin_memory
         self.non_blocking, self.worker_nice = non_blocking, worker_nice
         self.max_host_bytes = default_max_host_bytes() if max_host_bytes is None else max_host_bytes
@@ -244,7 +261,7 @@ class Loader:
             prefetch -= 1
         need = self.host_bytes_bound(prefetch)
         if need > self.max_host_bytes:
-            raise ValueError(
+            raise OptionError(
                 f"max_host_bytes={self.max_host_bytes:,} is too small: "
                 f"{count(max(1, self.num_workers), 'worker')} with batches of "
                 f"{self.spec().slot_bytes:,} bytes and "
@@ -348,7 +365,7 @@ class Loader:
             rank=self.dataset.rank,
         )
         if self.preprocess == "gpu" and self.device_bytes_bound() > self.max_device_bytes:
-            raise ValueError(
+            raise OptionError(
                 f"max_device_bytes={self.max_device_bytes:,} is too small for GPU "
                 f"preprocessing of batches of {self.batch_size}: needs "
                 f"{self.device_bytes_bound():,}; pass max_device_bytes="
@@ -437,32 +454,32 @@ class Loader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration delivers exactly the batches not yet delivered."""
         if not isinstance(state, dict):
-            raise ValueError(
+            raise OptionError(
                 f"loader state is a {type(state).__name__}, not a dict: pass what "
                 "Loader.state_dict() returned"
             )
         mine = self.state_dict()
         for key in (*_STATE_KEYS, "epoch", "batch"):
             if key not in state:
-                raise ValueError(
+                raise OptionError(
                     f"loader state has no {key!r}; pass what Loader.state_dict() returned "
                     "(states saved by gpufeed before 0.2 cannot be resumed)"
                 )
         for key in (*_STATE_KEYS, *(k for k in _ORDER_KEYS if k in state)):
             if state[key] != mine[key]:
-                raise ValueError(
+                raise OptionError(
                     f"loader state was saved with {key}={state[key]!r} but this loader has "
                     f"{mine[key]!r}; resume with the same {key}"
                 )
         for key in ("epoch", "batch"):
             value = state[key]
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(
+                raise OptionError(
                     f"loader state {key}={value!r} is not a count (a whole number >= 0): pass "
                     "what Loader.state_dict() returned"
                 )
         if not 0 <= int(state["batch"]) <= self.plan.batches:
-            raise ValueError(f"loader state batch={state['batch']} is outside 0..{len(self)}")
+            raise OptionError(f"loader state batch={state['batch']} is outside 0..{len(self)}")
         self._next = Position(int(state["epoch"]), int(state["batch"]))
 
     # --- reporting ---------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpufeed.data.dataset import RawSample, ShardDataset
+from gpufeed.errors import OptionError
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class BatchPlan:
         self.samples = (n // batch_size) * batch_size if drop_last else n
         self.batches = -(-self.samples // batch_size)
         if self.batches == 0:
-            raise ValueError(
+            raise OptionError(
                 f"batch_size={batch_size} with drop_last=True leaves no batch: this rank has only "
                 f"{n} samples per epoch; lower batch_size or pass drop_last=False"
             )

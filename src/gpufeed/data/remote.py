@@ -30,6 +30,7 @@ from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.produce import fill_slot
 from gpufeed.data.slots import Slots
 from gpufeed.data.workers import POLL_S, LoaderWorkerError, Stopped
+from gpufeed.errors import OptionError
 from gpufeed.extras import require
 
 START_TIMEOUT_S = 60.0  # how long new actors may take to start before the pool gives up on them
@@ -85,12 +86,12 @@ def cluster_option(cluster: str | None, preprocess: str) -> str | None:
     if cluster is None:
         return None
     if not isinstance(cluster, str) or not cluster.strip():
-        raise ValueError(
+        raise OptionError(
             f"cluster={cluster!r}: pass a Ray address such as 'HEAD_IP:6379', "
             "'ray://HEAD_IP:10001' or 'auto', or None to preprocess on this machine"
         )
     if preprocess == "gpu":
-        raise ValueError(
+        raise OptionError(
             "cluster= runs decoding on the cluster's CPU nodes, preprocess='gpu' on this GPU: "
             "choose one (preprocess='cpu' with cluster=..., or no cluster)"
         )

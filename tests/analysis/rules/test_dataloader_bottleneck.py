@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -111,6 +112,19 @@ def test_workers_busy_most_of_a_core_are_not_idle_and_get_no_more_than_the_cores
     assert "mostly idle" in f.recommendation and "num_workers=30" in f.recommendation
     (f,) = fired(_cpu_bound(16, 4, 70.0, 30.0, wait=0.05))  # room on the cores: sized, not capped
     assert f.recommendation.startswith("Set num_workers=8 (4 workers at 70% CPU each, 16 cores)")
+
+
+def test_workers_whose_cpu_was_not_sampled_get_a_count_and_no_claim_about_their_cpu() -> None:
+    # the DataLoader hooks saw 2 workers, but the process samples are missing (a lost store)
+    b = RunBuilder(cpu_count=16).steps([0.1] * 100, waits=0.05)
+    b.ranks[0]["loader_workers"] = 2
+    (f,) = fired(b.build())
+    assert f.recommendation.startswith(
+        "Set num_workers=4 (now 2, 16 cores; the workers' CPU was not recorded"
+    )
+    assert "nan" not in f.recommendation.lower() and "idle" not in f.recommendation
+    assert "worker_cpu_pct" not in f.evidence
+    json.dumps(f.evidence, allow_nan=False)  # strict JSON: no NaN in what report --json writes
 
 
 def test_when_cores_run_out_it_says_to_cut_cpu_per_sample() -> None:

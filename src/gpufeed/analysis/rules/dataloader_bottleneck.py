@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -82,9 +83,12 @@ class DataLoaderBottleneck(Rule):
             "mean_compute_ms": round(1e3 * compute, 2),
             "steps": len(s),
             "num_workers": round(ctx.worker_count, 1),
-            "worker_cpu_pct": round(ctx.worker_cpu, 1) if ctx.worker_count >= 0.5 else 0.0,
             "cpu_count": cores,
         }
+        if ctx.worker_count < 0.5 or math.isfinite(ctx.worker_cpu):  # not sampled: left out
+            evidence["worker_cpu_pct"] = (
+                round(ctx.worker_cpu, 1) if ctx.worker_count >= 0.5 else 0.0
+            )
         if host in ctx.host_cpu_by_host:
             evidence["host_cpu_p50"] = round(ctx.host_cpu_by_host[host], 1)
         period = data_stall_period(s, ctx.rule_params(PeriodicStall))
@@ -154,6 +158,12 @@ def _recommend(
         return text + gpu_tail
     now = round(workers)
     wcpu = ctx.worker_cpu
+    if not math.isfinite(wcpu):  # the workers' CPU was not sampled: idle or busy is unknown
+        n = min(need, budget)
+        return (
+            f"Set num_workers={n} (now {now}, {cores} cores; the workers' CPU was not recorded, "
+            f"so whether they wait on CPU or on storage is unknown): {why}.{gpu_tail}"
+        )
     host_busy = ctx.rule_params(CPUBottleneck)["host_busy"]
     bound = ctx.workers_cpu_bound(host, p["busy_worker_cpu"], host_busy)
     if bound and ctx.host_full(host, host_busy):
