@@ -9,6 +9,7 @@ import gzip
 import json
 import shutil
 import tarfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from typer.testing import CliRunner
 from gpufeed.cli import app
 from gpufeed.data.augment import Augment
 from gpufeed.data.dataset import ShardDataset
-from gpufeed.data.indexer import index_shards
+from gpufeed.data.indexer import MAX_SHARDS, brace_count, expand_urls, index_shards
 from gpufeed.data.loader import Loader
 from gpufeed.data.shards import INDEX_NAME, ShardError
 from gpufeed.data.source import filesystem
@@ -243,6 +244,46 @@ def test_a_pickle_member_is_rejected(tmp_path: Path):
 def test_a_missing_shard_is_a_clear_error(wds_dir: Path):
     with pytest.raises(ShardError, match=r"shard \S*wds-000004\.tar not found"):
         index_shards(str(wds_dir / "wds-{000003..000009}.tar"), progress=False)
+
+
+def test_a_missing_folder_of_shards_is_named(tmp_path: Path):
+    with pytest.raises(
+        ShardError, match=r"shard \S*nowhere/x-0\.tar not found: there is no folder"
+    ):
+        index_shards(str(tmp_path / "nowhere" / "x-{0..9}.tar"), progress=False)
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "x.tar",
+        "x-{0..9}.tar",
+        "x-{000..120..7}-{a,b,c}.tar",
+        "{a..e}/{1..3}{,-val}.tar",
+        "x-{5..1}-{Z..c..2}.tar",
+        "x-{a,{b,c}{1..3}}.tar",
+        r"x-\{0..9\}.tar",
+        "x-{}.tar",
+        "x-{abc}.tar",
+    ],
+)
+def test_brace_patterns_are_counted_as_braceexpand_expands_them(pattern: str):
+    from braceexpand import braceexpand
+
+    assert brace_count(pattern) == len(list(braceexpand(pattern)))
+
+
+def test_an_absurd_brace_range_is_refused_before_it_is_expanded(wds_dir: Path):
+    start = time.monotonic()
+    with pytest.raises(ShardError, match=r"names 100,000,000 shards, more than the 1,000,000"):
+        index_shards(str(wds_dir / "wds-{00000..99999999}.tar"), progress=False)
+    with pytest.raises(ShardError, match=r"names 100,000,000 shards"):  # nothing is fetched
+        ShardDataset("s3://bucket/wds-{00000000..99999999}.tar")
+    res = CliRunner().invoke(app, ["index", str(wds_dir / "wds-{00000..99999999}.tar")])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "check the brace range" in res.output
+    assert time.monotonic() - start < 10  # expanding it took minutes and gigabytes
+    assert len(expand_urls(f"s3://b/x-{{1..{MAX_SHARDS}}}.tar")) == MAX_SHARDS
 
 
 def test_loading_shards_that_were_never_indexed_says_to_index_them(wds_dir: Path, tmp_path: Path):

@@ -20,9 +20,19 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from gpufeed.cli import app
+from gpufeed.cores import usable_cores
+from gpufeed.data import packing
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.decode import CorruptImage, decode, image_size
-from gpufeed.data.packing import STATE_NAME, PackError, convert, pack, parse_size
+from gpufeed.data.packing import (
+    STATE_NAME,
+    PackError,
+    convert,
+    list_inputs,
+    pack,
+    parse_size,
+    pool_size,
+)
 from gpufeed.data.shards import INDEX_NAME
 
 
@@ -365,3 +375,121 @@ def test_corrupt_image_reasons_do_not_show_memory_addresses(tmp_path: Path):
     with pytest.raises(CorruptImage) as err:
         decode(junk.read_bytes())
     assert "cannot identify image file" in str(err.value) and "0x" not in str(err.value)
+
+
+# --- names, options and destinations that used to fail deep inside ------------------------------
+
+
+def test_file_and_class_folder_names_that_are_not_utf8_are_packed_and_printed(
+    image_folder, tmp_path
+):
+    jpeg = next(image_folder.glob("*/*.jpg")).read_bytes()
+    src = os.fsencode(tmp_path / "src")
+    os.makedirs(src + b"/a")
+    os.makedirs(src + b"/cl\xe9ss")
+    Path(os.fsdecode(src + b"/a/caf\xe9.jpg")).write_bytes(jpeg)
+    Path(os.fsdecode(src + b"/a/bad\xff.jpg")).write_bytes(b"")
+    Path(os.fsdecode(src + b"/cl\xe9ss/x.jpg")).write_bytes(jpeg)
+    res = pack(os.fsdecode(src), tmp_path / "out", workers=1, progress=False)
+    assert res.samples == 2
+    assert _index(tmp_path / "out")["classes"] == ["a", "cl\\xe9ss"]  # valid text in the index
+    keys = {s.key: s.label for s in ShardDataset(tmp_path / "out").iter_worker(0, 1)}
+    assert keys == {"a_caf": 0, "cl_ss_x": 1}
+    summary = res.summary()
+    summary.encode("utf-8")  # printable on any terminal: no lone surrogates
+    assert "bad\\xff.jpg: empty file" in summary
+    assert pack(os.fsdecode(src), tmp_path / "out", workers=1, progress=False).already_packed
+
+
+def test_a_list_file_naming_a_file_that_is_not_utf8_packs_it(image_folder, tmp_path):
+    jpeg = next(image_folder.glob("*/*.jpg")).read_bytes()
+    path = os.fsencode(tmp_path) + b"/caf\xe9.jpg"
+    Path(os.fsdecode(path)).write_bytes(jpeg)
+    lst = tmp_path / "list.txt"
+    lst.write_bytes(path + b" caf\xe9\n")
+    res = pack(lst, tmp_path / "out", workers=1, progress=False)
+    assert res.samples == 1 and not res.skipped
+    assert _index(tmp_path / "out")["classes"] == ["caf\\xe9"]
+
+
+def test_class_names_that_would_be_stored_alike_are_refused(image_folder, tmp_path):
+    src = tmp_path / "src"
+    for name in (b"cl\xe9ss", b"cl\\xe9ss"):  # the second is spelled like the first is stored
+        folder = os.fsencode(src) + b"/" + name
+        os.makedirs(folder)
+        Path(os.fsdecode(folder + b"/x.jpg")).write_bytes(
+            next(image_folder.glob("*/*.jpg")).read_bytes()
+        )
+    with pytest.raises(PackError) as err:
+        pack(src, tmp_path / "out", workers=1, progress=False)
+    assert r"class names b'cl\\xe9ss' and b'cl\xe9ss' (as bytes)" in str(err.value)
+    assert r"would both be stored as 'cl\\xe9ss': rename one of them" in str(err.value)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("seed", [-1, True, 1.5, "7"])
+def test_seed_must_be_a_whole_number_0_or_more(image_folder, tmp_path, seed):
+    with pytest.raises(PackError, match=r"--seed must be a whole number, 0 or more"):
+        pack(image_folder, tmp_path / "out", seed=seed, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_negative_seed_is_one_error_line(image_folder, tmp_path):
+    res = CliRunner().invoke(app, ["pack", str(image_folder), str(tmp_path / "o"), "--seed", "-1"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "--seed must be a whole number, 0 or more" in res.output
+
+
+def test_the_pool_never_has_more_processes_than_images_or_4_per_core():
+    cores = usable_cores()
+    assert pool_size(100_000, 3) == 3
+    assert pool_size(100_000, 10**9) == 4 * cores
+    assert pool_size(None, 10**9) == cores
+    assert pool_size(3, 10**9) == min(3, 4 * cores)
+
+
+def test_a_huge_workers_value_starts_only_the_processes_that_are_useful(image_folder):
+    import multiprocessing as mp
+
+    items, _, _ = list_inputs(image_folder)
+    before = len(mp.active_children())
+    work = packing._run(items, None, 90, False, workers=64)
+    try:
+        next(work)
+        started = len(mp.active_children()) - before
+    finally:
+        work.close()
+    assert started == min(len(items), 4 * usable_cores()) < 64
+
+
+def test_a_finished_pack_whose_shard_was_deleted_or_cut_is_packed_again(image_folder, tmp_path):
+    out = tmp_path / "out"
+    with pytest.warns(UserWarning, match="outside 1-128 MB"):
+        first = pack(image_folder, out, shard_size="64KB", workers=1, progress=False)
+    assert first.shards > 1
+    shas = [s["sha256"] for s in _index(out)["shards"]]
+    (out / "shard-00001.tar").unlink()
+    with pytest.warns(UserWarning, match="outside 1-128 MB"):
+        again = pack(image_folder, out, shard_size="64KB", workers=1, progress=False)
+    assert not again.already_packed and again.samples == 48
+    assert "shard shard-00001.tar is missing" in again.summary()
+    assert [s["sha256"] for s in _index(out)["shards"]] == shas
+    assert len(list(ShardDataset(out).iter_worker(0, 1))) == 48
+    data = (out / "shard-00000.tar").read_bytes()
+    (out / "shard-00000.tar").write_bytes(data[:1000])
+    with pytest.warns(UserWarning, match="outside 1-128 MB"):
+        cut = pack(image_folder, out, shard_size="64KB", workers=1, progress=False)
+    assert f"shard-00000.tar is 1000 bytes, not {len(data)}" in cut.repacked
+    assert (out / "shard-00000.tar").read_bytes() == data
+    with pytest.warns(UserWarning, match="outside 1-128 MB"):
+        assert pack(image_folder, out, shard_size="64KB", workers=1, progress=False).already_packed
+
+
+@pytest.mark.parametrize("inside", ["out", ".", "class_000/deeper"])
+def test_dst_inside_the_src_folder_is_refused(image_folder, tmp_path, inside):
+    src = tmp_path / "src"
+    shutil.copytree(image_folder, src)
+    before = sorted(src.rglob("*"))
+    with pytest.raises(PackError, match=r"DST .* is inside the SRC folder .*give a DST outside"):
+        pack(src, src / inside, workers=1, progress=False)
+    assert sorted(src.rglob("*")) == before  # nothing written, no class `out` for the next pack

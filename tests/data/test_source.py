@@ -146,6 +146,19 @@ def test_truncated_s3_shard_is_a_clear_error(s3_shards: str):
         list(ds.iter_worker(0, 1))
 
 
+def test_repacking_to_s3_after_a_shard_was_deleted_packs_it_again(
+    s3_shards: str, id_list: Path, make: Callable[..., Loader]
+):
+    filesystem(s3_shards).rm_file(f"{s3_shards}/shard-00001.tar")
+    with pytest.warns(UserWarning):
+        again = pack(id_list, s3_shards, shard_size="16KB", workers=1, progress=False)
+    assert not again.already_packed
+    assert "shard shard-00001.tar is missing" in again.repacked
+    assert sorted(_labels(make(s3_shards, batch_size=8, shuffle=False))) == list(range(48))
+    with pytest.warns(UserWarning):
+        assert pack(id_list, s3_shards, shard_size="16KB", workers=1, progress=False).already_packed
+
+
 def test_missing_s3_prefix_names_the_index(bucket: str):
     with pytest.raises(ShardError, match=r"nothing/gpufeed-index\.json not found"):
         ShardDataset(f"{bucket}/nothing")
@@ -294,3 +307,18 @@ def test_an_s3_filesystem_pickles_with_its_timeouts_and_retry_policy(s3_env: str
     copy = pickle.loads(pickle.dumps(fs))
     assert type(copy) is type(fs) and copy.retries == 1
     assert copy.config_kwargs["read_timeout"] == 5 and copy.config_kwargs["connect_timeout"] == 5
+
+
+@pytest.mark.parametrize("url", ["s3://", "s3:///", "s3:///prefix", "gs://"])
+def test_a_url_without_a_bucket_is_a_clear_error_and_writes_nothing(
+    url: str, image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(tmp_path)
+    scheme = url.split("://")[0]
+    with pytest.raises(PackError, match=rf"{url} names no bucket: give {scheme}://BUCKET"):
+        pack(image_folder, url, workers=1, progress=False)
+    with pytest.raises(ShardError, match="names no bucket"):
+        Source(url)
+    with pytest.raises(ShardError, match="names no bucket"):
+        Destination(url)
+    assert list(tmp_path.iterdir()) == []  # no local folder `s3:` taken for the bucket

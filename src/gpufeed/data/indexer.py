@@ -63,26 +63,111 @@ class IndexResult:
         )
 
 
-def expand_urls(urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
+MAX_SHARDS = 1_000_000  # names one list of shard URLs may hold (more is a typo'd range)
+
+
+def expand_urls(
+    urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, must_exist: bool = False
+) -> list[str]:
     """Shard URLs or paths with brace ranges expanded (`shards-{000000..000099}.tar`), in order;
-    a local directory stands for the .tar files in it."""
+    a local directory stands for the .tar files in it. Patterns naming more than MAX_SHARDS
+    shards are refused before anything is expanded; with `must_exist`, the first local shard
+    that is not there is a ShardError at once."""
     from braceexpand import braceexpand
 
-    items = [urls] if isinstance(urls, (str, os.PathLike)) else list(urls)
-    out = []
+    items = [str(u) for u in ([urls] if isinstance(urls, (str, os.PathLike)) else list(urls))]
     try:
-        expanded = [u for item in items for u in braceexpand(str(item))]
-    except ValueError as e:  # braceexpand's UnbalancedBracesError
+        total = sum(brace_count(item) for item in items)
+    except ValueError as e:
         raise ShardError(f"bad brace pattern: {e}; write ranges as name-{{000..099}}.tar") from None
-    for u in expanded:
-        if not is_remote(u) and os.path.isdir(u):  # a local directory: its .tar files
-            found = sorted(str(p) for p in Path(u).glob("*.tar"))
-            if not found:
-                raise ShardError(f"{u} is a directory without .tar files: name the shards")
-            out += found
-        else:
-            out.append(u)
+    if total > MAX_SHARDS:
+        raise ShardError(
+            f"{' '.join(items)} names {total:,} shards, more than the {MAX_SHARDS:,} gpufeed "
+            "takes at once: check the brace range (one digit too many?), or index the shards "
+            "in parts"
+        )
+    out: list[str] = []
+    for item in items:
+        for u in braceexpand(item):
+            if not is_remote(u) and os.path.isdir(u):  # a local directory: its .tar files
+                found = sorted(str(p) for p in Path(u).glob("*.tar"))
+                if not found:
+                    raise ShardError(f"{u} is a directory without .tar files: name the shards")
+                out += found
+            elif must_exist and not is_remote(u) and not os.path.exists(u):
+                folder = os.path.dirname(u) or "."
+                where = "" if os.path.isdir(folder) else f": there is no folder {folder}"
+                raise ShardError(f"shard {u} not found{where}")
+            else:
+                out.append(u)
+            if len(out) > MAX_SHARDS:
+                raise ShardError(
+                    f"{item} names more than {MAX_SHARDS:,} shards (with the .tar files of "
+                    "its directories): index the shards in parts"
+                )
     return out
+
+
+def brace_count(pattern: str) -> int:
+    """How many names `braceexpand(pattern)` yields, counted without expanding them (braceexpand
+    holds every name of a range in memory); a ValueError for unbalanced braces."""
+    from braceexpand import alphabet, char_range_re, int_range_re
+
+    def expression(expr: str) -> int:
+        m = int_range_re.match(expr)
+        if m:
+            first, last, step = int(m.group(1)), int(m.group(2)), int(m.group(3) or 1) or 1
+            if first < last:
+                return len(range(first, last + 1, step))
+            return len(range(first, last - 1, -step))
+        m = char_range_re.match(expr)
+        if m:
+            first, last = alphabet.index(m.group(1)), alphabet.index(m.group(2))
+            step = int(m.group(3) or 1) or 1
+            if first < last:
+                return len(alphabet[first : last + 1 : step])
+            return len(alphabet[first : (last or -len(alphabet)) - 1 : -step])
+        parts = sequence(expr)
+        return pattern_(expr) if parts is None else sum(pattern_(p) for p in parts)
+
+    def sequence(seq: str) -> list[str] | None:  # the comma-separated parts; None if no comma
+        parts, start, pos, depth = [], 0, 0, 0
+        while pos < len(seq):
+            if seq[pos] == "\\":
+                pos += 2
+                continue
+            if seq[pos] == "{":
+                depth += 1
+            elif seq[pos] == "}":
+                depth -= 1
+            elif seq[pos] == "," and depth == 0:
+                parts.append(seq[start:pos])
+                start = pos + 1
+            pos += 1
+        if depth != 0 or not parts:
+            return None
+        return [*parts, seq[start:]]
+
+    def pattern_(text: str) -> int:
+        n, start, pos, depth = 1, 0, 0, 0
+        while pos < len(text):
+            if text[pos] == "\\":
+                pos += 2
+                continue
+            if text[pos] == "{":
+                if depth == 0:
+                    start = pos
+                depth += 1
+            elif text[pos] == "}":
+                depth -= 1
+                if depth == 0:
+                    n *= expression(text[start + 1 : pos])
+            pos += 1
+        if depth != 0:
+            raise ValueError(f"Unbalanced braces: '{text}'")
+        return n
+
+    return pattern_(pattern)
 
 
 def is_shard_pattern(url: str | os.PathLike[str]) -> bool:
@@ -402,7 +487,7 @@ def index_shards(
 ) -> IndexResult:
     """Index existing WebDataset shards (paths, s3:// URLs, brace patterns) into
     `gpufeed-index.json` in their directory; `classes` maps class names to ids (a file or list)."""
-    urls = expand_urls(shards)
+    urls = expand_urls(shards, must_exist=True)
     base, names = split_shards(urls)
     if isinstance(classes, (str, os.PathLike)):
         classes = load_classes(classes)

@@ -11,14 +11,18 @@ the summary):
 - duplicate keys (two inputs mapping to the same key) and repeated list entries: the first
   wins, later ones are skipped;
 - malformed list-file lines: skipped; numeric labels must be class numbers 0..1,000,000
-  (a negative or larger one is a PackError naming the line).
+  (a negative or larger one is a PackError naming the line);
+- file and folder names that are not UTF-8: packed (keys keep only ASCII letters, digits, `_`
+  and `-`); such a class name is stored with its odd bytes written `\\xNN`.
 A pack in which every input was skipped is a PackError and writes nothing. Bad options, an
-unreadable or binary list file, a DST that cannot be a folder and S3 failures (missing bucket,
-no credentials, unreachable endpoint: see `source`) are one-line PackErrors; a failed pack leaves
-no temporary shard behind.
+unreadable or binary list file, a DST that cannot be a folder or lies inside the SRC folder and
+S3 failures (no bucket in the URL, missing bucket, no credentials, unreachable endpoint: see
+`source`) are one-line PackErrors; a failed pack leaves no temporary shard behind.
 Samples are shuffled (with `seed`) before sharding so every shard mixes classes. Shards are
 written under a temporary name and renamed when complete; a journal (`.pack-state.json`) after
-each shard makes an interrupted pack resumable; index.json is written last.
+each shard makes an interrupted pack resumable; index.json is written last. A finished pack is
+not redone, unless a shard its index lists is missing or has the wrong size: then it is packed
+again. Conversions run in at most `4 * usable_cores()` processes, and never more than images.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from gpufeed.cores import usable_cores
 from gpufeed.data.decode import CorruptImage, decode, error_reason, is_jpeg, to_rgb
 from gpufeed.data.shards import (
     INDEX_NAME,
@@ -48,7 +53,7 @@ from gpufeed.data.shards import (
     ShardWriter,
     shard_name,
 )
-from gpufeed.data.source import Destination, is_remote
+from gpufeed.data.source import Destination, base_url, is_remote
 from gpufeed.errors import GpufeedError
 from gpufeed.present.numbers import count
 
@@ -93,28 +98,32 @@ class PackResult:
     classes: int = 0
     resumed_shards: int = 0
     already_packed: bool = False
+    repacked: str = ""  # why a finished pack in DST was packed again ('' if it was not)
     converted: list[tuple[str, str]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
     def summary(self) -> str:
+        """What was written, converted and skipped, printable whatever the file names."""
         if self.already_packed:
             return (
-                f"{self.dst} already holds this pack: {count(self.samples, 'image')} in "
+                f"{printable(self.dst)} already holds this pack: {count(self.samples, 'image')} in "
                 f"{count(self.shards, 'shard')}"
             )
         lines = [
             f"wrote {count(self.samples, 'image')} in {count(self.shards, 'shard')} "
-            f"({self.bytes / 1e6:.1f} MB, {count(self.classes, 'class')}) to {self.dst}"
+            f"({self.bytes / 1e6:.1f} MB, {count(self.classes, 'class')}) to {printable(self.dst)}"
             + (
                 f"; resumed after {count(self.resumed_shards, 'finished shard')}"
                 if self.resumed_shards
                 else ""
             )
         ]
+        if self.repacked:
+            lines.append(f"packed again: {printable(self.repacked)}")
         for title, rows in (("converted", self.converted), ("skipped", self.skipped)):
             if rows:
                 lines.append(f"{title} {len(rows)}:")
-                lines += [f"  {p}: {why}" for p, why in rows[:50]]
+                lines += [f"  {printable(p)}: {why}" for p, why in rows[:50]]
                 if len(rows) > 50:
                     lines.append(f"  ... and {len(rows) - 50} more")
         return "\n".join(lines)
@@ -125,6 +134,12 @@ class _Item:
     path: str
     key: str
     label: int
+
+
+def printable(name: str) -> str:
+    """`name` as valid text: the bytes of a file name that is not UTF-8 (which Python holds as
+    lone surrogates) written as `\\xNN`, so it can be printed and stored in JSON."""
+    return _as_bytes(name).decode("utf-8", "backslashreplace")
 
 
 def _key_for(rel: str) -> str:
@@ -199,7 +214,7 @@ def _read_list(src: Path) -> str:
             f"list file {src} is binary, not text: give an image folder or a text file of "
             "'PATH LABEL' lines"
         )
-    return data.decode("utf-8", errors="replace")
+    return data.decode("utf-8", errors="surrogateescape")  # non-UTF-8 paths still open
 
 
 def _list_labels(src: Path, labels: list[tuple[int, str]]) -> list[str]:
@@ -268,6 +283,7 @@ def list_inputs(
     else:
         raise PackError(f"SRC {src} does not exist: give an image folder or a list file")
     class_index = {c: i for i, c in enumerate(classes)}
+    classes = _class_names(src, classes)
     items: list[_Item] = []
     seen_paths: set[str] = set()
     seen_keys: dict[str, str] = {}
@@ -284,6 +300,30 @@ def list_inputs(
         label = class_index[cls] if cls in class_index else int(cls)
         items.append(_Item(path, key, label))
     return items, classes, skipped
+
+
+def _class_names(src: Path, raw: list[str]) -> list[str]:
+    """The class names as stored in the index (see `printable`); a PackError when two names
+    become one."""
+    names = [printable(c) for c in raw]
+    seen: dict[str, str] = {}
+    for name, c in zip(names, raw, strict=True):
+        if name in seen:
+            first, second = (_as_bytes(x) for x in (seen[name], c))
+            raise PackError(
+                f"{printable(str(src))}: the class names {first!r} and {second!r} (as bytes) "
+                f"would both be stored as {name!r}: rename one of them"
+            )
+        seen[name] = c
+    return names
+
+
+def _as_bytes(name: str) -> bytes:
+    """The bytes of a name as the file system or list file gave them."""
+    try:
+        return name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "backslashreplace")
 
 
 def _encode(arr: np.ndarray, quality: int) -> bytes:
@@ -368,9 +408,9 @@ def _signatures(items: list[_Item], classes: list[str], options: dict[str, Any])
     sigs = []
     for absolute in (True, False):
         h = hashlib.sha256(json.dumps([classes, options]).encode())
-        for it in items:
+        for it in items:  # file names as bytes: also those that are not UTF-8
             path = os.path.abspath(it.path) if absolute else it.path
-            h.update(f"{path}\0{it.key}\0{it.label}\n".encode())
+            h.update(os.fsencode(path) + f"\0{it.key}\0{it.label}\n".encode())
         sigs.append(h.hexdigest())
     return sigs[0], sigs[1]
 
@@ -409,6 +449,17 @@ def pack(
         raise PackError(
             f"--workers must be 1 or more (leave it out to use every core), got {workers!r}"
         )
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise PackError(
+            f"--seed must be a whole number, 0 or more (it orders the samples across shards), "
+            f"got {seed!r}"
+        )
+    seed = int(seed)
+    try:
+        base_url(dst)  # before SRC is listed: `s3://` names no bucket
+    except ShardError as e:
+        raise PackError(str(e)) from None
+    _check_dst_outside(src, dst)
     items, classes, listing_skipped = list_inputs(src)
     if not items:
         raise PackError(f"no images found in {src}{_examples(listing_skipped)}")
@@ -439,12 +490,26 @@ def pack(
                 os.rmdir(dst)
 
 
+def _check_dst_outside(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """A PackError when DST is the SRC folder or inside it: its shards would be listed as a
+    class of images by the next pack of SRC (and make that pack differ from this one)."""
+    if is_remote(str(dst)) or not os.path.isdir(src):
+        return
+    source, target = Path(src).resolve(), Path(dst).resolve()
+    if target == source or target.is_relative_to(source):
+        raise PackError(
+            f"DST {printable(str(dst))} is inside the SRC folder {printable(str(src))}: its "
+            "shards would become a class of images when SRC is packed again; give a DST "
+            "outside SRC"
+        )
+
+
 def _examples(skipped: list[tuple[str, str]]) -> str:
     """' (N inputs skipped, e.g. PATH: REASON)' for an error message, or ''."""
     if not skipped:
         return ""
     path, why = skipped[0]
-    return f" ({len(skipped)} inputs skipped, e.g. {path}: {why})"
+    return f" ({len(skipped)} inputs skipped, e.g. {printable(path)}: {why})"
 
 
 def _pack_into(
@@ -475,7 +540,11 @@ def _pack_into(
                 f"{out.path(INDEX_NAME)} exists from a different pack (other inputs or options); "
                 "use a new DST or delete the old pack first"
             )
-        return done
+        if not done.repacked:
+            return done
+        result.repacked = done.repacked
+        out.remove(INDEX_NAME)  # first: no index may list shards that are being rewritten
+        out.remove(STATE_NAME + ".done")
     out.remove_stale_tmp()
     entries = [ShardEntry.from_json(e) for e in (state or {}).get("shards", [])]
     consumed = int((state or {}).get("consumed", 0))
@@ -558,11 +627,19 @@ class _OpenShard:
         return entry
 
 
+def pool_size(workers: int | None, items: int) -> int:
+    """How many processes convert `items` images: `workers` (default: every usable core), but
+    never more than the images, nor more than 4 per usable core (reads from network storage
+    wait more than they compute; more processes than that only cost memory and start-up)."""
+    cores = usable_cores()
+    return max(1, min(workers or cores, 4 * cores, items))
+
+
 def _run(
     items: list[_Item], resize: int | None, quality: int, verify: bool, workers: int | None
 ) -> Iterator[tuple[_Item, str, bytes, str]]:
     args = [(it, resize, quality, verify) for it in items]
-    workers = workers or os.cpu_count() or 1
+    workers = pool_size(workers, len(items))
     if workers <= 1 or len(items) < 8:
         yield from map(_convert_item, args)
         return
@@ -647,16 +724,39 @@ def _drop_state(out: Destination) -> None:
 
 
 def _existing_index(out: Destination, sigs: tuple[str, ...]) -> PackResult | None:
-    """A finished pack of the same inputs and options: report it instead of packing again."""
+    """A finished pack of the same inputs and options: report it instead of packing again, or,
+    when a shard its index lists is missing or has another size, say so in `repacked`."""
     done = STATE_NAME + ".done"
-    if not out.exists(done) or json.loads(out.read_bytes(done)).get("signature") not in sigs:
+    if not out.exists(done) or _done_signature(out, done) not in sigs:
         return None
     index = Index.from_bytes(out.read_bytes(INDEX_NAME), out.path(INDEX_NAME))
+    sizes = out.sizes()
+    broken = [
+        f"{e.name} is missing"
+        if e.name not in sizes
+        else f"{e.name} is {sizes[e.name]} bytes, not {e.bytes}"
+        for e in index.shards
+        if sizes.get(e.name) != e.bytes
+    ]
     return PackResult(
         dst=out.url,
         samples=index.total,
         shards=len(index.shards),
         bytes=sum(e.bytes for e in index.shards),
         classes=len(index.classes),
-        already_packed=True,
+        already_packed=not broken,
+        repacked=(
+            f"{out.url} held this pack, but shard {broken[0]}"
+            + (f" (and {len(broken) - 1} more)" if len(broken) > 1 else "")
+            if broken
+            else ""
+        ),
     )
+
+
+def _done_signature(out: Destination, done: str) -> Any:
+    """The signature a finished pack recorded; None when its marker cannot be read."""
+    try:
+        return json.loads(out.read_bytes(done)).get("signature")
+    except (ValueError, AttributeError):
+        return None

@@ -62,6 +62,21 @@ def is_remote(url: str) -> bool:
     return "://" in str(url) and not str(url).startswith("file://")
 
 
+def base_url(url: str | os.PathLike[str]) -> str:
+    """`url` without trailing slashes; a ShardError for a remote URL that names no bucket
+    (`s3://`, `s3:///prefix`), which would otherwise be taken for a local folder `s3:`."""
+    text = str(url)
+    if not is_remote(text):
+        return text.rstrip("/")
+    scheme, rest = text.split("://", 1)
+    rest = rest.rstrip("/")
+    if not rest.split("/", 1)[0]:
+        raise ShardError(
+            f"{text} names no bucket: give {scheme}://BUCKET or {scheme}://BUCKET/PREFIX"
+        )
+    return f"{scheme}://{rest}"
+
+
 DEFAULT_TIMEOUT = 120.0  # seconds: the overall deadline of one remote operation, retries included
 CONNECT_TIMEOUT, READ_TIMEOUT = 10.0, 30.0  # per HTTP attempt, each capped by the deadline
 
@@ -271,7 +286,7 @@ class Source:
         chunk_size: int = 8 * MB,
         read_ahead: int = 2,
     ) -> None:
-        self.url = str(url).rstrip("/")
+        self.url = base_url(url)
         self.remote = is_remote(self.url)
         self.storage_options = storage_options
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
@@ -658,7 +673,7 @@ class Destination:
     Remote operations have the same deadline, retries and clear errors (ShardError) as `Source`."""
 
     def __init__(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None):
-        self.url = str(url).rstrip("/")
+        self.url = base_url(url)
         self.remote = is_remote(self.url)
         self.storage_options = storage_options
         self.timeout = remote_timeout(storage_options) if self.remote else DEFAULT_TIMEOUT
@@ -679,11 +694,12 @@ class Destination:
     def _fs(self) -> Any:
         return filesystem(self.url, self.storage_options)
 
-    def _remote(self, what: str, method: str, *args: Any) -> Any:
-        """`fs.method(*args)` with retries within the deadline; failures are one ShardError."""
+    def _remote(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """`fs.method(*args, **kwargs)` with retries within the deadline; failures are one
+        ShardError."""
         fs = self._fs()
         out, self._reached = _retrying(
-            lambda timeout: call_remote(fs, method, *args, timeout=timeout),
+            lambda timeout: call_remote(fs, method, *args, timeout=timeout, **kwargs),
             retries=4,
             backoff=0.1,
             deadline=self.timeout,
@@ -717,6 +733,18 @@ class Destination:
         if self.remote:
             return int(self._remote("read", "info", self.path(name))["size"])
         return os.path.getsize(self.path(name))
+
+    def sizes(self) -> dict[str, int]:
+        """{name: bytes} of the files directly in the destination (one listing, also remote)."""
+        if self.remote:
+            listed = self._remote("read", "ls", self.url, detail=True, refresh=True)
+            return {
+                str(f["name"]).rstrip("/").rsplit("/", 1)[-1]: int(f.get("size") or 0)
+                for f in listed
+                if f.get("type") == "file"
+            }
+        with os.scandir(self.url) as entries:
+            return {e.name: e.stat().st_size for e in entries if e.is_file()}
 
     def write_bytes(self, name: str, data: bytes) -> None:
         """Write atomically: a temporary name then a rename (an S3 PUT is atomic by itself)."""
