@@ -218,6 +218,80 @@ def _cases() -> list[Case]:
         c("profile no command", ("profile", "--out", "{in}/runs"), "command"),
         c("profile interval 0", ("profile", "-i", "0", "-o", "{in}/r", "--", "true"), "interval"),
         c("profile interval nan", ("profile", "-i", "nan", "-o", "{in}/r", "--", "true"), "nan"),
+        c("profile unknown option", ("profile", "--bogus", "--", "true"), "no such option --bogus"),
+        c(
+            "profile script not executable",
+            ("profile", "-o", "{work}/r", "--", "{in}/train_small.py"),
+            "train_small.py is not executable: run it with Python, `gpufeed profile -- python",
+            code=126,
+        ),
+        c(
+            "profile name not UTF-8",
+            ("profile", "--name", "n\udce9", "-o", "{work}/r", "--", "true"),
+            "--name n\\xe9: not valid UTF-8",
+        ),
+        # outputs checked before any work and before any other output is written
+        c(
+            "report json under a file",
+            ("report", "{in}/run", "--json", "{in}/plain.txt/f.json", "-o", "{work}/ok1.html"),
+            "--json {in}/plain.txt/f.json: {in}/plain.txt is a file, not a folder",
+        ),
+        c("report out a folder", ("report", "{in}/run", "-o", "{in}/empty"), "is a folder"),
+        c(
+            "report config not UTF-8",
+            ("report", "{in}/run", "--config", "{in}/b6.toml"),
+            "config file {in}/b6.toml is not UTF-8 text",
+        ),
+        c("show bad --set", ("show", "{in}/run", "--set", "junk"), "junk"),
+        c(
+            "show config not UTF-8",
+            ("show", "{in}/run", "--config", "{in}/b6.toml"),
+            "b6.toml is not UTF-8",
+        ),
+        c(
+            "trace out under a file",
+            ("trace", "{in}/run", "-o", "{in}/plain.txt/t.json"),
+            "{in}/plain.txt is a file, not a folder",
+        ),
+        c("trace max-mb 0", ("trace", "{in}/run", "--max-mb", "0"), "--max-mb 0: give a size"),
+        c("trace max-mb -1", ("trace", "{in}/run", "--max-mb", "-1"), "--max-mb -1: give a size"),
+        c(
+            "trace merge ts text",
+            ("trace", "{in}/run", "--merge", "{in}/kineto-ts-text.json", "-o", "{work}/t.json"),
+            "kineto-ts-text.json: traceEvents[1] ('aten::mm') has 'ts': 'abc'",
+        ),
+        c(
+            "trace merge ts 1e300",
+            ("trace", "{in}/run", "--merge", "{in}/kineto-ts-huge.json", "-o", "{work}/t.json"),
+            "kineto-ts-huge.json: traceEvents[0] ('aten::mm') has 'ts': 1e+300",
+        ),
+        c(
+            "export tensorboard not UTF-8",
+            ("export", "{in}/run", "--tensorboard", "{work}/r\udcffuns"),
+            "r\\xffuns: not valid UTF-8",
+        ),
+        c(
+            "diagnose json a folder",
+            ("diagnose", "--data", "{in}/images", "--json", "{in}/empty"),
+            "--json {in}/empty is a folder: give a file name",
+        ),
+        c(
+            "diagnose json under a file",
+            ("diagnose", "--data", "{in}/images", "--json", "{in}/plain.txt/x.json"),
+            "{in}/plain.txt is a file, not a folder",
+        ),
+        c(
+            "tune out a folder",
+            ("tune", "--data", "{in}/images", "-o", "{in}/empty"),
+            "--out {in}/empty is a folder",
+        ),
+        c(
+            "tune out under a file",
+            ("tune", "--data", "{in}/images", "-o", "{in}/plain.txt/w.json"),
+            "{in}/plain.txt is a file, not a folder",
+        ),
+        c("bench out a file", ("bench", "workers", "-o", "{in}/plain.txt"), "plain.txt is a file"),
+        c("demo out a file", ("demo", "--tiny", "-o", "{in}/plain.txt"), "plain.txt is a file"),
     ]
 
 
@@ -278,6 +352,14 @@ def _prepare(root: Path) -> None:
     (root / "classes-twice.txt").write_text("cat\ndog\ncat\n")
     (root / "classes-bad.json").write_text("{not json")
     (root / "kineto-list.json").write_text("[1, 2]")
+    base = {"baseTimeNanoseconds": 1_700_000_000 * 10**9}
+    for name, ts in (("kineto-ts-text.json", "abc"), ("kineto-ts-huge.json", 1e300)):
+        events = [{"ph": "X", "name": "aten::mm", "ts": ts, "dur": 3}]
+        if name == "kineto-ts-text.json":
+            events.insert(0, {"ph": "X", "name": "aten::mm", "ts": 5, "dur": 3})
+        (root / name).write_text(json.dumps({**base, "traceEvents": events}))
+    (root / "b6.toml").write_bytes(b"\xff\xfe[rules.StepOutlier]\n")
+    (root / "train_small.py").write_text("print('trained')\n")  # not executable (0o644 below)
     _make_run(root / "run")
     _make_run(root / "run-again")  # the same host and rank as "run"
     _make_run(root / "run-meta-list", meta=[1, 2])

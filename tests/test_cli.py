@@ -75,3 +75,21 @@ def test_diagnose_json_into_a_missing_folder_is_refused_before_measuring(tmp_pat
     assert res.exit_code == 2
     assert f"--json {target}: folder {tmp_path / 'nope'} does not exist" in res.stderr
     assert "measuring" not in res.output
+
+
+def test_diagnose_json_that_is_a_folder_or_under_a_file_is_refused_before_measuring(tmp_path):
+    script = tmp_path / "train_small.py"
+    script.write_text("")
+    for target, says in (
+        (tmp_path, f"--json {tmp_path} is a folder: give a file name"),
+        (script / "x.json", f"--json {script / 'x.json'}: {script} is a file, not a folder"),
+    ):
+        res = runner.invoke(app, ["diagnose", "--data", f"{THIS}:tensors", "--json", str(target)])
+        assert res.exit_code == 2 and says in res.stderr, res.output
+        assert "measuring" not in res.output
+
+
+def test_profile_refuses_an_option_it_does_not_know_instead_of_running_it(tmp_path):
+    res = runner.invoke(app, ["profile", "-o", str(tmp_path / "r"), "--bogus", "--", "true"])
+    assert res.exit_code == 2 and "no such option --bogus" in res.stderr, res.output
+    assert not (tmp_path / "r").exists()

@@ -16,7 +16,7 @@ from gpufeed.data.settings import SettingsError
 from gpufeed.data.shards import ShardError
 from gpufeed.data.workers import LoaderWorkerError
 from gpufeed.demo.compare import DemoError, DemoOptionError
-from gpufeed.errors import GpufeedError
+from gpufeed.errors import GpufeedError, OptionError
 from gpufeed.extras import MissingExtra
 from gpufeed.present.kineto import KinetoError
 from gpufeed.present.tensorboard import ExportError
@@ -41,6 +41,7 @@ ERRORS = {
     ExportError: ValueError,
     TraceError: ValueError,
     ProfileError: ValueError,
+    OptionError: ValueError,
 }
 
 

@@ -56,13 +56,86 @@ app = typer.Typer(
 )
 
 
-def check_output_folder(option: str, path: str | None) -> None:
-    """Refuse, before any long measurement, an output file whose folder does not exist."""
+def check_output_file(option: str, path: str | None, make_parents: bool = False) -> None:
+    """Refuse, before any work or any other file is written, an output file that cannot be: an
+    existing folder, a path under a file, or (unless the command creates folders) a missing folder."""
     import os
 
-    if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        folder = os.path.dirname(path) or "."
-        raise GpufeedError(f"{option} {path}: folder {folder} does not exist; create it first")
+    if not path:
+        return
+    if os.path.isdir(path):
+        raise GpufeedError(
+            f"{option} {path} is a folder: give a file name in it, "
+            f"e.g. {option} {os.path.join(path, _example(option))}"
+        )
+    _check_ancestors(option, path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not make_parents and not os.path.isdir(folder):
+        raise GpufeedError(
+            f"{option} {path}: folder {os.path.dirname(path) or '.'} does not exist; create it first"
+        )
+
+
+def check_output_dir(option: str, path: str | None) -> None:
+    """Refuse, before any work, an output folder that is a file or lies under one."""
+    import os
+
+    if not path:
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise GpufeedError(f"{option} {path} is a file, not a folder: give a folder to write into")
+    _check_ancestors(option, path)
+
+
+def _check_ancestors(option: str, path: str) -> None:
+    """Refuse a path whose nearest existing parent is a file (`train.py/out.json`)."""
+    import os
+
+    parent = os.path.dirname(os.path.normpath(path))
+    while parent and not os.path.exists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if parent and os.path.exists(parent) and not os.path.isdir(parent):
+        raise GpufeedError(
+            f"{option} {path}: {parent} is a file, not a folder; give a path in a folder"
+        )
+
+
+def check_distinct(*outputs: tuple[str, str | None]) -> None:
+    """Refuse two options that name the same output file (the second would overwrite the first)."""
+    import os
+
+    seen: dict[str, str] = {}
+    for option, path in outputs:
+        if path:
+            key = os.path.realpath(path)
+            if key in seen:
+                raise GpufeedError(f"{seen[key]} and {option} both name {path}: give two files")
+            seen[key] = option
+
+
+def _example(option: str) -> str:
+    """A file name to suggest for `option`."""
+    return "findings.json" if option == "--json" else "out.json"
+
+
+def check_utf8(option: str, value: str | None) -> None:
+    """Refuse a name or path that is not valid UTF-8 (bytes of another encoding, which Python keeps
+    as lone surrogates): reports, JSON and TensorBoard could not hold it."""
+    if value is None:
+        return
+    try:
+        value.encode("utf-8")
+        return
+    except UnicodeEncodeError:
+        pass
+    try:
+        shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        shown = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    raise GpufeedError(
+        f"{option} {shown}: not valid UTF-8 (bytes of another encoding, shown as \\xNN): "
+        "give it in UTF-8 (plain ASCII is always fine)"
+    )
 
 
 def written(error: OSError, *targets: str | None) -> str:
@@ -111,6 +184,39 @@ def check_count(option: str, value: int | None, least: int) -> None:
 DEFAULT_RUNS_DIR = "gpufeed-runs"
 
 
+def check_command(command: list[str]) -> None:
+    """Refuse, with what to type instead, a first word that is an option gpufeed does not know
+    (unknown options are let through to reach COMMAND) or a file that cannot be run as it is."""
+    import os
+    import shutil
+
+    from gpufeed.profiler.session import ProfileError
+
+    if not command:
+        return
+    prog = command[0]
+    if prog.startswith("-"):
+        raise ProfileError(
+            f"no such option {prog.split('=', 1)[0]} (see `gpufeed profile --help`); "
+            "put the command after `--`: gpufeed profile [OPTIONS] -- COMMAND ..."
+        )
+    python = f"`gpufeed profile -- python {prog}`" if prog.endswith(".py") else None
+    if os.sep in prog and os.path.isfile(prog) and not os.access(prog, os.X_OK):
+        fix = (
+            f"run it with Python, {python}"
+            if python
+            else f"make it executable (chmod +x {prog}) or run it with its interpreter, "
+            f"e.g. `gpufeed profile -- bash {prog}`"
+        )
+        raise ProfileError(f"{prog} is not executable: {fix}", exit_code=126)
+    if os.sep not in prog and os.path.isfile(prog) and shutil.which(prog) is None:
+        raise ProfileError(
+            f"{prog!r} is not a command on PATH; to run the file {prog} here: "
+            + (python or f"`gpufeed profile -- ./{prog}`"),
+            exit_code=127,
+        )
+
+
 @app.command(
     "profile",
     context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
@@ -130,6 +236,8 @@ def profile_cmd(
     ] = default(profile_command, "interval"),
 ) -> None:
     """Run COMMAND under the profiler: `gpufeed profile -- python train.py`. Exit code is COMMAND's."""
+    check_command(command or [])
+    check_utf8("--name", name)
     code, _ = profile_command(command or [], out=out, name=name, interval=interval)
     raise typer.Exit(code)
 
@@ -137,12 +245,20 @@ def profile_cmd(
 RUNS_HELP = "a run directory; several (one per host of a multi-node job) are read as one run"
 
 
+SETS_HELP = "override a threshold: RULE.param=value (repeatable)"
+CONFIG_HELP = "thresholds file (default: ./gpufeed.toml)"
+
+
 @app.command("show")
-def show_cmd(runs: Annotated[list[str], typer.Argument(help=RUNS_HELP)]) -> None:
+def show_cmd(
+    runs: Annotated[list[str], typer.Argument(help=RUNS_HELP)],
+    sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP)] = None,
+    config: Annotated[str | None, typer.Option("--config", help=CONFIG_HELP)] = None,
+) -> None:
     """Print a run's summary (phases, steps/s, data wait, percentiles of every metric) and findings."""
     from gpufeed.commands.show import show
 
-    show(runs)
+    show(runs, config=config, sets=sets or ())
 
 
 @app.command("ls")
@@ -176,13 +292,8 @@ def report_cmd(
     json_out: Annotated[
         str | None, typer.Option("--json", help="also write the findings as JSON to this file")
     ] = None,
-    sets: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="override a threshold: RULE.param=value (repeatable)"),
-    ] = None,
-    config: Annotated[
-        str | None, typer.Option("--config", help="thresholds file (default: ./gpufeed.toml)")
-    ] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP)] = None,
+    config: Annotated[str | None, typer.Option("--config", help=CONFIG_HELP)] = None,
     watch: Annotated[
         float | None,
         typer.Option("--watch", help="rewrite every SECONDS until the run ends (Ctrl-C stops)"),
@@ -194,6 +305,9 @@ def report_cmd(
 
     if watch is not None and not 0 < watch < math.inf:
         raise GpufeedError(f"--watch {watch:g}: give the seconds between rewrites, e.g. --watch 10")
+    check_output_file("--out", out, make_parents=True)
+    check_output_file("--json", json_out, make_parents=True)
+    check_distinct(("--out", out), ("--json", json_out))
     try:
         write_report(
             runs,
@@ -245,6 +359,11 @@ def trace_cmd(
     """
     from gpufeed.commands.trace import write_trace
 
+    if not 0 < max_mb < math.inf:
+        raise GpufeedError(
+            f"--max-mb {max_mb:g}: give a size in MB above 0, e.g. --max-mb {MAX_MB:g}"
+        )
+    check_output_file("--out", out, make_parents=True)
     try:
         write_trace(runs, out, start=start, end=end, max_mb=max_mb, echo=typer.echo, merge=merge)
     except OSError as e:
@@ -264,6 +383,8 @@ def export_cmd(
 
     if tensorboard is None:
         raise GpufeedError("say what to export: --tensorboard DIR")
+    check_utf8("--tensorboard", tensorboard)  # TensorBoard's writer fails on such a path
+    check_output_dir("--tensorboard", tensorboard)
     try:
         export_tensorboard(runs, tensorboard, echo=typer.echo)
     except OSError as e:
@@ -422,6 +543,7 @@ def bench_cmd(
     for option, value in (("--steps", steps), ("--repeats", repeats), ("--images", images)):
         check_count(option, value, 1)
     check_count("--batch-size", batch_size, 1)
+    check_output_dir("--out", out)
 
     path = run_bench(
         name, out, full=full, data=data, budget_s=budget, steps=steps, repeats=repeats,
@@ -471,6 +593,7 @@ def demo_cmd(
     """Profile a naive training pipeline, show its bottleneck, then fix it with the gpufeed loader."""
     from gpufeed.demo.compare import demo_config, run_demo
 
+    check_output_dir("--out", out)
     echo_result(run_demo(demo_config(tiny, images, steps, model, batch_size, image_size), out))
 
 
@@ -536,7 +659,7 @@ def diagnose_cmd(
     check_count("--batch-size", batch_size, 1)
     check_count("--image-size", image_size, 1)
     check_count("--augment-load", augment_load, 0)
-    check_output_folder("--json", json_out)
+    check_output_file("--json", json_out)
 
     result = diagnose(
         data,
@@ -553,12 +676,11 @@ def diagnose_cmd(
     )
     echo_result(result)
     if json_out:
-        import json
-
         from gpufeed.atomic import write_atomic
+        from gpufeed.present.html import strict_json
 
         try:
-            write_atomic(json_out, json.dumps(result.to_dict(), indent=2) + "\n")
+            write_atomic(json_out, strict_json(result.to_dict(), indent=2) + "\n")
         except OSError as e:
             raise GpufeedError(f"cannot write {written(e, json_out)}: {e.strerror}") from None
 
@@ -603,6 +725,7 @@ def tune_cmd(
     check_count("--batch-size", batch_size, 1)
     check_count("--image-size", image_size, 1)
     check_count("--augment-load", augment_load, 0)
+    check_output_file("--out", out)
 
     result = tune(
         data,

@@ -85,3 +85,10 @@ def test_missing_file_is_named(tmp_path: Path) -> None:
 def test_bad_set_options_are_named(item: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_sets([item])
+
+
+def test_a_file_that_is_not_utf8_is_named_not_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "b6.toml"
+    path.write_bytes(b"\xff\xfe[rules.StepOutlier]\n")
+    with pytest.raises(ConfigError, match=r"config file .*b6.toml is not UTF-8 text \(byte 0xff"):
+        load_file(path)

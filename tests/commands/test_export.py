@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -52,6 +53,8 @@ def test_steps_and_system_metrics_read_back_with_tensorboards_reader(
     )
     assert cp.returncode == 0, cp.stderr
     assert f"tensorboard --logdir {out}" in cp.stdout
+    assert [p.name for p in out.iterdir()] == [run_dir.name]  # one folder per run
+    out = out / run_dir.name
 
     rank0 = _read(out / "node-a" / "rank0")
     assert rank0["step/time_ms"] == [
@@ -107,3 +110,36 @@ def test_the_training_threads_cpu_while_it_waited_is_a_scalar_where_it_was_measu
     assert waits == [(0, pytest.approx(200.0)), (1, pytest.approx(10.0))]
     ready = [(step, v) for tag, step, v, _ in rank0 if tag == "step/data_wait_ready_ms"]
     assert ready == [(0, pytest.approx(30.0)), (1, 0.0)]
+
+
+def test_two_runs_exported_into_one_folder_stay_apart_and_a_second_export_is_refused(
+    make_run, tmp_path
+):
+    from gpufeed.commands.export import export_tensorboard
+    from gpufeed.present.tensorboard import ExportError
+
+    steps = {0: [(0, 1010.0, 1010.5, 0.25, 32.0, None)]}
+    first, second = make_run(ranks=steps), make_run(ranks=steps)
+    out = tmp_path / "tb"
+    for run in (first, second):
+        export_tensorboard(run, out, echo=lambda _: None)
+    assert sorted(p.name for p in out.iterdir()) == [first.name, second.name]
+    for run in (first, second):
+        assert _read(out / run.name / "h1" / "rank0")["step/time_ms"][0][1] == pytest.approx(500.0)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    with pytest.raises(
+        ExportError, match=rf"{out / first.name} already holds an export of this run"
+    ):
+        export_tensorboard(first, out, echo=lambda _: None)
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+
+
+def test_a_folder_name_that_is_not_utf8_is_refused_before_writing(run_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from gpufeed.cli import app
+
+    target = os.fsdecode(bytes(tmp_path) + b"/r\xffuns")
+    res = CliRunner().invoke(app, ["export", str(run_dir), "--tensorboard", target])
+    assert res.exit_code == 2 and "--tensorboard" in res.stderr and "r\\xffuns" in res.stderr
+    assert "not valid UTF-8" in res.stderr and not os.path.exists(target)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 import gpufeed
 from gpufeed.present.html import render_html
 from gpufeed.profiler.session import steps_store_path
@@ -39,3 +41,41 @@ def test_report_redacts_secrets_left_in_an_old_meta_json(make_run):
     shown = re.search(r'<span id="run-command">(.*?)</span>', html, re.S).group(1)
     assert "Pw9x" not in shown and "ss@h" not in shown and "p@ss" not in shown
     assert "--pwd" in shown and "https://u:***@h/x" in shown
+
+
+def test_a_name_and_command_that_are_not_utf8_are_shown_escaped(make_run):
+    # `gpufeed profile --name $'n\xe9' -- python $'\xe9.py'` in a Latin-1 terminal: Python keeps the
+    # bytes as lone surrogates, which meta.json stores as "\udce9".
+    run = gpufeed.load(make_run(meta={"name": "n\udce9", "command": ["python", "\udce9.py"]}))
+    html = render_html(run, [])  # UnicodeEncodeError before
+    html.encode("utf-8")
+    assert '<span id="run-name">n\\xe9</span>' in html
+    assert "\\xe9.py" in re.search(r'<span id="run-command">(.*?)</span>', html, re.S).group(1)
+
+
+def test_findings_json_is_strict_json_with_null_where_nothing_was_measured(make_run):
+    from gpufeed.analysis.finding import Finding
+    from gpufeed.present.html import findings_json
+
+    finding = Finding(
+        "DataLoaderBottleneck",
+        "warning",
+        "input-bound",
+        evidence={"data_wait_share": 0.8, "worker_cpu_pct": float("nan"), "x": float("inf")},
+    )
+    text = findings_json(gpufeed.load(make_run()), [finding])
+    doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert doc["findings"][0]["evidence"] == {
+        "data_wait_share": 0.8,
+        "worker_cpu_pct": None,
+        "x": None,
+    }
+
+
+def test_chart_data_is_strict_json(make_run):
+    # a system store that lost its rows: chart series of nothing must not become NaN in the page
+    run = gpufeed.load(
+        make_run(ranks={0: [(i, 1010.0 + i, 1011.0 + i, None, 8.0, None) for i in range(5)]})
+    )
+    figures = re.search(r'id="chart-data">(.*?)</script>', render_html(run, []), re.S).group(1)
+    json.loads(figures, parse_constant=lambda c: pytest.fail(f"{c} in the chart data"))

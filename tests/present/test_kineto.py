@@ -98,3 +98,66 @@ def test_a_trace_of_another_time_or_not_a_trace_is_refused(profiled, gpufeed_cli
     assert cp.returncode == 2 and "bad.json is not a JSON trace" in cp.stderr
     cp = _merge(gpufeed_cli, str(profiled["run"]), "--merge", str(tmp_path / "missing.json"))
     assert cp.returncode == 2 and "no such file" in cp.stderr
+
+
+@pytest.mark.parametrize(
+    ("events", "says"),
+    [
+        (
+            [{"ph": "X", "name": "aten::mm", "ts": "abc", "dur": 1}],
+            "traceEvents[0] ('aten::mm') has 'ts': 'abc'",
+        ),
+        (
+            [{"ph": "X", "name": "mm", "ts": 5, "dur": 1}, {"ph": "X", "name": "mm", "ts": 1e300}],
+            "traceEvents[1] ('mm') has 'ts': 1e+300",
+        ),
+        ([{"ph": "X", "name": "mm", "ts": 5, "dur": float("inf")}], "has 'dur': inf"),
+        ([{"ph": "i", "name": "mm", "ts": None}], "has 'ts': None"),
+    ],
+)
+def test_an_event_whose_time_is_not_a_number_is_named_with_its_field(
+    tmp_path: Path, events: list, says: str
+):
+    from gpufeed.present.kineto import KinetoError, read_kineto
+
+    path = tmp_path / "k5.json"
+    path.write_text(
+        json.dumps({"baseTimeNanoseconds": 1_700_000_000 * 10**9, "traceEvents": events})
+    )
+    with pytest.raises(KinetoError, match="not a time in microseconds") as caught:
+        read_kineto(path)
+    assert str(caught.value).startswith(f"--merge {path}: ") and says in str(caught.value)
+
+
+def test_a_base_time_that_is_not_a_number_is_named(tmp_path: Path):
+    from gpufeed.present.kineto import KinetoError, read_kineto
+
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps({"baseTimeNanoseconds": "soon", "traceEvents": []}))
+    with pytest.raises(KinetoError, match=r"k.json: baseTimeNanoseconds is 'soon'"):
+        read_kineto(path)
+
+
+def test_a_trace_span_no_calendar_holds_is_still_a_readable_refusal():
+    from gpufeed.present.kineto import KinetoError, merge_window
+
+    kineto = {"traceEvents": [{"ph": "X", "name": "mm", "ts": 1e300, "dur": 1}]}  # never read
+    with pytest.raises(KinetoError, match=r"spans 1e\+294 s Unix time.*outside the run"):
+        merge_window(kineto, 1000.0, 1100.0, None, None)
+
+
+def test_a_nan_in_the_kineto_trace_is_written_as_null_never_as_invalid_json(make_run, tmp_path):
+    from gpufeed.commands.trace import write_trace
+
+    run_dir = make_run(ranks={0: [(i, 1010.0 + i, 1011.0 + i, 0.1, 8.0, None) for i in range(5)]})
+    kineto = tmp_path / "k.json"
+    event = {"ph": "X", "name": "aten::mm", "ts": 10e6, "dur": 5e5, "args": {"flops": "NaN"}}
+    kineto.write_text(
+        json.dumps({"baseTimeNanoseconds": 1000 * 10**9, "traceEvents": [event]}).replace(
+            '"NaN"', "NaN"
+        )  # as a hand-edited or foreign trace may hold it: Python's reader accepts it
+    )
+    out = write_trace(run_dir, tmp_path / "m.json", merge=kineto, echo=lambda _: None)
+    doc = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert doc["traceEvents"][0]["args"] == {"flops": None}
+    assert any(e.get("cat") == "step" for e in doc["traceEvents"])

@@ -36,6 +36,11 @@ def load_file(path: str | Path) -> dict[str, dict[str, Any]]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+            f"{exc.start}): save it as UTF-8 TOML, e.g. [rules.DataLoaderBottleneck] threshold = 0.3"
+        ) from None
     toml = _toml()
     try:
         data = toml.loads(text)

@@ -55,9 +55,44 @@ _LAYOUT = {
 }
 
 
+def json_safe(value: Any) -> Any:
+    """`value` with every float that is not finite (NaN, inf) replaced by None, in nested dicts and
+    lists: strict JSON has no NaN, and `null` is what other tools read as "not measured"."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def strict_json(value: Any, **kwargs: Any) -> str:
+    """`json.dumps` that never writes NaN or Infinity (invalid JSON): non-finite floats become null."""
+    try:
+        return json.dumps(value, allow_nan=False, **kwargs)
+    except ValueError:  # a NaN somewhere: clean the whole tree (only then, it costs a walk)
+        return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+
+
+def readable(text: str) -> str:
+    """`text` with the bytes that were not UTF-8 (lone surrogates from a name or command given in
+    another encoding) written as visible escapes like `\\xe9`, so it can be written as UTF-8."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no byte maps to
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def findings_json(run: Run, findings: list[Finding]) -> str:
-    """Findings for machines: run identity, `healthy` (no warning or worse) and each finding's dict."""
-    return json.dumps(
+    """Findings for machines: run identity, `healthy` (no warning or worse) and each finding's dict;
+    strict JSON (a value that was not measured is null, never NaN)."""
+    return strict_json(
         {
             "run": str(run.path),
             "name": run.meta.get("name"),
@@ -113,6 +148,7 @@ def render_html(
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
+    env.policies["json.dumps_function"] = strict_json  # chart data: null, never NaN
     meta = run.meta
     t0, t1 = run_span(run)
     if not math.isfinite(t0):
@@ -154,6 +190,7 @@ def render_html(
         figures=figures,
         offline_note=_PLOTLY_MARK,
     )
+    page = readable(page)  # e.g. a name given in Latin-1: shown escaped, never a failed write
     # plotly.js is inlined so that the report opens offline (air-gapped clusters, mail attachments);
     # it is the only large part, and the report says so with both sizes.
     own = len(page.encode()) - 2 * len(_PLOTLY_MARK)

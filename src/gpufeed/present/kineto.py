@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from gpufeed.errors import GpufeedError
 # process can be pid 1, which gpufeed's own trace uses for its first host).
 PID_BASE = 1_000_000_000
 _MARGIN_S = 1.0
+# Kineto times are microseconds; anything past the year 9999 (or before 1970) is not a time.
+_MAX_UNIX_US = 253_402_300_799e6
 
 
 class KinetoError(GpufeedError, ValueError):
@@ -44,7 +47,45 @@ def read_kineto(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise KinetoError(
             f"--merge {p} has no traceEvents list: pass a torch.profiler (Kineto) Chrome trace"
         )
+    _check_times(p, data)
     return data
+
+
+def _check_times(path: Path, data: dict[str, Any]) -> None:
+    """Raise a KinetoError naming the first field that is not a time in microseconds:
+    `baseTimeNanoseconds`, or an event's `ts` or `dur` (finite, within the years 1970-9999)."""
+    fix = "pass the file torch.profiler wrote, unedited"
+    base = data.get("baseTimeNanoseconds")
+    if base is not None and not 0 <= (_number(base) or -1.0) / 1e3 <= _MAX_UNIX_US:
+        raise KinetoError(
+            f"--merge {path}: baseTimeNanoseconds is {base!r}, not a Unix time in ns: {fix}"
+        )
+    base_us = _base_us(data)
+    for i, e in enumerate(data["traceEvents"]):
+        if not isinstance(e, dict):
+            continue
+        ts, dur = _number(e.get("ts")), _number(e.get("dur"))
+        bad = (
+            "ts" if "ts" in e and (ts is None or not 0 <= ts + base_us <= _MAX_UNIX_US)
+            else "dur" if e.get("dur") is not None and (dur is None or abs(dur) > _MAX_UNIX_US)
+            else None
+        )  # fmt: skip
+        if bad is not None:
+            raise KinetoError(
+                f"--merge {path}: traceEvents[{i}] ({str(e.get('name'))[:40]!r}) has "
+                f"{bad!r}: {e[bad]!r}, not a time in microseconds: {fix}"
+            )
+
+
+def _number(value: Any) -> float | None:
+    """`value` as a finite float (a number or a numeric string, as Chrome traces allow), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def kineto_span(kineto: dict[str, Any]) -> tuple[float, float]:
@@ -102,11 +143,14 @@ def merge_into(kineto: dict[str, Any], trace: dict[str, Any]) -> dict[str, Any]:
 
 
 def _base_us(kineto: dict[str, Any]) -> float:
-    base = kineto.get("baseTimeNanoseconds")
-    return float(base) / 1e3 if isinstance(base, (int, float)) else 0.0
+    base = _number(kineto.get("baseTimeNanoseconds"))
+    return base / 1e3 if base is not None else 0.0
 
 
 def _clock(epoch: float) -> str:
     import time
 
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch)) + " UTC"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch)) + " UTC"
+    except (OverflowError, OSError, ValueError):  # not a time a calendar holds
+        return f"{epoch:g} s Unix time"

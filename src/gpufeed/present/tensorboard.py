@@ -1,14 +1,15 @@
 """TensorBoard export: a run's step time, data wait, throughput and system metrics as scalars.
 
-One TensorBoard run (sub-folder) per training process, ``<host>/rank<N>``, with ``step/*`` scalars
-by training step, and one per host, ``<host>/system``, with ``system/<metric>[/<device>]`` and
-``processes/cpu_<role>`` by sample; every event carries the wall time it was measured at, so
-TensorBoard's "relative" and "wall" axes line up with the training's own logs.
-"""
+Under a folder named after the run directory (``<run>/``: runs exported into one folder stay
+apart), one TensorBoard run (sub-folder) per training process, ``<host>/rank<N>``, with ``step/*``
+scalars by training step, and one per host, ``<host>/system``, with ``system/<metric>[/<device>]``
+and ``processes/cpu_<role>`` by sample; every event carries the wall time it was measured at, so
+TensorBoard's "relative" and "wall" axes line up with the training's own logs."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -64,6 +65,12 @@ def tensorboard_scalars(run: Run) -> dict[str, list[tuple[str, int, float, float
         for (t, role), cpu in per.items():
             rows.append((f"processes/cpu_{role}_percent", index[t], float(cpu), float(t)))
     return out
+
+
+def run_folder(run: Run) -> str:
+    """The folder of `run`'s TensorBoard runs: its run directory's name (of the first, for a run
+    read from several), made safe to name a folder."""
+    return _safe(Path(run.path).resolve().name)
 
 
 def _unit(metric: str) -> tuple[float, str]:

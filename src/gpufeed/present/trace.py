@@ -12,7 +12,6 @@ otherData.time_origin_unix_s. `present.kineto` adds these tracks to a torch.prof
 
 from __future__ import annotations
 
-import json
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -50,12 +49,13 @@ def render_trace(
 ) -> tuple[str, int]:
     """The trace as JSON text and its event count; with `kineto` (a torch.profiler trace, already
     read and windowed), gpufeed's tracks added to it. Raises TraceError past `max_mb`."""
+    from gpufeed.present.html import strict_json
     from gpufeed.present.kineto import merge_into
 
     trace = build_trace(run, start=start, end=end, max_mb=max_mb)
     if kineto is not None:
         trace = merge_into(kineto, trace)
-    text = json.dumps(trace, separators=(",", ":"))
+    text = strict_json(trace, separators=(",", ":"))  # NaN (e.g. in a Kineto trace's args): null
     if len(text) > max_mb * 1e6:
         info = trace.get("otherData", trace.get("gpufeed"))
         raise TraceError(_too_big(run, len(text) / 1e6, max_mb, info))
