@@ -165,8 +165,8 @@ def test_a_trial_refused_by_a_limit_is_skipped_and_said_why(shards: Path):
     [
         (["--data", "mytrain:make_loader"], "tune searches the gpufeed Loader"),
         (["--data", "/no/such/shards"], "--data /no/such/shards: no such directory"),
-        (["--data", ".", "--out", "/no/such/dir/t.json"], "the folder /no/such/dir does not exist"),
-        (["--data", ".", "--out", "."], "--out .: is a folder; give a file name"),
+        (["--data", ".", "--out", "/no/such/dir/t.json"], "folder /no/such/dir does not exist"),
+        (["--data", ".", "--out", "."], "--out . is a folder: give a file name"),
         (["--data", ".", "--model", "resnet9"], "--model 'resnet9' is not known"),
         (["--data", ".", "--augment-load", "-2"], "--augment-load -2: must be 0 or more"),
     ],

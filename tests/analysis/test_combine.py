@@ -83,9 +83,8 @@ def test_cli_commands_take_several_runs(two_hosts, tmp_path, gpufeed_cli):
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert names == {"node-a", "node-b"}
-    assert {p.relative_to(tb).as_posix() for p in tb.glob("*/*")} == {
-        "node-a/rank0",
-        "node-a/system",
-        "node-b/rank1",
-        "node-b/system",
+    # one folder for the combined run, named after its first run directory
+    assert {p.relative_to(tb).as_posix() for p in tb.glob("*/*/*")} == {
+        f"{two_hosts[0].name}/{folder}"
+        for folder in ("node-a/rank0", "node-a/system", "node-b/rank1", "node-b/system")
     }

@@ -752,6 +752,35 @@ def test_a_loop_that_ends_without_close_has_its_loader_closed_at_exit(shards: Pa
 
 
 @pytest.mark.timeout(120)
+def test_a_loader_freed_mid_read_has_its_feeder_waited_for_at_exit(shards: Path):
+    # A Loader made and dropped in a function is freed at once (never waiting: it may be freed on
+    # any thread); its feeder, still inside a read, must not be left to interpreter finalization.
+    from gpufeed.data.loader import _close_open_loaders
+
+    loader = Loader(shards, 4, num_workers=0, augment=SMALL, device="cpu")
+    source = loader.dataset.source
+    real_open = source.open
+    reading = threading.Event()
+
+    def slow_open(*args: Any, **kw: Any) -> Any:
+        if not reading.is_set():  # the first read takes a second: a slow connection
+            reading.set()
+            time.sleep(1.0)
+        return real_open(*args, **kw)
+
+    source.open = slow_open
+    iter(loader)
+    assert reading.wait(30)
+    gc.disable()
+    try:
+        del loader  # freed here, by reference counting
+        assert any(t.name == "gpufeed-feeder" for t in threading.enumerate())  # still reading
+        _close_open_loaders()  # what the interpreter runs when the script ends
+        assert not [t for t in threading.enumerate() if t.name == "gpufeed-feeder"]
+    finally:
+        gc.enable()
+
+
 def test_close_returns_promptly_while_a_read_hangs(shards: Path, make: MakeLoader):
     loader = make(shards, 4, num_workers=0)  # the feeder thread reads the shards itself
     source = loader.dataset.source

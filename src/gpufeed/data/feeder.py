@@ -33,12 +33,18 @@ class Feeder:
         self.pool, self.stage, self.plan, self.depth = pool, stage, plan, max(1, depth)
         self.expected: Position | None = None  # the next batch `take` returns
         self._threads: list[threading.Thread] = []
+        self._left: list[threading.Thread] = []  # told to stop, not yet ended when last checked
         self._stop = threading.Event()
         self._queues: list[queue.Queue[Any]] = []
 
     @property
     def running(self) -> bool:
         return bool(self._threads)
+
+    @property
+    def ending(self) -> bool:
+        """True while threads told to stop still run (a read or a torch op to finish)."""
+        return any(t.is_alive() for t in self._left)
 
     def start(self, at: Position) -> None:
         """(Re)start the stream at `at`: workers begin there, older batches are dropped."""
@@ -122,12 +128,14 @@ class Feeder:
 
     def stop(self, wait: float = 10.0) -> None:
         """Stop the threads; batches they had made are dropped (their slots are back already).
-        Waits at most `wait` seconds: a thread stuck in a read ends on its own (daemon)."""
-        if not self._threads:
+        Waits at most `wait` seconds: a thread stuck in a read ends on its own (daemon), and a
+        later `stop` waits for it again."""
+        threads = self._threads + self._left
+        if not threads:
             return
         self._stop.set()
         deadline = time.monotonic() + wait
-        for t in self._threads:
+        for t in threads:
             while t.is_alive() and time.monotonic() < deadline:
                 for q in self._queues:  # unblock a put
                     while True:
@@ -137,6 +145,7 @@ class Feeder:
                             break
                 t.join(timeout=0.1)
         self._threads = []
+        self._left = [t for t in threads if t.is_alive()]
 
 
 def _put(out: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:

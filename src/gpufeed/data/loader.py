@@ -46,17 +46,24 @@ except ImportError:  # pragma: no cover - a torch without it
 
 # Loaders whose feeder may be running -> the pid of the process that started it
 _OPEN: weakref.WeakKeyDictionary[Loader, int] = weakref.WeakKeyDictionary()
+# Feeders told to stop without waiting (a Loader freed mid-run) -> the pid that started them
+_STOPPING: dict[Feeder, int] = {}
 
 
 @atexit.register
 def _close_open_loaders() -> None:
     """Stop the feeder threads of Loaders still open when the interpreter exits (a loop that ends
-    or breaks without `close()`): a daemon thread still inside torch code when the interpreter
-    finalizes aborts the process ("terminate called without an active exception", exit 134)."""
+    or breaks without `close()`), and wait for those of Loaders freed meanwhile: a daemon thread
+    still inside torch code when the interpreter finalizes aborts the process ("terminate called
+    without an active exception", exit 134)."""
     for loader, pid in list(_OPEN.items()):
         if pid == os.getpid():  # not a forked child's copy of its parent's Loader
             with contextlib.suppress(Exception):
                 loader.close(wait=5.0)
+    for feeder, pid in list(_STOPPING.items()):
+        if pid == os.getpid():
+            with contextlib.suppress(Exception):
+                feeder.stop(5.0)
 
 
 def default_workers() -> int:
@@ -408,6 +415,10 @@ class Loader:
         Waits at most `wait` seconds for the feeder: one stuck in a read ends when it returns."""
         if self._feeder is not None:
             self._feeder.stop(wait)
+            for feeder in [f for f in _STOPPING if not f.ending]:  # ended since
+                _STOPPING.pop(feeder, None)
+            if self._feeder.ending:  # still ending: waited for at exit
+                _STOPPING[self._feeder] = _OPEN.get(self, os.getpid())
         if self._pool is not None:
             self._pool.close()
         if self._slots is not None:

@@ -93,17 +93,22 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cpu":
         torch.set_num_threads(args.threads)
     amp = "bf16" if device == "cuda" else None
-    result = fit(
-        model,
-        _Announced(loader),
-        epochs=10_000,
-        steps=args.steps,
-        device=device,
-        amp=amp,
-        channels_last=device == "cuda",
-        log_every=0,
-        verbose=False,
-    )
+    try:
+        result = fit(
+            model,
+            _Announced(loader),
+            epochs=10_000,
+            steps=args.steps,
+            device=device,
+            amp=amp,
+            channels_last=device == "cuda",
+            log_every=0,
+            verbose=False,
+        )
+    finally:
+        close = getattr(loader, "close", None)  # gpufeed's Loader: its feeder and workers
+        if callable(close):
+            close()
     figures = {
         "pipeline": args.pipeline,
         "model": args.model,
