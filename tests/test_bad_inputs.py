@@ -212,6 +212,11 @@ def _cases() -> list[Case]:
         c("diagnose NUL shard", ("diagnose", "--data", "{in}/nul-shards"), "NUL"),
         c("tune seconds 0", ("tune", "--data", "{in}/images", "--seconds", "0"), "--seconds 0"),
         c("tune data missing", ("tune", "--data", "{in}/nope", "--seconds", "1"), "nope"),
+        *(
+            c(f"{cmd} image size too big", (cmd, "--data", "{in}/images", *big), " ".join(big))
+            for cmd in ("diagnose", "tune")
+            for big in [("--image-size", "100000")]
+        ),
         c("bench unknown", ("bench", "nosuch", "-o", "{in}/b"), "nosuch"),
         c("bench workers -3", ("bench", "workers", "--workers", "-3", "-o", "{in}/b"), "-3"),
         c("bench budget -1", ("bench", "workers", "--budget", "-1", "-o", "{in}/b"), "-1"),
@@ -247,6 +252,11 @@ def _cases() -> list[Case]:
             "show config not UTF-8",
             ("show", "{in}/run", "--config", "{in}/b6.toml"),
             "b6.toml is not UTF-8",
+        ),
+        c(
+            "show config misspelt table",
+            ("show", "{in}/run", "--config", "{in}/rulez.toml"),
+            "{in}/rulez.toml: [rulez] is not read",
         ),
         c(
             "trace out under a file",
@@ -359,6 +369,7 @@ def _prepare(root: Path) -> None:
             events.insert(0, {"ph": "X", "name": "aten::mm", "ts": 5, "dur": 3})
         (root / name).write_text(json.dumps({**base, "traceEvents": events}))
     (root / "b6.toml").write_bytes(b"\xff\xfe[rules.StepOutlier]\n")
+    (root / "rulez.toml").write_text("[rulez.StepOutlier]\nenabled = false\n")
     (root / "train_small.py").write_text("print('trained')\n")  # not executable (0o644 below)
     _make_run(root / "run")
     _make_run(root / "run-again")  # the same host and rank as "run"

@@ -18,10 +18,12 @@ from gpufeed.advise.tune import _worker_counts, tune
 from gpufeed.cores import usable_cores
 from gpufeed.data import load_settings
 from gpufeed.data.augment import Augment
+from gpufeed.data.budget import machine_memory
 from gpufeed.data.loader import Loader, default_workers
 from gpufeed.data.packing import pack
 from gpufeed.demo.synth import make_image_folder
 from gpufeed.extras import installed
+from gpufeed.present.numbers import count
 
 THIS = __file__
 
@@ -106,6 +108,10 @@ def test_tune_stops_as_soon_as_the_loader_outruns_the_model(
     assert r.offload is not None
     assert r.offload.cpu_s_per_image < 0.5 * max(1, best.num_workers) / best.images_per_s
     assert "not needed" in r.offload.text()
+    # the model alone trains with the threads the best trial's workers leave it, as it did there
+    threads = max(1, usable_cores() - best.num_workers)
+    alone = f"measuring the model alone: {THIS}:sluggish_model on cpu, {count(threads, 'thread')}"
+    assert alone in " ".join(err.split())  # as one line, however the terminal wrapped it
 
 
 def test_the_candidate_worker_counts_double_with_half_steps_up_to_the_most():
@@ -155,9 +161,11 @@ def test_on_cuda_a_heavy_recipe_also_tries_the_workers_and_gpu_split(shards: Pat
 
 
 def test_a_trial_refused_by_a_limit_is_skipped_and_said_why(shards: Path):
-    # batches of 4096 images of 1024 px need ~13 GB each: over the host-memory cap of any trial
+    # uint8 batches of an eighth of the machine's memory: they could fit once (6 batches' worth,
+    # the least a loader holds), but a worker's 3 slots are over the loader's cap (a quarter)
+    batch = math.ceil(machine_memory() / 8 / (3 * 512 * 512))
     with pytest.raises(MeasureError, match=r"every trial was skipped: skipped .*max_host_bytes"):
-        tune(str(shards), batch_size=4096, device="cpu", image_size=1024, out=None, seconds=0.5)
+        tune(str(shards), batch_size=batch, device="cpu", image_size=512, out=None, seconds=0.5)
 
 
 @pytest.mark.parametrize(

@@ -60,6 +60,17 @@ def test_the_same_run_twice_is_refused(two_hosts, tmp_path):
         gpufeed.load([a, copy])
 
 
+def test_two_runs_of_one_host_at_different_times_are_refused(make_run):
+    steps = {0: [(i, 1010.0 + i, 1011.0 + i, 0.1, 16.0, None) for i in range(5)]}
+    trained = make_run(meta={"start_time": 1000.0, "end_time": 1100.0}, ranks=steps)
+    later = make_run(meta={"start_time": 5000.0, "end_time": 5100.0})  # no steps, so no ranks
+    with pytest.raises(RunError, match="both come from host 'h1' but ran at different times"):
+        gpufeed.load([trained, later])
+    # the same host's parts at the same time (e.g. ranks that each profiled themselves) are one run
+    beside = make_run(meta={"start_time": 1050.0, "end_time": 1150.0})
+    assert gpufeed.load([trained, beside]).meta["parts"] == [str(trained), str(beside)]
+
+
 def test_a_glob_that_matches_nothing_is_a_clear_error(tmp_path):
     with pytest.raises(RunError, match="matches no directory"):
         gpufeed.load(str(tmp_path / "nothing-*"))

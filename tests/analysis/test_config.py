@@ -60,6 +60,12 @@ def test_no_config_no_sets_is_empty(tmp_path: Path, monkeypatch) -> None:
             r"rules.DataLoaderBottleneck = 0.3 is not a table",
         ),
         ("[rules.DataLoaderBottleneck\n", r"gpufeed.toml: invalid TOML"),
+        (
+            "[rulez.DataLoaderBottleneck]\nthreshold = 0.3\n",
+            r"gpufeed.toml: \[rulez\] is not read; thresholds go in \[rules.RULE\] tables",
+        ),
+        ("[Rules.warmup]\nsteps = 3\n", r"\[Rules\] is not read"),
+        ("[rule.warmup]\nsteps = 3\n", r"\[rule\] is not read"),
     ],
 )
 def test_bad_files_name_the_file_and_key(tmp_path: Path, text: str, message: str) -> None:

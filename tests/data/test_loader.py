@@ -751,6 +751,23 @@ def test_a_loop_that_ends_without_close_has_its_loader_closed_at_exit(shards: Pa
     assert after == "after exit hooks: []"
 
 
+def _first_read_waits(loader: Loader, wait: Callable[[], object]) -> threading.Event:
+    """Make the loader's first shard read call `wait()` before it reads; the event returned is set
+    once that read has begun."""
+    source = loader.dataset.source
+    real_open = source.open
+    reading = threading.Event()
+
+    def open_(*args: Any, **kw: Any) -> Any:
+        if not reading.is_set():
+            reading.set()
+            wait()
+        return real_open(*args, **kw)
+
+    source.open = open_
+    return reading
+
+
 @pytest.mark.timeout(120)
 def test_a_loader_freed_mid_read_has_its_feeder_waited_for_at_exit(shards: Path):
     # A Loader made and dropped in a function is freed at once (never waiting: it may be freed on
@@ -758,17 +775,7 @@ def test_a_loader_freed_mid_read_has_its_feeder_waited_for_at_exit(shards: Path)
     from gpufeed.data.loader import _close_open_loaders
 
     loader = Loader(shards, 4, num_workers=0, augment=SMALL, device="cpu")
-    source = loader.dataset.source
-    real_open = source.open
-    reading = threading.Event()
-
-    def slow_open(*args: Any, **kw: Any) -> Any:
-        if not reading.is_set():  # the first read takes a second: a slow connection
-            reading.set()
-            time.sleep(1.0)
-        return real_open(*args, **kw)
-
-    source.open = slow_open
+    reading = _first_read_waits(loader, lambda: time.sleep(1.0))  # a slow connection
     iter(loader)
     assert reading.wait(30)
     gc.disable()
@@ -783,17 +790,8 @@ def test_a_loader_freed_mid_read_has_its_feeder_waited_for_at_exit(shards: Path)
 
 def test_close_returns_promptly_while_a_read_hangs(shards: Path, make: MakeLoader):
     loader = make(shards, 4, num_workers=0)  # the feeder thread reads the shards itself
-    source = loader.dataset.source
-    real_open = source.open
-    reading, release = threading.Event(), threading.Event()
-
-    def hung_open(*args: Any, **kw: Any) -> Any:
-        if not reading.is_set():  # the first read does not come back soon: a stalled connection
-            reading.set()
-            release.wait(6)
-        return real_open(*args, **kw)
-
-    source.open = hung_open
+    release = threading.Event()
+    reading = _first_read_waits(loader, lambda: release.wait(6))  # a stalled connection
     iter(loader)
     assert reading.wait(30)
     t0 = time.monotonic()

@@ -103,3 +103,13 @@ def test_ls_lists_the_other_runs_when_a_meta_json_is_damaged(make_run, tmp_path)
         bad.rename(tmp_path / f"damaged{i}")
     out = _plain(list_runs, tmp_path)
     assert good.name in out and "damaged0" in out and "damaged1" in out
+    assert "damaged meta.json" in out.split("damaged0")[1].splitlines()[0]
+
+
+def test_ls_lists_a_run_whose_meta_json_is_missing(make_run, tmp_path):
+    good, lost = make_run(), make_run()
+    (lost / "meta.json").unlink()  # e.g. killed before it was written: its store files remain
+    runs = list_runs(tmp_path, console=Console(record=True, width=200))
+    assert set(runs) == {good, lost}
+    row = next(line for line in _plain(list_runs, tmp_path).splitlines() if lost.name in line)
+    assert "no meta.json" in row

@@ -25,6 +25,7 @@ from gpufeed.advise.measure import (
     Rate,
     TrainSettings,
     build_model,
+    check_batch_memory,
     check_device,
     cpu_threads_beside,
     measure_loader,
@@ -361,6 +362,7 @@ def diagnose(
     ):
         if value < least:
             raise MeasureError(f"{name} must be at least {least}, got {value}")
+    check_batch_memory(batch_size, image_size)
     settings = TrainSettings.for_device(device, precision, channels_last, compile)
     augment = recipe(image_size, augment_load)
     net = build_model(model)  # fail early on a bad model, before measuring anything

@@ -279,6 +279,27 @@ def check_device(device: str) -> str:
 DEFAULT_AUGMENT_LOAD = 1
 
 
+def check_batch_memory(batch_size: int, image_size: int) -> None:
+    """Refuse a batch and image size that could never fit in this machine's memory (MeasureError
+    naming both) before a worker dies trying to allocate it: one batch decoded (uint8), its
+    augmented copy and its float32 tensor, the least any loader holds at once."""
+    from gpufeed.data.budget import machine_memory
+
+    one = batch_size * 3 * image_size * image_size  # bytes of a uint8 batch
+    need, total = 6 * one, machine_memory()
+    if need > total:
+        raise MeasureError(
+            f"--batch-size {batch_size} --image-size {image_size}: one batch of "
+            f"{batch_size}×3×{image_size}×{image_size} images takes {_gib(4 * one)} as float32 "
+            f"and at least {_gib(need)} while it is made, more than this machine's {_gib(total)} "
+            "of memory; use a smaller --image-size or --batch-size"
+        )
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
 def recipe(image_size: int, load: int = DEFAULT_AUGMENT_LOAD) -> Augment:
     """The augmentation `diagnose` and `tune` measure with (the naive baseline and the gpufeed
     Loader alike, so that they do the same work): load 0 is the ImageNet recipe (random-resized

@@ -34,6 +34,7 @@ from gpufeed.advise.measure import (
     MeasureError,
     TrainSettings,
     build_model,
+    check_batch_memory,
     check_device,
     cpu_threads_beside,
     measure_loader,
@@ -48,6 +49,7 @@ from gpufeed.data.settings import SETTING_KEYS
 from gpufeed.data.source import is_remote
 from gpufeed.devices import default_device
 from gpufeed.extras import installed
+from gpufeed.present.numbers import count
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -169,6 +171,7 @@ def tune(
     device = check_device(device or default_device())
     if batch_size < 1 or image_size < 16:
         raise MeasureError("--batch-size must be at least 1 and --image-size at least 16")
+    check_batch_memory(batch_size, image_size)
     if repeats < 1:
         raise MeasureError(f"--repeats must be at least 1, got {repeats}")
     recipe(image_size, augment_load)  # a bad load fails here, before anything is measured
@@ -196,24 +199,25 @@ def tune(
         result = TuneResult(
             data, device, image_size, [], model, notes=notes, augment_load=augment_load
         )
-        if net is not None:
-            from gpufeed.advise.measure import measure_model
-
-            note(f"measuring the model alone: {model} on {device} …")
-            shape = (batch_size, 3, image_size, image_size)
-            train = TrainSettings.for_device(device)
-            with cpu_threads_beside(max(1, usable_cores() - 1), device):
-                result.model_images_per_s = measure_model(
-                    net, shape, device, seconds, settings=train
-                ).images_per_s
         _search(
             result, shards, batch_size, allow_batch_change, usable_cores(), seconds, note, net,
             repeats,
         )  # fmt: skip
         if not result.trials:
             raise MeasureError("every trial was skipped: " + "; ".join(result.notes))
-        # --- offload to a Ray cluster's CPU nodes: would more cores help? (advise/offload.py) ---
         best = result.best
+        if net is not None:
+            from gpufeed.advise.measure import measure_model
+
+            # on a CPU device, with the threads the best trial's workers leave it, as it trained
+            with cpu_threads_beside(best.num_workers, device) as threads:
+                where = f"{device}, {count(threads, 'thread')}" if device == "cpu" else device
+                note(f"measuring the model alone: {model} on {where} …")
+                shape = (best.batch_size, 3, image_size, image_size)
+                result.model_images_per_s = measure_model(
+                    net, shape, device, seconds, settings=TrainSettings.for_device(device)
+                ).images_per_s
+        # --- offload to a Ray cluster's CPU nodes: would more cores help? (advise/offload.py) ---
         if result.model_images_per_s and best.preprocess == "cpu" and best.images_per_s > 0:
             from gpufeed.advise.offload import offload_advice
 
@@ -384,7 +388,7 @@ def _described(trial: Trial) -> str:
     """'4 workers, prefetch 2, cpu, batch 64' (and the decoder, where it is not the default)."""
     decoder = "" if trial.decoder == "auto" else f", decoder {trial.decoder}"
     return (
-        f"{trial.num_workers} workers, prefetch {trial.prefetch}, {trial.preprocess}{decoder}, "
+        f"{count(trial.num_workers, 'worker')}, prefetch {trial.prefetch}, {trial.preprocess}{decoder}, "
         f"batch {trial.batch_size}"
     )
 

@@ -60,6 +60,7 @@ def combine(runs: list[Run]) -> Run:
                     "are separate runs, not parts of one; pass one run directory per host"
                 )
             seen[key] = run.path
+    _refuse_apart_in_time(runs)
     meta = dict(runs[0].meta)
     metas = [r.meta for r in runs]
     starts = [m["start_time"] for m in metas if m.get("start_time")]
@@ -113,6 +114,40 @@ def combine(runs: list[Run]) -> Run:
         cat([r.processes for r in runs], ["time"]),
         workers,
     )
+
+
+def _refuse_apart_in_time(runs: list[Run]) -> None:
+    """Parts of one job run at the same time: two parts from one host (one clock) that do not
+    overlap are separate runs, even where neither recorded a rank to tell them apart."""
+    from gpufeed.analysis.run import RunError
+
+    spans = [(run, _span(run), {str(h) for h in run.meta.get("hosts") or []}) for run in runs]
+    for i, (a, (a0, a1), hosts_a) in enumerate(spans):
+        for b, (b0, b1), hosts_b in spans[i + 1 :]:
+            shared = sorted(hosts_a & hosts_b)
+            if shared and (a1 < b0 or b1 < a0):
+                raise RunError(
+                    f"{a.path} and {b.path} both come from host {shared[0]!r} but ran at different "
+                    "times: they are separate runs, not parts of one; pass one run directory per "
+                    "host of the same job"
+                )
+
+
+def _span(run: Run) -> tuple[float, float]:
+    """When a part ran (epoch seconds): from meta.json, else from its first and last records."""
+    import math
+
+    times = [
+        float(v)
+        for frame, col in ((run.system, "time"), (run.processes, "time"), (run.steps, "end"))
+        if len(frame)
+        for v in (frame[col].min(), frame[col].max())
+        if math.isfinite(v)
+    ]
+    start, end = run.meta.get("start_time"), run.meta.get("end_time")
+    start = float(start) if isinstance(start, (int, float)) else min(times, default=-math.inf)
+    end = float(end) if isinstance(end, (int, float)) else max(times, default=math.inf)
+    return start, max(end, start)
 
 
 def _first(value: Any) -> float:

@@ -46,6 +46,13 @@ def load_file(path: str | Path) -> dict[str, dict[str, Any]]:
         data = toml.loads(text)
     except toml.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    # other tables are left to other tools; a misspelt [rules] would silently judge with defaults
+    typo = next((k for k in data if k != "rules" and _near("rules", k)), None)
+    if typo is not None:
+        raise ConfigError(
+            f"{path}: [{typo}] is not read; thresholds go in [rules.RULE] tables, "
+            "e.g. [rules.DataLoaderBottleneck] threshold = 0.3"
+        )
     rules = data.get("rules", {})
     if not isinstance(rules, dict):
         raise ConfigError(f"{path}: 'rules' must be a table like [rules.DataLoaderBottleneck]")
@@ -91,6 +98,12 @@ def _validated(raw: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
         return validate(raw)
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc} (see `gpufeed rules`)") from None
+
+
+def _near(word: str, key: str) -> bool:
+    import difflib
+
+    return difflib.SequenceMatcher(None, key.lower(), word).ratio() >= 0.75
 
 
 def _toml() -> Any:

@@ -18,22 +18,35 @@ def list_runs(out: str | os.PathLike[str], console: Console | None = None) -> li
     from gpufeed.profiler.session import META_FILE
 
     base = Path(out)
-    metas = {p.parent: _read_json(p) for p in base.glob(f"*/{META_FILE}")}
+    # a run killed before it wrote meta.json, or whose meta.json was lost, still has store files
+    dirs = {p.parent for pattern in (f"*/{META_FILE}", "*/*.db") for p in base.glob(pattern)}
+    metas = {d: _read_meta(d / META_FILE) for d in dirs}
     # By when each run started; a meta.json without a start time sorts by when it was written.
     runs = sorted(
         metas,
-        key=lambda d: finite(metas[d].get("start_time")) or os.path.getmtime(d / META_FILE),
+        key=lambda d: finite(metas[d].get("start_time")) or _mtime(d),
         reverse=True,
     )
     print_runs(base, {d: metas[d] for d in runs}, console)
     return runs
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    """A meta.json as a dict; {} where it is unreadable or not an object (one damaged run must not
-    stop `ls` from listing the others)."""
+def _read_meta(path: Path) -> dict[str, Any]:
+    """A meta.json as a dict; where it is missing, unreadable or not an object, {PROBLEM: why} (one
+    damaged run must not stop `ls` from listing the others)."""
+    from gpufeed.present.terminal import PROBLEM
+
     try:
         data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {PROBLEM: "no meta.json"}
     except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        return {PROBLEM: "damaged meta.json"}
+    return data if isinstance(data, dict) else {PROBLEM: "damaged meta.json"}
+
+
+def _mtime(run_dir: Path) -> float:
+    try:
+        return os.path.getmtime(run_dir)
+    except OSError:
+        return 0.0

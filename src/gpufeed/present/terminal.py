@@ -97,7 +97,8 @@ def print_run(run: Run, findings: list[Finding], console: Console | None = None)
         table = Table(
             title="Training steps",
             title_justify="left",
-            caption="data wait: its share of step time (a step includes its wait)",
+            caption="data wait: its share of step time (a step includes its wait) over every step, "
+            "warm-up included; the findings leave the warm-up steps out (see `gpufeed rules`)",
             caption_justify="left",
         )
         for col in ("steps", "ranks", "steps/s", "samples/s", "step p50", "step p95", "data wait"):
@@ -216,6 +217,9 @@ def findings_view(findings: list[Finding] | list[dict[str, Any]], title: str = "
     return Group(*lines)
 
 
+PROBLEM = "__problem__"  # a key `gpufeed ls` sets in a run's meta dict: why it has no metadata
+
+
 def print_runs(
     base: Path, metas: dict[Path, dict[str, Any]], console: Console | None = None
 ) -> None:
@@ -232,11 +236,12 @@ def print_runs(
         start, end = finite(meta.get("start_time")), finite(meta.get("end_time"))
         code = meta.get("exit_code")
         duration = _seconds(end - start) if start and end else None
+        state = meta.get(PROBLEM) or "unfinished"
         rows.append(
             (
                 _text(run_dir.name),
                 Text(_clock(start, seconds=False)),  # the run's name has the seconds
-                Text(duration) if duration else Text("unfinished", style="yellow"),
+                Text(duration) if duration else Text(state, style="yellow"),
                 Text("" if code is None else str(code)),
                 _text(_visible(_command_line(meta))),
             )
