@@ -37,6 +37,33 @@ def test_the_container_cpu_limit_is_read_from_cgroup_v2_or_v1(
     assert cpu_quota(_cgroup(tmp_path, files)) == quota
 
 
+@pytest.mark.parametrize(
+    ("membership", "quota"),
+    [
+        ("0::/batch.slice/job-7.scope\n", 4),  # the job's own cgroup, below an 8-CPU slice
+        ("0::/batch.slice\n", 8),
+        ("0::/\n", 16),  # a container's namespace: its own cgroup is the root
+        ("0::/../../other.slice\n", 16),  # outside this namespace: only the root is read
+        ("0::/docker/abc\n", 16),  # not mounted here: the root, which is the container's
+        ("4:cpu,cpuacct:/batch.slice\n0::/\n", 2),  # v1's cpu hierarchy
+    ],
+)
+def test_the_tightest_limit_on_the_way_from_the_process_cgroup_to_the_root_wins(
+    tmp_path: Path, membership: str, quota: int
+) -> None:
+    root = _cgroup(
+        tmp_path,
+        {
+            "cpu.max": "1600000 100000\n",
+            "batch.slice/cpu.max": "800000 100000\n",
+            "batch.slice/job-7.scope/cpu.max": "400000 100000\n",
+            "cpu/batch.slice/cpu.cfs_quota_us": "200000\n",
+            "cpu/batch.slice/cpu.cfs_period_us": "100000\n",
+        },
+    )
+    assert cpu_quota(root, membership) == quota
+
+
 def test_a_container_limit_caps_the_usable_cores(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

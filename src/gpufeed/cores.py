@@ -22,17 +22,47 @@ def allowed_cores() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def cpu_quota(root: Path | None = None) -> int | None:
-    """The container's CPU limit in whole cores, rounded up (cgroup v2 `cpu.max`, else v1
-    `cpu.cfs_quota_us` / `cpu.cfs_period_us`); None where there is none or it cannot be read.
-    Reads the cgroup root, which inside a container is the container's own cgroup."""
+def cpu_quota(root: Path | None = None, membership: str | None = None) -> int | None:
+    """This process's CPU limit in whole cores, rounded up: the tightest `cpu.max` (cgroup v2) or
+    `cpu.cfs_quota_us` / `cpu.cfs_period_us` (v1) on the path from its own cgroup (named in
+    /proc/self/cgroup, or `membership`) up to the root; None where there is none or none can be
+    read. Inside a container the root is usually the container's own cgroup; on a bare host a
+    systemd slice or a batch job's cgroup sits below it."""
     root = root or CGROUP_ROOT
+    if membership is None:
+        try:
+            membership = Path("/proc/self/cgroup").read_text()
+        except OSError:
+            membership = ""
+    quotas = [q for d in _own_cgroups(root, membership) if (q := _quota(d)) is not None]
+    return min(quotas, default=None)
+
+
+def _own_cgroups(root: Path, membership: str) -> list[Path]:
+    """The cgroup folders that limit this process's CPU: its own and each parent, to the root."""
+    v2, v1 = "/", "/"
+    for line in membership.splitlines():
+        _, controllers, path = [*line.split(":", 2), "", ""][:3]
+        if controllers == "":
+            v2 = path or "/"
+        elif "cpu" in controllers.split(","):
+            v1 = path or "/"
+    found = []
+    for base, path in ((root, v2), (root / "cpu", v1)):
+        parts = Path(path.strip()).parts[1:] if path.strip().startswith("/") else ()
+        if ".." in parts:  # a cgroup outside this namespace: only the root is ours to read
+            parts = ()
+        found += [base.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
+    return found
+
+
+def _quota(folder: Path) -> int | None:
     try:
-        if (root / "cpu.max").exists():
-            quota, period = (root / "cpu.max").read_text().split()[:2]
+        if (folder / "cpu.max").exists():
+            quota, period = (folder / "cpu.max").read_text().split()[:2]
         else:
-            quota = (root / "cpu" / "cpu.cfs_quota_us").read_text().strip()
-            period = (root / "cpu" / "cpu.cfs_period_us").read_text().strip()
+            quota = (folder / "cpu.cfs_quota_us").read_text().strip()
+            period = (folder / "cpu.cfs_period_us").read_text().strip()
         if quota == "max" or int(quota) <= 0 or int(period) <= 0:
             return None
         return max(1, math.ceil(int(quota) / int(period)))

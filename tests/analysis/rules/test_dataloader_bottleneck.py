@@ -44,6 +44,8 @@ def test_without_workers_it_suggests_moving_loading_into_workers(builder: RunBui
     (f,) = fired(builder.build())
     assert "now 0" in f.recommendation
     assert "num_workers=3" in f.recommendation  # ceil(60/40) + 1
+    # no workers: their count is a whole 0 and there is no worker CPU to show
+    assert repr(f.evidence["num_workers"]) == "0" and "worker_cpu_pct" not in f.evidence
 
 
 @pytest.mark.parametrize("wait_cpu", [4.0, 97.0])

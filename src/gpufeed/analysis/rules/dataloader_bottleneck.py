@@ -82,13 +82,11 @@ class DataLoaderBottleneck(Rule):
             "mean_data_wait_ms": round(1e3 * wait, 2),
             "mean_compute_ms": round(1e3 * compute, 2),
             "steps": len(s),
-            "num_workers": round(ctx.worker_count, 1),
+            "num_workers": _whole(round(ctx.worker_count, 1)),  # a mean over the ranks
             "cpu_count": cores,
         }
-        if ctx.worker_count < 0.5 or math.isfinite(ctx.worker_cpu):  # not sampled: left out
-            evidence["worker_cpu_pct"] = (
-                round(ctx.worker_cpu, 1) if ctx.worker_count >= 0.5 else 0.0
-            )
+        if ctx.worker_count >= 0.5 and math.isfinite(ctx.worker_cpu):  # none, or not sampled
+            evidence["worker_cpu_pct"] = round(ctx.worker_cpu, 1)
         if host in ctx.host_cpu_by_host:
             evidence["host_cpu_p50"] = round(ctx.host_cpu_by_host[host], 1)
         period = data_stall_period(s, ctx.rule_params(PeriodicStall))
@@ -234,3 +232,8 @@ def _sequential(ctx: Context) -> str:
     if ctx.images:
         return "large sequential shards (`gpufeed pack`) instead of many small files"
     return "large sequential files (or memory-mapped arrays) instead of many small reads"
+
+
+def _whole(x: float) -> float | int:
+    """`x` as an int where it is one (evidence reads num_workers=2, not 2.0)."""
+    return int(x) if float(x).is_integer() else x
