@@ -125,7 +125,7 @@ def _loading_nodes(*nodes: tuple[str, float, float]):
 
 
 def test_a_training_process_starved_on_a_full_host_is_found_on_that_host() -> None:
-    # 60% while loading is "saturated" only where the host is full (half of the 85% threshold):
+    # 60% while loading is "saturated" only where the host is full (half of the 80% threshold):
     # on node-b, at 98%, though the two hosts' pooled median CPU (64%) is not full.
     (f,) = fired(_loading_nodes(("node-a", 30.0, 60.0), ("node-b", 98.0, 60.0)))
     assert f.evidence["role"] == "main" and f.evidence["host"] == "node-b"

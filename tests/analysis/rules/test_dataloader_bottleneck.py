@@ -141,7 +141,13 @@ def test_when_cores_run_out_it_says_to_cut_cpu_per_sample() -> None:
 
 @pytest.mark.parametrize(
     "cores, workers, cpu, main",
-    [(8, 2, 97.0, 40.0), (16, 4, 95.0, 60.0), (2, 1, 97.0, 30.0), (16, 15, 90.0, 50.0)],
+    [
+        (8, 2, 97.0, 40.0),
+        (16, 4, 95.0, 60.0),
+        (2, 1, 97.0, 30.0),
+        (16, 15, 90.0, 50.0),
+        (8, 2, 82.0, 40.0),  # CPU-bound for both: they share the 80% line
+    ],
 )
 def test_both_cpu_rules_advise_the_same_worker_count(
     cores: int, workers: int, cpu: float, main: float

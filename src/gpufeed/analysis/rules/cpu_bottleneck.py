@@ -43,7 +43,7 @@ class CPUBottleneck(Rule):
     id = "CPUBottleneck"
     params: ClassVar[dict[str, Param]] = {
         "gpu_util_p95": Param(70.0, f"{GPU_UTIL_P95} below which the GPU counts as underused"),
-        "busy": Param(85.0, "% of one core at which a process counts as CPU-saturated"),
+        "busy": Param(80.0, "% of one core at which a process counts as CPU-saturated"),
         "host_busy": Param(90.0, "median whole-host CPU % at which the host counts as saturated"),
         "wait_share": Param(
             0.1, "data-wait share of step time that ties the CPU to the input pipeline"
