@@ -113,3 +113,6 @@ def test_ls_lists_a_run_whose_meta_json_is_missing(make_run, tmp_path):
     assert set(runs) == {good, lost}
     row = next(line for line in _plain(list_runs, tmp_path).splitlines() if lost.name in line)
     assert "no meta.json" in row
+    (lost / "meta.json").mkdir()  # there but not readable as a file (also as root)
+    row = next(line for line in _plain(list_runs, tmp_path).splitlines() if lost.name in line)
+    assert "unreadable meta.json" in row

@@ -40,7 +40,9 @@ def _read_meta(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         return {PROBLEM: "no meta.json"}
-    except (OSError, ValueError):
+    except OSError:
+        return {PROBLEM: "unreadable meta.json"}
+    except ValueError:
         return {PROBLEM: "damaged meta.json"}
     return data if isinstance(data, dict) else {PROBLEM: "damaged meta.json"}
 
