@@ -619,7 +619,11 @@ def test_a_corrupt_image_is_left_out_of_its_batch_and_reported_with_shard_and_ke
     corrupt_shards: Path, make: MakeLoader, preprocess: str, num_workers: int
 ):
     loader = make(corrupt_shards, 4, num_workers=num_workers, preprocess=preprocess)
-    got = [labels for _, labels in _batches(loader)]
+    said = r"left a corrupt sample out of its batch \(shard \S*shard-00000\.tar, key \S*_bad: "
+    with pytest.warns(RuntimeWarning, match=said) as caught:
+        got = [labels for _, labels in _batches(loader)]
+    (warned,) = [w for w in caught if "corrupt" in str(w.message)]  # once, not per sample
+    assert warned.filename == __file__  # it points at the loop that took the batch
     bad = _bad_batch(corrupt_shards, num_workers)
     planned = _planned(corrupt_shards, 0, 4, num_workers)
     assert [len(b) for b in got] == [len(planned[j]) - (j == bad) for j in range(len(planned))]
@@ -629,6 +633,19 @@ def test_a_corrupt_image_is_left_out_of_its_batch_and_reported_with_shard_and_ke
     (report,) = st["corrupt_samples"]
     assert report["shard"].endswith("shard-00000.tar") and report["key"].endswith("_bad")
     assert "decode" in report["reason"]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_batch_left_with_no_samples_is_delivered_empty_with_a_warning_naming_it(
+    corrupt_shards: Path, make: MakeLoader, num_workers: int
+):
+    loader = make(corrupt_shards, 1, num_workers=num_workers)  # the corrupt sample is a batch
+    planned = _planned(corrupt_shards, 0, 1, num_workers)
+    bad = next(j for j, b in planned.items() if b[0].label == 1)
+    with pytest.warns(RuntimeWarning, match=rf"batch {bad} of epoch 0 is empty: all 1 sample"):
+        got = _batches(loader)
+    assert [len(labels) for _, labels in got] == [int(j != bad) for j in range(len(planned))]
+    assert got[bad][0].shape[0] == 0 and loader.stats()["corrupt"] == 1
 
 
 @pytest.mark.parametrize("preprocess", ["cpu", "gpu"])

@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import os
 import time
+import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -48,6 +49,21 @@ except ImportError:  # pragma: no cover - a torch without it
 _OPEN: weakref.WeakKeyDictionary[Loader, int] = weakref.WeakKeyDictionary()
 # Feeders told to stop without waiting (a Loader freed mid-run) -> the pid that started them
 _STOPPING: dict[Feeder, int] = {}
+
+
+def _outside_level() -> int:
+    """The `stacklevel` of the first caller outside gpufeed and torch's DataLoader (the training
+    loop that took the batch), for a warning that points there."""
+    import sys
+
+    inside = (
+        os.path.dirname(os.path.dirname(__file__)),
+        os.path.dirname(torch.utils.data.__file__),
+    )
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 @atexit.register
@@ -114,8 +130,8 @@ class Loader:
     Each new iteration is the next epoch (0, 1, 2, ...) unless `set_epoch(n)` chose one; the
     epoch seeds the shard order, the shuffle and the augmentations. Workers run on into the
     next epoch while the loop finishes the current one, so the GPU does not wait at epoch
-    boundaries. A corrupt image is left out of its batch and listed in `stats()` (or raises
-    with `strict=True`). Host buffers are shared, reused and (on CUDA) page-locked once; they
+    boundaries. A corrupt image is left out of its batch and listed in `stats()`, with a
+    warning at the first and at any batch left empty (or raises with `strict=True`). Host buffers are shared, reused and (on CUDA) page-locked once; they
     are capped by `max_host_bytes` (default: a quarter of the machine's memory).
 
     `cluster="HEAD_IP:6379"` (or "ray://HEAD_IP:10001", or "auto" for a cluster started on this
@@ -406,9 +422,34 @@ class Loader:
         st["batches"] += 1
         st["wait_seconds"] += wait
         st["retried"] += batch.retried
-        self._corrupt += batch.corrupt
+        if batch.corrupt:
+            self._warn_corrupt(at, batch.corrupt, len(labels))
+            self._corrupt += batch.corrupt
         self._delivered = at.batch + 1
         return images, labels
+
+    def _warn_corrupt(self, at: Position, corrupt: list[tuple[str, str, str]], kept: int) -> None:
+        """Say so at the first corrupt sample skipped, and at every batch left with none: the
+        skip is otherwise seen only in `stats()`, and an empty batch reaches the training step."""
+        shard, key, why = corrupt[0]
+        where = f"shard {shard}, key {key}: {why}"
+        if kept == 0:
+            warnings.warn(
+                f"gpufeed Loader: batch {at.batch} of epoch {at.epoch} is empty: all "
+                f"{count(len(corrupt), 'sample')} in it are corrupt (the first: {where}); "
+                "its loss will read NaN. Repack or remove the damaged images "
+                "(loader.stats()['corrupt_samples'] lists them)",
+                RuntimeWarning,
+                stacklevel=_outside_level(),
+            )
+        elif not self._corrupt:
+            warnings.warn(
+                f"gpufeed Loader: left a corrupt sample out of its batch ({where}); later ones "
+                "are left out without a warning and listed in loader.stats()['corrupt_samples'] "
+                "(strict=True stops at the first instead)",
+                RuntimeWarning,
+                stacklevel=_outside_level(),
+            )
 
     def close(self, wait: float = 1.0) -> None:
         """Stop the feeder thread and the worker processes (also done when the Loader is freed).
