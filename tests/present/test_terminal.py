@@ -154,3 +154,20 @@ def test_a_long_command_wraps_under_itself_in_80_columns(make_run):
     assert hosts > at + 1 and max(map(len, lines[: hosts + 1])) <= 80
     assert all(line.startswith(" " * 12) for line in lines[at + 1 : hosts])  # under the value
     assert "--option-7 value-7" in "".join(lines[at:hosts])
+
+
+def test_show_gives_the_data_wait_over_every_step_and_after_the_warm_up_the_findings_skip(
+    make_run, tmp_path
+):
+    # 5 warm-up steps wait 0.9 of their 1 s, the 15 after them 0.1: 30% over all, 10% after
+    steps = {0: [(i, 1010.0 + i, 1011.0 + i, 0.9 if i < 5 else 0.1, 16.0, None) for i in range(20)]}
+    run = make_run(system=CPU, ranks=steps)
+    out = " ".join(_text(show, run).split())
+    assert "│ 30.0% │" in out
+    assert "warm-up included; 10.0% after the 5 warm-up steps the findings leave out" in out
+    config = tmp_path / "warm.toml"
+    config.write_text("[rules.warmup]\nsteps = 0\nseconds = 0\n")  # none: one share for both
+    console = Console(record=True, width=160)
+    show(run, console=console, config=config)
+    out = " ".join(console.export_text().split())
+    assert "includes its wait) over every step" in out and "warm-up included" not in out

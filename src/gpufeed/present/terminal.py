@@ -15,7 +15,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from gpufeed.present.numbers import cpu_counts, finite, number
+from gpufeed.present.numbers import count, cpu_counts, finite, number
 
 if TYPE_CHECKING:
     from gpufeed.analysis.finding import Finding
@@ -43,9 +43,15 @@ _UNITS: dict[str, tuple[str, float, int]] = {
 }
 
 
-def print_run(run: Run, findings: list[Finding], console: Console | None = None) -> None:
+def print_run(
+    run: Run,
+    findings: list[Finding],
+    console: Console | None = None,
+    steady: tuple[int, float] | None = None,
+) -> None:
     """Print a run's summary: what ran, phases, step throughput, a percentile table per metric, and
-    the given findings."""
+    the given findings. `steady`: (warm-up steps the findings left out, data-wait share after
+    them), said beside the table's all-steps share."""
     from gpufeed.analysis.stats import PHASES, phases, step_summary, wait_cpu_note
 
     console = console or Console()
@@ -94,12 +100,14 @@ def print_run(run: Run, findings: list[Finding], console: Console | None = None)
             "[yellow]No training steps were recorded[/yellow] (no optimizer step, no gpufeed.step())."
         )
     else:
+        caption = "data wait: its share of step time (a step includes its wait) over every step"
+        if steady is not None and steady[0] > 0 and math.isfinite(s["data_wait_share"]):
+            caption += (
+                f", warm-up included; {_percent(steady[1])} after the "
+                f"{count(steady[0], 'warm-up step')} the findings leave out (see `gpufeed rules`)"
+            )
         table = Table(
-            title="Training steps",
-            title_justify="left",
-            caption="data wait: its share of step time (a step includes its wait) over every step, "
-            "warm-up included; the findings leave the warm-up steps out (see `gpufeed rules`)",
-            caption_justify="left",
+            title="Training steps", title_justify="left", caption=caption, caption_justify="left"
         )
         for col in ("steps", "ranks", "steps/s", "samples/s", "step p50", "step p95", "data wait"):
             table.add_column(col, justify="right", no_wrap=True)
