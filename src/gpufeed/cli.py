@@ -17,9 +17,10 @@ from typer.core import TyperGroup
 
 from gpufeed.advise.diagnose import diagnose
 from gpufeed.advise.tune import tune
-from gpufeed.data.packing import pack
+from gpufeed.data.packing import pack, printable
 from gpufeed.demo.compare import DEFAULT_WORK_DIR, GPU_IMAGE_SIZE, DemoConfig
 from gpufeed.errors import GpufeedError
+from gpufeed.output_paths import check_distinct, check_output_dir, check_output_file
 from gpufeed.present.trace import MAX_MB
 from gpufeed.profiler.launch import profile_command
 
@@ -56,68 +57,6 @@ app = typer.Typer(
 )
 
 
-def check_output_file(option: str, path: str | None, make_parents: bool = False) -> None:
-    """Refuse, before any work or any other file is written, an output file that cannot be: an
-    existing folder, a path under a file, or (unless the command creates folders) a missing folder."""
-    import os
-
-    if not path:
-        return
-    if os.path.isdir(path):
-        raise GpufeedError(
-            f"{option} {path} is a folder: give a file name in it, "
-            f"e.g. {option} {os.path.join(path, _example(option))}"
-        )
-    _check_ancestors(option, path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if not make_parents and not os.path.isdir(folder):
-        raise GpufeedError(
-            f"{option} {path}: folder {os.path.dirname(path) or '.'} does not exist; create it first"
-        )
-
-
-def check_output_dir(option: str, path: str | None) -> None:
-    """Refuse, before any work, an output folder that is a file or lies under one."""
-    import os
-
-    if not path:
-        return
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise GpufeedError(f"{option} {path} is a file, not a folder: give a folder to write into")
-    _check_ancestors(option, path)
-
-
-def _check_ancestors(option: str, path: str) -> None:
-    """Refuse a path whose nearest existing parent is a file (`train.py/out.json`)."""
-    import os
-
-    parent = os.path.dirname(os.path.normpath(path))
-    while parent and not os.path.exists(parent) and os.path.dirname(parent) != parent:
-        parent = os.path.dirname(parent)
-    if parent and os.path.exists(parent) and not os.path.isdir(parent):
-        raise GpufeedError(
-            f"{option} {path}: {parent} is a file, not a folder; give a path in a folder"
-        )
-
-
-def check_distinct(*outputs: tuple[str, str | None]) -> None:
-    """Refuse two options that name the same output file (the second would overwrite the first)."""
-    import os
-
-    seen: dict[str, str] = {}
-    for option, path in outputs:
-        if path:
-            key = os.path.realpath(path)
-            if key in seen:
-                raise GpufeedError(f"{seen[key]} and {option} both name {path}: give two files")
-            seen[key] = option
-
-
-def _example(option: str) -> str:
-    """A file name to suggest for `option`."""
-    return "findings.json" if option == "--json" else "out.json"
-
-
 def check_utf8(option: str, value: str | None) -> None:
     """Refuse a name or path that is not valid UTF-8 (bytes of another encoding, which Python keeps
     as lone surrogates): reports, JSON and TensorBoard could not hold it."""
@@ -128,12 +67,8 @@ def check_utf8(option: str, value: str | None) -> None:
         return
     except UnicodeEncodeError:
         pass
-    try:
-        shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    except UnicodeEncodeError:
-        shown = value.encode("utf-8", "backslashreplace").decode("utf-8")
     raise GpufeedError(
-        f"{option} {shown}: not valid UTF-8 (bytes of another encoding, shown as \\xNN): "
+        f"{option} {printable(value)}: not valid UTF-8 (bytes of another encoding, shown as \\xNN): "
         "give it in UTF-8 (plain ASCII is always fine)"
     )
 
@@ -543,7 +478,6 @@ def bench_cmd(
     for option, value in (("--steps", steps), ("--repeats", repeats), ("--images", images)):
         check_count(option, value, 1)
     check_count("--batch-size", batch_size, 1)
-    check_output_dir("--out", out)
 
     path = run_bench(
         name, out, full=full, data=data, budget_s=budget, steps=steps, repeats=repeats,

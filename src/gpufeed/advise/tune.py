@@ -387,8 +387,9 @@ def _search(
 def _described(trial: Trial) -> str:
     """'4 workers, prefetch 2, cpu, batch 64' (and the decoder, where it is not the default)."""
     decoder = "" if trial.decoder == "auto" else f", decoder {trial.decoder}"
+    workers = count(trial.num_workers, "worker")
     return (
-        f"{count(trial.num_workers, 'worker')}, prefetch {trial.prefetch}, {trial.preprocess}{decoder}, "
+        f"{workers}, prefetch {trial.prefetch}, {trial.preprocess}{decoder}, "
         f"batch {trial.batch_size}"
     )
 

@@ -137,16 +137,10 @@ def _span(run: Run) -> tuple[float, float]:
     """When a part ran (epoch seconds): from meta.json, else from its first and last records."""
     import math
 
-    times = [
-        float(v)
-        for frame, col in ((run.system, "time"), (run.processes, "time"), (run.steps, "end"))
-        if len(frame)
-        for v in (frame[col].min(), frame[col].max())
-        if math.isfinite(v)
-    ]
+    first, last = run.recorded_span() or (-math.inf, math.inf)
     start, end = run.meta.get("start_time"), run.meta.get("end_time")
-    start = float(start) if isinstance(start, (int, float)) else min(times, default=-math.inf)
-    end = float(end) if isinstance(end, (int, float)) else max(times, default=math.inf)
+    start = float(start) if isinstance(start, (int, float)) else first
+    end = float(end) if isinstance(end, (int, float)) else last
     return start, max(end, start)
 
 

@@ -74,6 +74,7 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sqlite3
@@ -161,6 +162,22 @@ class Run:
             f"Run({str(self.path)!r}, steps={len(self.steps)}, system={len(self.system)}, "
             f"processes={len(self.processes)}, finished={self.meta.get('finished')})"
         )
+
+    def recorded_span(self) -> tuple[float, float] | None:
+        """(first, last) time anything was recorded: steps, system and process samples; None
+        where nothing was."""
+        times = [
+            float(t)
+            for frame, first, last in (
+                (self.steps, "start", "end"),
+                (self.system, "time", "time"),
+                (self.processes, "time", "time"),
+            )
+            if len(frame)
+            for t in (frame[first].min(), frame[last].max())
+            if math.isfinite(float(t))
+        ]
+        return (min(times), max(times)) if times else None
 
 
 def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:

@@ -28,6 +28,7 @@ from gpufeed.bench.workload import (
     synthetic,
     train,
 )
+from gpufeed.output_paths import check_output_dir
 from gpufeed.present.numbers import count
 
 EXPERIMENTS: dict[str, str] = {
@@ -51,10 +52,7 @@ def run_bench(
         raise BenchError(f"unknown experiment {name!r}: choose one of {', '.join(EXPERIMENTS)}")
     cfg = default_config(full, **options)
     out_dir = Path(out) if out is not None else Path("gpufeed-runs") / f"bench-{name}"
-    if out_dir.exists() and not out_dir.is_dir():
-        raise BenchError(f"--out {out_dir}: is a file, not a folder; give a results folder")
-    if any(p.exists() and not p.is_dir() for p in out_dir.parents):
-        raise BenchError(f"--out {out_dir}: a parent of it is a file, not a folder")
+    check_output_dir("--out", str(out_dir))
     runner = {"augload": augload, "workers": workers, "batch": batch}[name]
     return runner(cfg, out_dir).out_dir
 

@@ -3,7 +3,6 @@ them; with `--watch`, again every few seconds until the run finishes or its reco
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -86,15 +85,8 @@ def recording_stopped(run: Run, stale_s: float = STALE_S, now: float | None = No
     from gpufeed.profiler.session import DEFAULT_INTERVAL, FLUSH_INTERVAL, hostname
 
     now = time.time() if now is None else now
-    times = [
-        float(t)
-        for frame, column in ((run.steps, "end"), (run.system, "time"), (run.processes, "time"))
-        if len(frame)
-        for t in (frame[column].max(),)
-        if math.isfinite(float(t))
-    ]
-    start = run.meta.get("start_time")
-    latest = max(times, default=float(start) if isinstance(start, (int, float)) else now)
+    span, start = run.recorded_span(), run.meta.get("start_time")
+    latest = span[1] if span else float(start) if isinstance(start, (int, float)) else now
     idle = now - latest
     interval = run.meta.get("interval")
     interval = float(interval) if isinstance(interval, (int, float)) else DEFAULT_INTERVAL

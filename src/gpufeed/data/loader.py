@@ -131,8 +131,9 @@ class Loader:
     epoch seeds the shard order, the shuffle and the augmentations. Workers run on into the
     next epoch while the loop finishes the current one, so the GPU does not wait at epoch
     boundaries. A corrupt image is left out of its batch and listed in `stats()`, with a
-    warning at the first and at any batch left empty (or raises with `strict=True`). Host buffers are shared, reused and (on CUDA) page-locked once; they
-    are capped by `max_host_bytes` (default: a quarter of the machine's memory).
+    warning at the first and at any batch left empty (or raises with `strict=True`). Host
+    buffers are shared, reused and (on CUDA) page-locked once; they are capped by
+    `max_host_bytes` (default: a quarter of the machine's memory).
 
     `cluster="HEAD_IP:6379"` (or "ray://HEAD_IP:10001", or "auto" for a cluster started on this
     machine) moves reading, decoding and augmenting to `num_workers` Ray actors on the cluster's
