@@ -642,7 +642,9 @@ def test_a_batch_left_with_no_samples_is_delivered_empty_with_a_warning_naming_i
     loader = make(corrupt_shards, 1, num_workers=num_workers)  # the corrupt sample is a batch
     planned = _planned(corrupt_shards, 0, 1, num_workers)
     bad = next(j for j, b in planned.items() if b[0].label == 1)
-    with pytest.warns(RuntimeWarning, match=rf"batch {bad} of epoch 0 is empty: all 1 sample"):
+    with pytest.warns(
+        RuntimeWarning, match=rf"batch {bad} of epoch 0 is empty: its 1 sample is corrupt"
+    ):
         got = _batches(loader)
     assert [len(labels) for _, labels in got] == [int(j != bad) for j in range(len(planned))]
     assert got[bad][0].shape[0] == 0 and loader.stats()["corrupt"] == 1

@@ -264,3 +264,20 @@ def test_a_run_of_hosts_with_different_cores_names_each_hosts_cores() -> None:
     html = render_html(run, [])
     assert "4 + 2 cores (" in html  # the header
     assert re.search(r"p95 [\d.]+% of 4 \+ 2 cores", html)  # the CPU card
+
+
+def test_the_data_wait_card_adds_the_share_after_the_warm_up_the_findings_skip(
+    make_run, tmp_path: Path
+) -> None:
+    from gpufeed.commands.report import write_report
+
+    # 5 warm-up steps wait 0.9 of their 1 s, the 15 after them 0.1: 30% over all, 10% after
+    steps = {0: [(i, 1010.0 + i, 1011.0 + i, 0.9 if i < 5 else 0.1, 16.0, None) for i in range(20)]}
+    run = make_run(ranks=steps)
+    page = write_report(run, tmp_path / "r.html", echo=lambda _: None).read_text()
+    text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
+    assert "30.0% of step time (wait / whole step), every step; 10.0% after the 5 warm-up" in text
+    config = tmp_path / "warm.toml"
+    config.write_text("[rules.warmup]\nsteps = 0\nseconds = 0\n")
+    page = write_report(run, tmp_path / "r.html", config=config, echo=lambda _: None).read_text()
+    assert "every step;" not in page

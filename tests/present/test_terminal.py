@@ -171,3 +171,9 @@ def test_show_gives_the_data_wait_over_every_step_and_after_the_warm_up_the_find
     show(run, console=console, config=config)
     out = " ".join(console.export_text().split())
     assert "includes its wait) over every step" in out and "warm-up included" not in out
+
+
+def test_with_several_ranks_show_counts_the_warm_up_steps_of_each_rank(make_run):
+    steps = [(i, 1010.0 + i, 1011.0 + i, 0.9 if i < 5 else 0.1, 16.0, None) for i in range(20)]
+    out = " ".join(_text(show, make_run(system=CPU, ranks={0: steps, 1: steps})).split())
+    assert "10.0% after the 5 warm-up steps of each rank the findings leave out" in out

@@ -40,6 +40,7 @@ def write_report(
     from gpufeed.analysis.combine import run_paths
     from gpufeed.analysis.config import resolve
     from gpufeed.analysis.rules import run_rules
+    from gpufeed.analysis.rules.context import Context
     from gpufeed.analysis.run import load
     from gpufeed.present.html import findings_json, render_html, rule_checks
 
@@ -48,7 +49,8 @@ def write_report(
     while True:
         run = load(run_path)
         findings = run_rules(run, **overrides)
-        page = render_html(run, findings, checks=rule_checks(findings, overrides))
+        steady = Context(run, overrides.get("warmup")).steady_wait()
+        page = render_html(run, findings, checks=rule_checks(findings, overrides), steady=steady)
         data = findings_json(run, findings) if json_out is not None else None
         write_atomic(target, page, make_parents=True)
         if data is not None:

@@ -22,16 +22,12 @@ def show(
     judged with the thresholds `gpufeed report` uses: `config` (else ./gpufeed.toml) and `sets`."""
     from gpufeed.analysis.config import resolve
     from gpufeed.analysis.rules import run_rules
-    from gpufeed.analysis.rules.context import Context, wait_share
+    from gpufeed.analysis.rules.context import Context
     from gpufeed.analysis.run import load
     from gpufeed.present.terminal import print_run
 
     overrides = resolve(config, sets)
     run = load(runs)
     findings = run_rules(run, **overrides)
-    ctx = Context(run, overrides.get("warmup"))  # the steps the findings judge
-    steady = (
-        (len(ctx.all_steps) - len(ctx.steps), wait_share(ctx.steps)) if len(ctx.steps) else None
-    )
-    print_run(run, findings, console, steady)
+    print_run(run, findings, console, Context(run, overrides.get("warmup")).steady_wait())
     return run

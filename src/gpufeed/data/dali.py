@@ -11,13 +11,13 @@ no trip through host memory.
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from gpufeed.cores import usable_cores
 from gpufeed.errors import GpufeedError
 from gpufeed.extras import require
 
@@ -36,7 +36,7 @@ class DaliDecoder:
     def __init__(self, device: torch.device, batch_size: int, threads: int | None = None) -> None:
         require("dali")  # a clear error naming the extra when DALI is missing
         self.device, self.batch_size = device, batch_size
-        self.threads = threads or max(1, min(4, os.cpu_count() or 1))
+        self.threads = threads or max(1, min(4, usable_cores()))
         try:
             self.pipe = self._build()
         except RuntimeError as e:  # e.g. a DALI build for another CUDA than the driver's

@@ -435,9 +435,11 @@ class Loader:
         shard, key, why = corrupt[0]
         where = f"shard {shard}, key {key}: {why}"
         if kept == 0:
+            n = len(corrupt)
+            what = "its 1 sample is corrupt" if n == 1 else f"all {n:,} of its samples are corrupt"
             warnings.warn(
-                f"gpufeed Loader: batch {at.batch} of epoch {at.epoch} is empty: all "
-                f"{count(len(corrupt), 'sample')} in it are corrupt (the first: {where}); "
+                f"gpufeed Loader: batch {at.batch} of epoch {at.epoch} is empty: {what} "
+                f"(the first: {where}); "
                 "its loss will read NaN. Repack or remove the damaged images "
                 "(loader.stats()['corrupt_samples'] lists them)",
                 RuntimeWarning,

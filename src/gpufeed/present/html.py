@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpufeed.analysis.stats import device_key
-from gpufeed.present.numbers import count, cpu_counts, number
+from gpufeed.present.numbers import after_warmup, count, cpu_counts, number
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -134,8 +134,10 @@ def render_html(
     findings: list[Finding],
     max_points: int = MAX_POINTS,
     checks: list[dict[str, str]] | None = None,
+    steady: tuple[int, float] | None = None,
 ) -> str:
-    """The report as one HTML string; `checks` (from `rule_checks`) defaults to the default rules'."""
+    """The report as one HTML string; `checks` (from `rule_checks`) defaults to the default rules';
+    `steady` (from `Context.steady_wait`) adds the data wait after warm-up to the summary."""
     import jinja2
     import plotly.offline
 
@@ -175,7 +177,7 @@ def render_html(
         else f"no GPU data ({meta.get('gpu_unavailable') or 'none reported'})",
         live=not meta.get("finished"),
         generated=datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
-        summary=_summary(run, t0, t1),
+        summary=_summary(run, t0, t1, steady),
         step_phases=_step_phases(run),
         findings=[f.to_dict() for f in findings],
         checks=checks if checks is not None else rule_checks(findings),
@@ -205,7 +207,9 @@ def render_html(
 # --- summary ------------------------------------------------------------------------------------
 
 
-def _summary(run: Run, t0: float, t1: float) -> list[dict[str, str]]:
+def _summary(
+    run: Run, t0: float, t1: float, steady: tuple[int, float] | None
+) -> list[dict[str, str]]:
     from gpufeed.analysis.stats import phases, step_summary, wait_cpu_note
 
     s = step_summary(run)
@@ -240,6 +244,7 @@ def _summary(run: Run, t0: float, t1: float) -> list[dict[str, str]]:
             if math.isfinite(s["data_wait_share"])
             else "unknown",
             "detail": "of step time (wait / whole step)"
+            + (f", every step; {judged}" if (judged := after_warmup(steady, s["ranks"])) else "")
             + (f"; {note}" if (note := wait_cpu_note(s)) else "")
             if math.isfinite(s["data_wait_share"])
             else "not measured for what fed this loop (never read as 0%)",

@@ -37,3 +37,15 @@ def cpu_counts(meta: dict) -> str:
     if len(set(counts)) > 1:
         return " + ".join(str(n) for n in counts)
     return str(meta.get("cpu_count") or "?")
+
+
+def after_warmup(steady: tuple[int, float] | None, ranks: int) -> str:
+    """The data wait the findings judge, said beside the share over every step: "37.8% after the
+    5 warm-up steps the findings leave out"; "" where no warm-up was left out."""
+    if steady is None or steady[0] <= 0:
+        return ""
+    each = " of each rank" if ranks > 1 else ""
+    return (
+        f"{number(100 * steady[1], 1, '%')} after the {count(steady[0], 'warm-up step')}{each} "
+        "the findings leave out"
+    )

@@ -15,7 +15,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from gpufeed.present.numbers import count, cpu_counts, finite, number
+from gpufeed.present.numbers import after_warmup, cpu_counts, finite, number
 
 if TYPE_CHECKING:
     from gpufeed.analysis.finding import Finding
@@ -101,11 +101,8 @@ def print_run(
         )
     else:
         caption = "data wait: its share of step time (a step includes its wait) over every step"
-        if steady is not None and steady[0] > 0 and math.isfinite(s["data_wait_share"]):
-            caption += (
-                f", warm-up included; {_percent(steady[1])} after the "
-                f"{count(steady[0], 'warm-up step')} the findings leave out (see `gpufeed rules`)"
-            )
+        if (judged := after_warmup(steady, s["ranks"])) and math.isfinite(s["data_wait_share"]):
+            caption += f", warm-up included; {judged} (see `gpufeed rules`)"
         table = Table(
             title="Training steps", title_justify="left", caption=caption, caption_justify="left"
         )

@@ -79,6 +79,15 @@ class Context:
         out["data_wait"] = np.minimum(out["data_wait"], out["duration"])
         return out
 
+    def steady_wait(self) -> tuple[int, float] | None:
+        """(warm-up steps left out, at most of any rank; the data wait's share of the steps judged
+        after them), or None where no step is judged: what `show` and the report set beside the
+        share over every step, which the findings do not judge."""
+        if not len(self.steps):
+            return None
+        left = self.all_steps.groupby("rank").size() - self.steps.groupby("rank").size()
+        return int(left.max()), wait_share(self.steps)
+
     @cached_property
     def ranks(self) -> list[int]:
         """Ranks with post-warm-up steps."""
