@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -83,14 +84,16 @@ def test_bad_inputs_are_converted_or_skipped_by_path_and_nothing_crashes(image_f
     assert skipped["empty.jpg"] == "empty file"
     assert "not a readable image" in skipped["notes.txt"]
     assert "not a readable image" in skipped["half.jpg"]
-    assert "duplicate key 'a_good'" in skipped["good.jpg"]  # good.jpeg sorts first and wins
+    assert set(skipped) == {"empty.jpg", "notes.txt", "half.jpg"}
     assert set(converted) == {"pic.png", "gray.jpg", "cmyk.jpg"}
     assert "PNG" in converted["pic.png"] and "CMYK" in converted["cmyk.jpg"]
     samples = list(ShardDataset(tmp_path / "out").iter_worker(0, 1))
-    assert sorted(s.key for s in samples) == ["a_cmyk", "a_good", "a_gray", "a_pic"]
+    keys = sorted(s.key for s in samples)  # good.jpeg sorts first and keeps the plain key
+    assert len(keys) == 5 and re.fullmatch(r"a_good_[0-9a-f]{10}", keys[2])
+    assert keys[:2] + keys[3:] == ["a_cmyk", "a_good", "a_gray", "a_pic"]
     for s in samples:
         assert decode(s.data).shape[2] == 3
-    assert "skipped 4:" in res.summary() and "converted 3:" in res.summary()
+    assert "skipped 3:" in res.summary() and "converted 3:" in res.summary()
 
 
 def test_verify_decodes_every_image_and_skips_corrupt_jpegs(image_folder: Path, tmp_path: Path):
@@ -378,6 +381,28 @@ def test_corrupt_image_reasons_do_not_show_memory_addresses(tmp_path: Path):
 
 
 # --- names, options and destinations that used to fail deep inside ------------------------------
+
+
+def test_names_that_clean_to_one_key_are_all_packed_with_distinct_keys(image_folder, tmp_path):
+    jpegs = sorted(image_folder.glob("*/*.jpg"))
+    names = {
+        "猫": ["写真一.jpg", "写真二.jpg", "é.jpg"],
+        "b": ["a b.jpg", "a_b.jpg", "x.v1.jpg", "x_v1.jpg"],
+    }
+    for i, (cls, files) in enumerate((c, f) for c, fs in names.items() for f in fs):
+        (tmp_path / "src" / cls).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / cls / files).write_bytes(jpegs[i % len(jpegs)].read_bytes())
+    res = pack(tmp_path / "src", tmp_path / "out", workers=1, progress=False)
+    assert res.samples == 7 and not res.skipped
+    samples = list(ShardDataset(tmp_path / "out").iter_worker(0, 1))
+    assert len({s.key for s in samples}) == 7
+    classes = _index(tmp_path / "out")["classes"]
+    assert sorted(classes[s.label] for s in samples) == ["b"] * 4 + ["猫"] * 3
+    again = pack(tmp_path / "src", tmp_path / "again", workers=1, progress=False)
+    assert again.samples == 7  # the same keys each time: they come from the names
+    assert {s.key for s in ShardDataset(tmp_path / "again").iter_worker(0, 1)} == {
+        s.key for s in samples
+    }
 
 
 def test_file_and_class_folder_names_that_are_not_utf8_are_packed_and_printed(

@@ -143,6 +143,9 @@ def printable(name: str) -> str:
 
 
 def _key_for(rel: str) -> str:
+    """The sample key of relative name `rel`: its path without the extension, in letters, digits,
+    `_` and `-` (what every WebDataset reader accepts); where two names give one key, the later
+    one gets a hash of its name added."""
     stem = rel.rsplit(".", 1)[0] if "." in Path(rel).name else rel
     return re.sub(r"[^A-Za-z0-9_-]", "_", stem).strip("_") or "x"
 
@@ -293,6 +296,8 @@ def list_inputs(
             continue
         seen_paths.add(path)
         key = _key_for(rel)
+        if key in seen_keys:  # another name cleaned to the same key: a.jpg, a.jpeg, "a b", 猫
+            key = f"{key}_{hashlib.blake2b(_as_bytes(rel), digest_size=5).hexdigest()}"
         if key in seen_keys:
             skipped.append((path, f"duplicate key {key!r} (same as {seen_keys[key]}); first kept"))
             continue
