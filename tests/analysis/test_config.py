@@ -98,3 +98,19 @@ def test_a_file_that_is_not_utf8_is_named_not_a_traceback(tmp_path: Path) -> Non
     path.write_bytes(b"\xff\xfe[rules.StepOutlier]\n")
     with pytest.raises(ConfigError, match=r"config file .*b6.toml is not UTF-8 text \(byte 0xff"):
         load_file(path)
+
+
+def test_a_bad_override_in_python_is_a_config_error_naming_it(make_run):
+    import gpufeed
+
+    run = make_run()
+    with pytest.raises(ConfigError, match=r"DataLoaderBottleneck.threshold: expected a number"):
+        gpufeed.analyze(run, DataLoaderBottleneck={"threshold": "x"})
+    with pytest.raises(ConfigError, match=r"unknown rule 'Nope'"):
+        gpufeed.analyze(run, Nope={"k": 1})
+
+
+def test_a_period_seen_fewer_than_twice_is_refused():
+    # min_periods=0 divided by zero inside the rule
+    with pytest.raises(ConfigError, match=r"PeriodicStall.min_periods: expected a number >= 2"):
+        resolve(None, ["PeriodicStall.min_periods=0"])

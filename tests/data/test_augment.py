@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from gpufeed.data.augment import Augment, sampling_grid
+from gpufeed.errors import OptionError
 
 
 def _smooth(n: int = 4, size: int = 64) -> torch.Tensor:
@@ -162,7 +165,7 @@ def test_unfused_load_is_one_warp_per_repetition_and_fused_is_one_in_all():
 
 
 def test_center_crop_when_no_random_box_fits():
-    aug = Augment(scale=(5.0, 6.0))  # every try is larger than the image
+    aug = Augment(scale=(1.0, 1.0))  # the whole area at a ratio other than the image's: none fits
     assert aug.boxes([(100, 400), (300, 300)], torch.Generator()) == [
         (0, 133, 100, 133),
         (0, 0, 300, 300),
@@ -177,6 +180,35 @@ def test_apply_batch_leaves_its_input_untouched():
         aug.apply_batch(x, aug.flips_and_angles(4, torch.Generator()), torch.float32)
         aug.apply_batch(x, aug.flips_and_angles(4, torch.Generator()), torch.uint8)
     assert torch.equal(x, before)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"size": 0}, "Augment size must be an integer >= 1, got 0"),
+        ({"size": (224,)}, "Augment size must be an integer or (height, width), got (224,)"),
+        ({"size": 16.5}, "Augment size must be an integer or (height, width), got 16.5"),
+        ({"scale": (1.0, 0.08)}, "Augment scale=(1.0, 0.08): give the least value first"),
+        ({"scale": (0.0, 1.0)}, "Augment scale[0] must be a number above 0 up to 1, got 0.0"),
+        ({"ratio": (0, 0)}, "Augment ratio[0] must be a number above 0 up to 1000, got 0"),
+        ({"mean": (0.5, 0.5)}, "Augment mean must be 3 numbers, got (0.5, 0.5)"),
+        ({"mean": (123.7, 116.3, 103.5)}, "Augment mean[0] must be a number from 0 to 1"),
+        ({"std": (0.0, 1.0, 1.0)}, "Augment std[0] must be a number above 0 up to 1, got 0.0"),
+        ({"hflip": 2}, "Augment hflip must be a number from 0 to 1, got 2"),
+        ({"degrees": float("nan")}, "Augment degrees must be a number from 0 to 180, got nan"),
+        ({"load": 1.5}, "Augment load must be an integer >= 0, got 1.5"),
+    ],
+)
+def test_an_option_that_cannot_work_is_refused_when_the_augment_is_made(options, message):
+    # each used to pass, then fail at the first batch (or, a zero std, give NaN batches)
+    with pytest.raises(OptionError, match=re.escape(message)):
+        Augment(**options)
+
+
+def test_sizes_and_normalization_given_as_lists_are_kept_as_tuples():
+    aug = Augment(size=[32, 48], mean=[0.5, 0.5, 0.5], std=[0.25, 0.25, 0.25])
+    assert aug.size == (32, 48) and aug.mean == (0.5,) * 3 and aug.std == (0.25,) * 3
+    hash(aug)  # a frozen Augment stays hashable
 
 
 def test_transform_on_must_name_a_place():

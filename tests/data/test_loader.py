@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 import pytest
 import torch
@@ -958,6 +959,51 @@ def test_unknown_preprocess_mode_is_refused(shards: Path):
 def test_a_bad_count_is_refused_naming_the_option(shards: Path, option: str, value: object):
     with pytest.raises(OptionError, match=rf"{option} must be an integer >= \d, got {value!r}"):
         Loader(shards, **{"batch_size": 4, option: value})
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"seed": -1}, "seed must be an integer >= 0, got -1"),
+        ({"seed": 1.5}, "seed must be an integer >= 0, got 1.5"),
+        ({"world_size": "2"}, "world_size must be an integer >= 1, got '2'"),
+        ({"retries": -1}, "retries must be an integer >= 0, got -1"),
+        ({"chunk_size": 0}, "chunk_size must be an integer >= 1, got 0"),
+        ({"worker_nice": "x"}, "worker_nice must be an integer >= -20, got 'x'"),
+        ({"dtype": torch.int32}, "dtype=torch.int32: give one of torch.float32,"),
+        ({"dtype": "float16"}, "dtype='float16': give one of torch.float32,"),
+        ({"decoder": "bogus"}, "decoder='bogus': choose one of auto, dali,"),
+        ({"augment": "yes"}, "augment='yes': give a gpufeed.data.Augment"),
+        ({"pin_memry": True}, "Loader has no option 'pin_memry': did you mean 'pin_memory'?"),
+        ({"persistent_workers": True}, "Loader has no option 'persistent_workers'"),
+    ],
+)
+def test_an_option_that_cannot_work_is_refused_when_the_loader_is_made(
+    shards: Path, options: dict, message: str
+):
+    # each used to pass, then fail at the first batch or deep inside with a torch/numpy error
+    with pytest.raises(OptionError, match=re.escape(message)):
+        Loader(shards, 4, num_workers=0, device="cpu", **options)
+
+
+def test_set_epoch_takes_a_whole_epoch_number(shards: Path):
+    loader = Loader(shards, 4, num_workers=0, device="cpu")
+    for bad in (-1, 1.5, "2"):
+        with pytest.raises(
+            OptionError, match=rf"set_epoch's epoch must be an integer >= 0, got {bad!r}"
+        ):
+            loader.set_epoch(bad)
+    loader.set_epoch(np.int64(3))  # a numpy integer is a whole number
+    assert next(iter(loader))[0].shape[0] == 4 and loader.state_dict()["epoch"] == 3
+
+
+def test_drop_last_with_a_ready_made_dataset_that_pads_its_ranks_is_refused(shards: Path):
+    # the padded share would be delivered with its repeated samples
+    padded = ShardDataset(shards, rank=0, world_size=3)
+    with pytest.raises(OptionError, match=r"ShardDataset\(\.\.\., drop_last=True\)"):
+        Loader(padded, 4, num_workers=0, device="cpu", drop_last=True)
+    dropped = ShardDataset(shards, rank=0, world_size=3, drop_last=True)
+    assert len(Loader(dropped, 4, num_workers=0, device="cpu", drop_last=True)) > 0
 
 
 def test_a_batch_larger_than_the_epoch_with_drop_last_is_a_gpufeed_error(shards: Path):

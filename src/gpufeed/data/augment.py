@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpufeed.data.options import ordered, real, several, whole
 from gpufeed.errors import OptionError
 
 if TYPE_CHECKING:
@@ -67,10 +68,22 @@ class Augment:
     transform_on: str = "worker"
 
     def __post_init__(self) -> None:
-        if isinstance(self.size, int):
-            object.__setattr__(self, "size", (self.size, self.size))
-        if self.load < 0:
-            raise OptionError(f"augmentation load must be >= 0, got {self.load}")
+        size = self.size
+        if isinstance(size, int) and not isinstance(size, bool):
+            size = (size, size)
+        if not isinstance(size, (tuple, list)) or len(size) != 2:
+            raise OptionError(f"Augment size must be an integer or (height, width), got {size!r}")
+        fix = functools.partial(object.__setattr__, self)  # a frozen dataclass
+        fix("size", tuple(whole("Augment size", v, 1) for v in size))
+        fix("scale", ordered("Augment scale", self.scale, 0.0, 1.0))
+        fix("ratio", ordered("Augment ratio", self.ratio, 0.0, 1000.0))
+        whole("Augment load", self.load, 0)
+        for name in ("hflip", "vflip"):
+            real(f"Augment {name}", getattr(self, name), 0.0, 1.0)
+        real("Augment degrees", self.degrees, 0.0, 180.0)
+        real("Augment eval_crop", self.eval_crop, 0.0, 1.0, above_low=True)
+        fix("mean", several("Augment mean", self.mean, 3, 0.0, 1.0))
+        fix("std", several("Augment std", self.std, 3, 0.0, 1.0, above_low=True))
         if self.transform_on not in TRANSFORM_PLACES:
             raise OptionError(
                 f"transform_on={self.transform_on!r}: choose one of {', '.join(TRANSFORM_PLACES)}"

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.data.indexer import expand_urls, is_shard_pattern, split_shards
+from gpufeed.data.options import whole
 from gpufeed.data.shards import IMAGE_EXTS, Index, ShardError
 from gpufeed.data.source import MB, Source
 from gpufeed.errors import OptionError
@@ -75,7 +76,8 @@ class ShardDataset:
     with `gpufeed index`.
 
     Iterating yields `RawSample`s for (worker, num_workers) given to `iter_worker`; the `Loader`
-    runs one such stream per worker process and decodes/augments them in batches.
+    runs one such stream per worker process and decodes/augments them in batches. It is not a
+    torch Dataset (its samples are encoded images): give it to `Loader`, not to a DataLoader.
     """
 
     def __init__(
@@ -103,6 +105,13 @@ class ShardDataset:
                 f"shuffle_buffer={shuffle_buffer!r}: give a number of samples, 1 or more "
                 "(1 keeps the shard order; pass shuffle=False to not shuffle at all)"
             )
+        seed = whole("seed", seed)
+        for name, value, least in (("rank", rank, 0), ("world_size", world_size, 1)):
+            if value is not None:
+                whole(name, value, least)
+        for name, value, least in (("retries", retries, 0), ("read_ahead", read_ahead, 0)):
+            whole(name, value, least)
+        whole("chunk_size", chunk_size, 1)
         names = None
         if is_shard_pattern(url):  # shards named one by one: their directory holds the index
             url, names = split_shards(expand_urls(url))
@@ -136,11 +145,12 @@ class ShardDataset:
 
     @property
     def classes(self) -> list[str]:
+        """The class names, indexed by label."""
         return self.index.classes
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it seeds the shard order and the shuffle buffer."""
-        self.epoch = int(epoch)
+        self.epoch = whole("set_epoch's epoch", epoch)
 
     def __len__(self) -> int:
         """Samples this rank delivers per epoch."""

@@ -84,7 +84,7 @@ def decoder_choice(spec: BatchSpec, device: torch.device) -> str:
         return spec.decoder
     if spec.decoder == "nvjpeg":
         if not cuda:
-            raise GpufeedError(
+            raise OptionError(
                 f"decoder='nvjpeg' needs a CUDA device, not {device}: use decoder='dali' or 'cpu'"
             )
         require("gpu")

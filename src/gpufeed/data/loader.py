@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import os
 import time
 import warnings
@@ -26,6 +27,7 @@ from gpufeed.data.choose import PREPROCESS_MODES, choose_preprocess, trial_rate
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.device import CANVAS_ELEMENTS, DeviceStage, decoder_name
 from gpufeed.data.feeder import Feeder
+from gpufeed.data.options import known, whole
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.remote import RayPool, cluster_option, default_remote_workers
 from gpufeed.data.slots import Slots
@@ -34,6 +36,9 @@ from gpufeed.data.workers import InlinePool, WorkerPool
 from gpufeed.devices import default_device
 from gpufeed.errors import OptionError
 from gpufeed.present.numbers import count
+
+# What the loop may receive: floats normalized, or uint8 pixels (augmented, not normalized)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8)
 
 DEVICE_DEPTH = 2  # batches the feeder keeps ready on the device
 _STATE_KEYS = ("seed", "world_size", "rank", "num_workers", "batch_size", "samples", "drop_last")
@@ -187,23 +192,44 @@ class Loader:
             raise OptionError(
                 f"preprocess={preprocess!r}: choose one of {', '.join(PREPROCESS_MODES)}"
             )
-        for name, value, least in (
-            ("batch_size", batch_size, 1),
-            ("num_workers", num_workers, 0),
-            ("prefetch", prefetch, 1),
-        ):
-            if value is None and name == "num_workers":
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise OptionError(f"{name} must be an integer >= {least}, got {value!r}")
+        whole("batch_size", batch_size, 1)
+        whole("prefetch", prefetch, 1)
+        whole("worker_nice", worker_nice, -20)
+        if num_workers is not None:
+            whole("num_workers", num_workers, 0)
+        if augment is not None and not isinstance(augment, Augment):
+            raise OptionError(
+                f"augment={augment!r}: give a gpufeed.data.Augment (your own batch transform "
+                "goes in Augment(transform=...))"
+            )
+        if dtype is not None and dtype not in DTYPES:
+            raise OptionError(
+                f"dtype={dtype!r}: give one of {', '.join(map(str, DTYPES))} (uint8: the "
+                "augmented pixels, not normalized)"
+            )
         if isinstance(data, ShardDataset):
             if dataset_options:
                 raise OptionError(
                     f"options {sorted(dataset_options)} go to ShardDataset, which was given "
                     "ready-made"
                 )
+            if drop_last and not data.drop_last and data.world_size > 1:
+                raise OptionError(
+                    "drop_last=True: the ShardDataset given ready-made pads its rank's share "
+                    "with repeated samples (its drop_last is False); build it with "
+                    "ShardDataset(..., drop_last=True), or give the Loader the shards' path"
+                )
             self.dataset = data
         else:
+            takes = [
+                *inspect.signature(Loader).parameters,
+                *inspect.signature(ShardDataset).parameters,
+            ]
+            known(
+                "Loader",
+                dataset_options,
+                [n for n in takes if n not in ("data", "url", "dataset_options")],
+            )
             self.dataset = ShardDataset(data, drop_last=drop_last, **dataset_options)
         self.batch_size, self.drop_last = batch_size, drop_last
         self.cluster = cluster_option(cluster, preprocess)
@@ -333,7 +359,7 @@ class Loader:
         """Choose the epoch of the next iteration (it seeds shard order, shuffle, augmentations).
         Without it each iteration is the epoch after the previous one. After `load_state_dict`,
         the same epoch keeps the restored position (trainers call both on resume)."""
-        epoch = int(epoch)
+        epoch = whole("set_epoch's epoch", epoch)
         if self._next is None or self._next.epoch != epoch:
             self._next = Position(epoch, 0)
 
@@ -342,6 +368,8 @@ class Loader:
         return self.plan.batches
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        """The epoch's batches, (images, labels) on the device; see the class docstring for
+        which epoch."""
         if self._next is not None:
             at = self._next
         elif self._iterated:

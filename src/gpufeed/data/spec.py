@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufeed.data.augment import Augment
+from gpufeed.errors import OptionError
 
 # What a worker hands over: "decoded" = uint8 N×H×W×3 images, augmented except normalization;
 # "first_pass" = uint8 N×H×W×3 images cropped, resized and through the load block's first warp,
@@ -41,7 +42,7 @@ class BatchSpec:
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
-            raise ValueError(f"decoder={self.decoder!r}: choose one of {', '.join(DECODERS)}")
+            raise OptionError(f"decoder={self.decoder!r}: choose one of {', '.join(DECODERS)}")
         if self.handoff not in HANDOFFS:
             raise ValueError(f"handoff={self.handoff!r}: one of {', '.join(HANDOFFS)}")
 

@@ -17,6 +17,7 @@ class Param:
 
     default: float | int | bool
     doc: str
+    least: float = 0  # the smallest value that works
 
     def coerce(self, value: Any, where: str) -> float | int | bool:
         """Convert a user value (maybe a string from `--set`) to the default's type, or raise ValueError."""
@@ -36,8 +37,8 @@ class Param:
             number = float(value)
         except (TypeError, ValueError):
             raise ValueError(f"{where}: expected a number, got {value!r}") from None
-        if number != number or number < 0:
-            raise ValueError(f"{where}: expected a number >= 0, got {value!r}")
+        if number != number or number < self.least:
+            raise ValueError(f"{where}: expected a number >= {self.least:g}, got {value!r}")
         if kind is int:
             if number != int(number):
                 raise ValueError(f"{where}: expected a whole number, got {value!r}")

@@ -13,6 +13,7 @@ from gpufeed.analysis.rules.context import (
     Context,
     data_stall_period,
     find_period,
+    fmt_ms,
     fmt_pct,
     slow_mask,
     speedup_without,
@@ -33,7 +34,7 @@ class PeriodicStall(Rule):
         "k": Param(5.0, "robust deviations (MAD x 1.4826) above the median that make a step slow"),
         "min_ratio": Param(1.5, "a slow step is also at least this many times the median"),
         "match": Param(0.7, "share of slow steps on the period, and of period steps that are slow"),
-        "min_periods": Param(3, "periods that must be seen"),
+        "min_periods": Param(3, "periods that must be seen", least=2),
         "min_lost_share": Param(0.02, "share of run time the stalls must cost"),
     }
     cpu_only = "same as on GPU runs"
@@ -60,7 +61,7 @@ class PeriodicStall(Rule):
             yield Finding(
                 rule=self.id,
                 severity="critical" if share >= 0.25 else "warning",
-                title=f"Every {n}th step stalls: +{1e3 * lost / periods:.0f} ms per period",
+                title=f"Every {n}th step stalls: +{fmt_ms(lost / periods)} per period",
                 evidence={
                     "period_steps": n,
                     "first_stalled_step": stall_steps[0],
@@ -75,7 +76,7 @@ class PeriodicStall(Rule):
                 },
                 recommendation=(
                     f"Something runs every {n} steps (step % {n} == {r}) and costs "
-                    f"{1e3 * lost / periods:.0f} ms each time, {fmt_pct(share)} of the run: typically "
+                    f"{fmt_ms(lost / periods)} each time, {fmt_pct(share)} of the run: typically "
                     "checkpointing, logging, metrics syncs or evaluation callbacks. Do it less often, "
                     "asynchronously (a background thread, torch.distributed.checkpoint.async_save), or "
                     "on rank 0 only without blocking the others."

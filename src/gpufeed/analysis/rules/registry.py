@@ -93,8 +93,16 @@ def validate(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, 
 
 
 def run_rules(run: Run, **overrides: Mapping[str, Any]) -> list[Finding]:
-    """Apply every enabled rule to `run`; findings come most severe first, then by estimated speedup."""
-    checked = validate(overrides)
+    """Apply every enabled rule to `run`; findings come most severe first, then by estimated speedup.
+    A bad override is a `ConfigError` naming it."""
+    from gpufeed.analysis.config import ConfigError
+
+    try:
+        checked = validate(overrides)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (see `gpufeed rules`)") from None
     ctx = Context(run, checked.get(WARMUP_ID))
     ctx.params = {rid: rule.resolve(checked.get(rid)) for rid, rule in RULES.items()}
     findings: list[Finding] = []

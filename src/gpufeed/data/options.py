@@ -1,0 +1,63 @@
+"""Checks of the Loader's, ShardDataset's and Augment's options when they are given: a value that
+cannot work is an `OptionError` naming the option and what to pass, not a torch or numpy error
+at the first batch."""
+
+from __future__ import annotations
+
+import difflib
+import math
+import numbers
+from collections.abc import Iterable
+from typing import Any
+
+from gpufeed.errors import OptionError
+
+
+def whole(name: str, value: Any, least: int = 0) -> int:
+    """`value` where it is a whole number >= `least` (a Python or numpy integer, not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise OptionError(f"{name} must be an integer >= {least}, got {value!r}")
+    return int(value)
+
+
+def real(name: str, value: Any, low: float, high: float, *, above_low: bool = False) -> float:
+    """`value` where it is a finite number in [low, high] ((low, high] with `above_low`)."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value > high or value < low or (above_low and value == low):
+        span = f"{'above' if above_low else 'from'} {low:g} {'up ' if above_low else ''}to {high:g}"
+        raise OptionError(f"{name} must be a number {span}, got {value!r}")
+    return float(value)
+
+
+def several(
+    name: str, value: Any, n: int, low: float, high: float, *, above_low: bool = False
+) -> tuple[float, ...]:
+    """`value` where it holds `n` numbers, each as `real` checks them."""
+    try:
+        items = tuple(value)
+    except TypeError:
+        items = ()
+    if len(items) != n:
+        raise OptionError(f"{name} must be {n} numbers, got {value!r}")
+    return tuple(
+        real(f"{name}[{i}]", v, low, high, above_low=above_low) for i, v in enumerate(items)
+    )
+
+
+def ordered(name: str, value: Any, low: float, high: float) -> tuple[float, float]:
+    """A (least, most) pair of numbers above `low` and up to `high`, least first."""
+    lo, hi = several(name, value, 2, low, high, above_low=True)
+    if lo > hi:
+        raise OptionError(f"{name}={value!r}: give the least value first, ({hi:g}, {lo:g})")
+    return lo, hi
+
+
+def known(what: str, given: Iterable[str], names: Iterable[str]) -> None:
+    """Refuse the keyword options in `given` that are not in `names`, suggesting the closest."""
+    names = sorted(set(names))
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        name = unknown[0]
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise OptionError(f"{what} has no option {name!r}: {hint}it takes {', '.join(names)}")
