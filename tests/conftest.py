@@ -76,7 +76,8 @@ def make_run(tmp_path: Path) -> Callable[..., Path]:
     written through the real store, without running anything.
 
     system: rows (time, metric, device, value); ranks: {rank: [(step, start, end, data_wait, samples,
-    gpu_time), ...]}; processes: rows (time, pid, role, cpu, rss); meta: merged over a finished default.
+    gpu_time), ...]}; processes: rows (time, pid, role, cpu, rss); evals: {rank: [(start, end,
+    batches, samples, data_wait), ...]}; meta: merged over a finished default.
     """
     from gpufeed.profiler.session import steps_store_path, system_store_path, write_meta
     from gpufeed.profiler.store import Store
@@ -89,6 +90,7 @@ def make_run(tmp_path: Path) -> Callable[..., Path]:
         ranks: dict[int, list[tuple]] | None = None,
         processes: list[tuple] | tuple = (),
         host: str = "h1",
+        evals: dict[int, list[tuple]] | None = None,
     ) -> Path:
         run_dir = tmp_path / f"run{next(counter)}"
         run_dir.mkdir()
@@ -113,7 +115,8 @@ def make_run(tmp_path: Path) -> Callable[..., Path]:
                 "world_size": len(ranks),
                 "pid": pid,
             }
-            store.write({**info, "start": 1000.0, "end": 1099.0}, steps=rows)
+            passes = (evals or {}).get(rank, ())
+            store.write({**info, "start": 1000.0, "end": 1099.0}, steps=rows, evals=passes)
             store.close()
         return run_dir
 

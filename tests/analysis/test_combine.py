@@ -71,6 +71,20 @@ def test_two_runs_of_one_host_at_different_times_are_refused(make_run):
     assert gpufeed.load([trained, beside]).meta["parts"] == [str(trained), str(beside)]
 
 
+def test_the_evaluation_passes_of_every_part_are_kept(make_run):
+    steps = [(i, 1010.0 + i, 1011.0 + i, 0.1, 16.0, None) for i in range(10)]
+    parts = [
+        make_run(host=host, ranks={rank: steps}, evals={rank: [(1020.0, 1022.0, 4, 64, 0.5)]})
+        for rank, host in enumerate(("node-a", "node-b"))
+    ]
+    run = gpufeed.load(parts)
+    assert sorted(zip(run.evals["host"], run.evals["rank"], strict=True)) == [
+        ("node-a", 0),
+        ("node-b", 1),
+    ]
+    assert list(run.evals["duration"]) == [2.0, 2.0]
+
+
 def test_a_glob_that_matches_nothing_is_a_clear_error(tmp_path):
     with pytest.raises(RunError, match="matches no directory"):
         gpufeed.load(str(tmp_path / "nothing-*"))

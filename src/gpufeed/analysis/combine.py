@@ -113,6 +113,7 @@ def combine(runs: list[Run]) -> Run:
         cat([r.steps for r in runs], ["host", "rank", "step"]),
         cat([r.processes for r in runs], ["time"]),
         workers,
+        cat([r.evals for r in runs], ["host", "rank", "start"]),
     )
 
 

@@ -129,6 +129,29 @@ def test_workers_whose_cpu_was_not_sampled_get_a_count_and_no_claim_about_their_
     json.dumps(f.evidence, allow_nan=False)  # strict JSON: no NaN in what report --json writes
 
 
+def test_workers_not_sampled_on_cores_with_no_room_are_not_told_to_keep_their_count() -> None:
+    # 2 cores leave room for 1 worker, which there is: "set num_workers=1 (now 1)" said nothing
+    b = RunBuilder(cpu_count=2).steps([0.1] * 100, waits=0.05)
+    b.ranks[0]["loader_workers"] = 1
+    (f,) = fired(b.build())
+    assert "num_workers=" not in f.recommendation
+    assert f.recommendation.startswith(
+        "The 2 cores leave no room for more than the 1 worker now (the workers' CPU was not "
+        "recorded"
+    )
+
+
+def test_a_wait_shorter_than_a_workers_hand_over_is_not_judged() -> None:
+    # 300 µs steps waiting 80 µs (27%): moving that into a worker costs more than it saves
+    tiny = RunBuilder(cpu_count=16).steps([0.0003] * 200, waits=0.00008)
+    assert not fired(tiny.process(1000, "main", 100.0).build())
+    (f,) = fired(tiny.build(), **{RULE: {"min_wait_ms": 0.05}})
+    assert "(80 µs of 300 µs)" in f.recommendation  # not "(0 of 0 ms)"
+    # 3 ms steps waiting 1.2 ms: judged, in ms with a decimal
+    (f,) = fired(RunBuilder(cpu_count=16).steps([0.003] * 200, waits=0.0012).build())
+    assert "(1.2 ms of 3.0 ms)" in f.recommendation
+
+
 def test_when_cores_run_out_it_says_to_cut_cpu_per_sample() -> None:
     # 4 cores, one kept by the training process: room for 3 workers where about 20 are needed
     (f,) = fired(_cpu_bound(4, 2, 99.0, 20.0, wait=0.09))

@@ -538,6 +538,14 @@ def fmt_pct(share: float) -> str:
     return f"{100 * share:.0f}%"
 
 
+def fmt_ms(seconds: float) -> str:
+    """A duration as '42 ms', '2.5 ms' or '80 µs' (never '0 ms' for a short one)."""
+    ms = 1e3 * seconds
+    if ms >= 10:
+        return f"{ms:.0f} ms"
+    return f"{ms:.1f} ms" if ms >= 1 else f"{1e3 * ms:.0f} µs"
+
+
 _MAX_PERIOD = 20_000
 _EMPTY_SYSTEM = pd.DataFrame(columns=["time", "host", "metric", "device", "value"])
 

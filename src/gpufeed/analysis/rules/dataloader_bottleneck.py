@@ -11,6 +11,7 @@ from gpufeed.analysis.rules.base import Param, Rule
 from gpufeed.analysis.rules.context import (
     Context,
     data_stall_period,
+    fmt_ms,
     fmt_pct,
     speedup_without,
     wait_share,
@@ -45,6 +46,11 @@ class DataLoaderBottleneck(Rule):
         "threshold": Param(0.2, "data-wait share of step time that triggers a warning"),
         "critical": Param(0.5, "data-wait share that makes it critical"),
         "min_steps": Param(5, "post-warm-up steps needed before judging"),
+        "min_wait_ms": Param(
+            1.0,
+            "mean data wait per step (ms) below which it is not judged: about what handing a "
+            "batch over from a loader worker costs, so more workers would not shorten it",
+        ),
         "busy_worker_cpu": Param(
             80.0, "% of a core above which a loader worker counts as CPU-bound"
         ),
@@ -69,10 +75,10 @@ class DataLoaderBottleneck(Rule):
             return
         s = ctx.most_waiting_rank
         share = wait_share(s)
-        if share < p["threshold"]:
-            return
         step = float(s["duration"].mean())
         wait = float(s["data_wait"].mean())
+        if share < p["threshold"] or 1e3 * wait < p["min_wait_ms"]:
+            return
         host = str(s["host"].iloc[0])
         cores = ctx.cores_of(host)  # of the rank's own host
         compute = max(step - wait, 1e-6)
@@ -127,7 +133,7 @@ def _recommend(
     budget = ctx.worker_room()[1]  # as CPUBottleneck counts the cores left for workers
     need = ctx.workers_needed()
     workers = ctx.worker_count
-    why = f"data wait is {fmt_pct(share)} of step time ({1e3 * wait:.0f} of {1e3 * step:.0f} ms)"
+    why = f"data wait is {fmt_pct(share)} of step time ({fmt_ms(wait)} of {fmt_ms(step)})"
     gpu_tail = (
         " Use pin_memory=True with .to(device, non_blocking=True) so copies overlap compute."
         if ctx.has_gpu
@@ -157,11 +163,16 @@ def _recommend(
     now = round(workers)
     wcpu = ctx.worker_cpu
     if not math.isfinite(wcpu):  # the workers' CPU was not sampled: idle or busy is unknown
+        unknown = "the workers' CPU was not recorded, so whether they wait on CPU or on storage is unknown"
         n = min(need, budget)
-        return (
-            f"Set num_workers={n} (now {now}, {cores} cores; the workers' CPU was not recorded, "
-            f"so whether they wait on CPU or on storage is unknown): {why}.{gpu_tail}"
-        )
+        if n <= now:
+            return (
+                f"The {cores} cores leave no room for more than the {count(now, 'worker')} now "
+                f"({unknown}): cut the CPU cost per sample ({ctx.cut_cost()}), or read "
+                + _sequential(ctx)
+                + f". {why.capitalize()}.{gpu_tail}"
+            )
+        return f"Set num_workers={n} (now {now}, {cores} cores; {unknown}): {why}.{gpu_tail}"
     host_busy = ctx.rule_params(CPUBottleneck)["host_busy"]
     bound = ctx.workers_cpu_bound(host, p["busy_worker_cpu"], host_busy)
     if bound and ctx.host_full(host, host_busy):

@@ -12,6 +12,7 @@ from gpufeed.analysis.rules.base import Param, Rule
 from gpufeed.analysis.rules.context import (
     Context,
     find_period,
+    fmt_ms,
     fmt_pct,
     slow_mask,
     speedup_without,
@@ -64,8 +65,7 @@ class StepOutlier(Rule):
                 continue
             order = np.argsort(-d[out])
             named = [
-                f"{s} ({1e3 * t:.0f} ms)"
-                for s, t in zip(step[out][order], d[out][order], strict=True)
+                f"{s} ({fmt_ms(t)})" for s, t in zip(step[out][order], d[out][order], strict=True)
             ]
             n = int(out.sum())
             yield Finding(
