@@ -107,6 +107,9 @@ def test_a_slow_loader_is_input_bound_and_more_workers_are_measured(loader: str)
     (alt,) = d.alternatives
     assert "workers" in alt.name
     assert alt.images_per_s > 1.3 * d.loader.images_per_s  # two sleeping workers overlap
+    # the loader sleeps: the offload advice costs an image the CPU measured, far below the 25 ms
+    # a busy core would have spent per image at this rate (which advised ~65 remote cores)
+    assert d.offload.cpu_s_per_image == d.loader.cpu_s_per_image < 0.2 / d.loader.images_per_s
 
 
 def test_an_alternative_that_fails_is_skipped_with_its_reason_and_the_diagnosis_stands(

@@ -37,6 +37,14 @@ def test_more_workers_than_cores_keep_only_the_cores_busy():
     assert "this host gives the loader 1 core" in advice.text()
 
 
+def test_the_measured_cpu_per_image_counts_where_the_workers_were_not_busy():
+    # 2 workers making 250 images/s could cost 8 ms an image, but they slept: 0.1 ms measured
+    advice = offload_advice(250, 2, 4000, host_cores=15, cpu_s_per_image=0.0001)
+    assert advice.cpu_s_per_image == pytest.approx(0.0001) and not advice.helps
+    # a measure above what the cores could spend (another process's CPU) is capped by them
+    assert offload_advice(250, 2, 4000, 15, cpu_s_per_image=0.02).cpu_s_per_image == 2 / 250
+
+
 def test_rates_that_are_not_positive_are_refused():
     with pytest.raises(ValueError, match="positive"):
         offload_advice(0, 1, 100, host_cores=4)

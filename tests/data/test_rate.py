@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,34 @@ def test_a_real_loader_is_measured_after_its_warm_up_across_epochs(shards: Path)
     # one epoch holds only per_epoch - 2 batches after the warm-up: the count ran on into the next
     assert 8 * (per_epoch - 2) < rate.images <= 8 * (per_epoch + 2)
     assert rate.images_per_s > 0
+
+
+class _Costly(torch.utils.data.Dataset):
+    """Each item costs `cpu` seconds of CPU (spun, so a busy machine changes its wall time only)
+    and then sleeps `sleep` seconds."""
+
+    def __init__(self, cpu: float, sleep: float) -> None:
+        self.cpu, self.sleep = cpu, sleep
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        end = time.process_time() + self.cpu
+        while time.process_time() < end:
+            pass
+        time.sleep(self.sleep)
+        return torch.zeros(3, 4, 4), 0
+
+
+@pytest.mark.parametrize(("cpu", "sleep"), [(0.01, 0.0), (0.0, 0.01)])
+def test_the_cpu_an_image_costs_is_measured_in_the_worker_processes(cpu: float, sleep: float):
+    loader = torch.utils.data.DataLoader(_Costly(cpu, sleep), batch_size=4, num_workers=2)
+    rate = measure_loader(loader, seconds=1.0, warmup=2)
+    if cpu:  # 10 ms each, spent in the workers (batches made before the clock started aside)
+        assert rate.cpu_s_per_image > 0.5 * cpu
+    else:  # asleep: far below the 5 ms that 2 busy workers would cost at 400 images/s
+        assert rate.cpu_s_per_image < 0.5 * 2 / 400
 
 
 def test_batches_that_are_not_images_and_labels_are_refused():

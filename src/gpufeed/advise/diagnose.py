@@ -412,7 +412,9 @@ def diagnose(
     from gpufeed.cores import usable_cores
 
     rates, hw = (loader_rate.images_per_s, nw, model_rate.images_per_s), loader_rate.batch_shape
-    result.offload = offload_advice(*rates, max(1, usable_cores() - 1), tuple(hw[-2:]))
+    result.offload = offload_advice(
+        *rates, max(1, usable_cores() - 1), tuple(hw[-2:]), loader_rate.cpu_s_per_image
+    )
     return result
 
 

@@ -71,16 +71,20 @@ def offload_advice(
     model_images_per_s: float,
     host_cores: int,
     image_size: tuple[int, int] = (224, 224),
+    cpu_s_per_image: float = math.nan,
 ) -> OffloadAdvice:
     """Advice from a loader measured alone with `loader_cores` workers (0: the training process
-    loads) and the model alone. Alone, the loader keeps at most every core busy, the training
+    loads) and the model alone. An image costs the CPU time measured meanwhile
+    (`cpu_s_per_image`: workers that wait on storage or sleep cost little), and at most what
+    the loader's cores could spend: alone, it keeps at most every core busy, the training
     process's one too (`host_cores` + 1), however many workers it has."""
     if loader_images_per_s <= 0 or model_images_per_s <= 0:
         raise ValueError("offload advice needs positive loader and model rates (images/s)")
     h, w = image_size
     busy = min(max(1, loader_cores), max(1, host_cores) + 1)
+    most = busy / loader_images_per_s
     return OffloadAdvice(
-        cpu_s_per_image=busy / loader_images_per_s,
+        cpu_s_per_image=min(most, cpu_s_per_image) if cpu_s_per_image >= 0 else most,
         model_images_per_s=model_images_per_s,
         host_cores=max(1, host_cores),
         image_bytes=h * w * 3,

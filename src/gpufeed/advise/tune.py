@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from gpufeed.advise.measure import (
     DEFAULT_AUGMENT_LOAD,
     MeasureError,
+    Rate,
     TrainSettings,
     build_model,
     check_batch_memory,
@@ -225,10 +226,11 @@ def tune(
             # comes from the best trial's loader alone
             note(f"measuring the loader alone: {_described(best)} …")
             alone = _loader_alone(shards, best, result, seconds)
-            if alone > 0:
-                rates = (alone, best.num_workers, result.model_images_per_s)
+            if alone is not None:
+                rates = (alone.images_per_s, best.num_workers, result.model_images_per_s)
                 hw = (image_size, image_size)
-                result.offload = offload_advice(*rates, max(1, usable_cores() - 1), hw)
+                cores = max(1, usable_cores() - 1)
+                result.offload = offload_advice(*rates, cores, hw, alone.cpu_s_per_image)
     if out is not None:
         result.out = Path(out)
         try:
@@ -255,18 +257,19 @@ def _loader(shards: str, trial: Trial, result: TuneResult) -> Any:
     )
 
 
-def _loader_alone(shards: str, trial: Trial, result: TuneResult, seconds: float) -> float:
-    """Images/s of `trial`'s Loader alone (0 where it cannot be measured, with a note)."""
+def _loader_alone(shards: str, trial: Trial, result: TuneResult, seconds: float) -> Rate | None:
+    """`trial`'s Loader measured alone (None where it cannot be, with a note)."""
     try:
         loader = _loader(shards, trial, result)
     except ValueError as e:
         result.notes.append(f"no offload advice: {e}")
-        return 0.0
+        return None
     try:
-        return measure_loader(loader, seconds=seconds).images_per_s
+        rate = measure_loader(loader, seconds=seconds)
+        return rate if rate.images_per_s > 0 else None
     except MeasureError as e:
         result.notes.append(f"no offload advice: {e}")
-        return 0.0
+        return None
     finally:
         loader.close()
 

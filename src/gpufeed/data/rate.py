@@ -14,7 +14,7 @@ from typing import Any
 from gpufeed.data.forking import frozen_heap
 from gpufeed.errors import GpufeedError
 
-__all__ = ["MeasureError", "Rate", "guarded", "images_of", "measure_loader"]
+__all__ = ["MeasureError", "Rate", "guarded", "images_of", "measure_loader", "tree_cpu_seconds"]
 
 
 class MeasureError(GpufeedError, ValueError):
@@ -29,10 +29,32 @@ class Rate:
     seconds: float
     batch_shape: tuple[int, ...] = ()
     data_wait_share: float = math.nan  # training on a loader: share of step time blocked on it
+    cpu_seconds: float = math.nan  # CPU time of this process and its children (workers) meanwhile
 
     @property
     def images_per_s(self) -> float:
         return self.images / self.seconds if self.seconds > 0 else math.nan
+
+    @property
+    def cpu_s_per_image(self) -> float:
+        """CPU seconds an image cost, on all the cores the loader used (NaN where not measured)."""
+        return self.cpu_seconds / self.images if self.images > 0 else math.nan
+
+
+def tree_cpu_seconds() -> float:
+    """CPU seconds used so far by this process and every process under it, those that ended and
+    were waited for included (Linux adds them to their parent's children times)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
 
 
 def measure_loader(
@@ -40,7 +62,7 @@ def measure_loader(
 ) -> Rate:
     """Iterate `loader` with nothing else running: images/s after `warmup` batches (worker start,
     first decode), for `seconds` or `max_batches` batches, starting new epochs as needed (their
-    start-up counts, as it does in training)."""
+    start-up counts, as it does in training), and the CPU time it took meanwhile."""
     shape: tuple[int, ...] = ()
     images = batches = 0
     t0 = None
@@ -60,13 +82,14 @@ def measure_loader(
                     warmup -= 1
                     if warmup <= 0:
                         _settle(x)
-                        t0 = time.perf_counter()
+                        t0, cpu0 = time.perf_counter(), tree_cpu_seconds()
                     continue
                 images += int(x.shape[0])
                 batches += 1
                 if batches >= max_batches or time.perf_counter() - t0 >= seconds:
                     _settle(x)
-                    return Rate(images, time.perf_counter() - t0, shape)
+                    cpu = tree_cpu_seconds() - cpu0
+                    return Rate(images, time.perf_counter() - t0, shape, cpu_seconds=cpu)
         finally:
             if hasattr(it, "close"):  # a generator (gpufeed Loader): stops its workers now
                 it.close()
