@@ -80,6 +80,18 @@ def test_explicit_steps_take_over_from_the_optimizer_hook(recorder):
     assert [r[4] for r in rows] == [16, 16]
 
 
+def test_a_mark_right_after_the_optimizer_hook_ended_the_step_adds_no_step(recorder):
+    # the README's loop: train_step(batch) calls opt.step(), then gpufeed.step(samples=8)
+    opt = Opt()
+    for _ in range(5):
+        now = time.perf_counter()
+        recorder.on_batch(now - 0.01, now, FakeTensor(8), None)
+        recorder.on_optimizer_step(opt)
+        recorder.mark_step(samples=8)
+    rows = _steps(recorder)
+    assert len(rows) == 5 and [r[4] for r in rows] == [8] * 5  # was 6: a 0-length step 1
+
+
 def test_the_first_step_without_a_known_start_has_no_duration(recorder):
     recorder.end_step(None)
     ((_, start, end, *_),) = _steps(recorder)

@@ -318,6 +318,7 @@ class Recorder:
         # ids of the root modules whose parameters the optimizer trains; None until its first step
         self.models: frozenset[int] | None = None
         self._explicit = False
+        self._hook_ended = False  # the last step was ended by the optimizer hook
         self._primary: weakref.ref | None = None
         self._last_iter = 0
         self._cuda = None  # torch.cuda once it is initialized
@@ -425,14 +426,21 @@ class Recorder:
                 return  # several optimizers (e.g. a GAN): the first one to step marks the steps
             self._primary = weakref.ref(optimizer)
         self.end_step(None)
+        self._hook_ended = True
 
     def mark_step(self, samples: float | None) -> None:
-        """`gpufeed.step()`: from now on explicit calls define the steps of this process."""
+        """`gpufeed.step()`: from now on explicit calls define the steps of this process. The
+        first one, right after the optimizer hook ended the step, ends none of its own: a loop
+        that calls `gpufeed.step()` after `optimizer.step()` has as many steps as iterations."""
+        first = not self._explicit
         self._explicit = True
+        if first and self._hook_ended and not self._events:
+            return
         self.end_step(samples)
 
     def end_step(self, samples: float | None) -> None:
         """End the step in progress now."""
+        self._hook_ended = False
         t = time.perf_counter()
         start = self._start if self._start is not None else NAN
         ev0 = ev1 = None
