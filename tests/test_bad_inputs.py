@@ -265,6 +265,9 @@ def _cases() -> list[Case]:
         ),
         c("trace max-mb 0", ("trace", "{in}/run", "--max-mb", "0"), "--max-mb 0: give a size"),
         c("trace max-mb -1", ("trace", "{in}/run", "--max-mb", "-1"), "--max-mb -1: give a size"),
+        c("trace start nan", ("trace", "{in}/run", "--start", "nan"), "--start nan: give seconds"),
+        c("trace start -5", ("trace", "{in}/run", "--start", "-5"), "--start -5: give seconds"),
+        c("trace end inf", ("trace", "{in}/run", "--end", "inf"), "--end inf: give seconds"),
         c(
             "trace merge ts text",
             ("trace", "{in}/run", "--merge", "{in}/kineto-ts-text.json", "-o", "{work}/t.json"),

@@ -298,6 +298,12 @@ def trace_cmd(
         raise GpufeedError(
             f"--max-mb {max_mb:g}: give a size in MB above 0, e.g. --max-mb {MAX_MB:g}"
         )
+    for option, value in (("--start", start), ("--end", end)):
+        if value is not None and not 0 <= value < math.inf:
+            raise GpufeedError(
+                f"{option} {value:g}: give seconds from the run's start, 0 or more, "
+                f"e.g. {option} 30"
+            )
     check_output_file("--out", out, make_parents=True)
     try:
         write_trace(runs, out, start=start, end=end, max_mb=max_mb, echo=typer.echo, merge=merge)

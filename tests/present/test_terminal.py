@@ -119,6 +119,13 @@ def test_show_prints_the_findings(make_run):
     assert "evidence: data_wait_share=" in out
 
 
+def test_ls_of_a_run_directory_lists_that_run(make_run):
+    # it used to say "No runs under RUN/"
+    run = make_run(ranks=STEPS)
+    assert list_runs(run, console=Console(record=True, width=200)) == [run]
+    assert run.name in _text(list_runs, run)
+
+
 def test_ls_sorts_by_start_time_not_by_folder_time(make_run, tmp_path):
     import os
 

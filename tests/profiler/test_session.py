@@ -35,6 +35,14 @@ def test_run_dir_is_name_timestamp_id(tmp_path):
     assert a != b and a.is_dir() and b.is_dir()
 
 
+def test_a_long_name_is_cut_to_fit_a_file_name_and_long_names_stay_apart(tmp_path):
+    # 300 characters used to fail the mkdir, and the command ran unprofiled
+    a = create_run_dir(tmp_path, "x" * 300 + "a")
+    b = create_run_dir(tmp_path, "x" * 300 + "b")
+    assert a.is_dir() and b.is_dir() and len(a.name) <= 130
+    assert a.name.split("-")[1] != b.name.split("-")[1]  # the hashes of the whole names differ
+
+
 def test_unusable_out_dir_names_itself(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(ProfileError, match="--out") as e:

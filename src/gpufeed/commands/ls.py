@@ -12,14 +12,16 @@ if TYPE_CHECKING:
 
 
 def list_runs(out: str | os.PathLike[str], console: Console | None = None) -> list[Path]:
-    """Print the run directories under `out`, latest start time first; returns them."""
+    """Print the run directories under `out` (or `out` itself where it is one), latest start
+    time first; returns them."""
     from gpufeed.present.numbers import finite
     from gpufeed.present.terminal import print_runs
     from gpufeed.profiler.session import META_FILE
 
     base = Path(out)
     # a run killed before it wrote meta.json, or whose meta.json was lost, still has store files
-    dirs = {p.parent for pattern in (f"*/{META_FILE}", "*/*.db") for p in base.glob(pattern)}
+    patterns = (f"*/{META_FILE}", "*/*.db", META_FILE, "*.db")  # the runs under it, or it
+    dirs = {p.parent for pattern in patterns for p in base.glob(pattern)}
     metas = {d: _read_meta(d / META_FILE) for d in dirs}
     # By when each run started; a meta.json without a start time sorts by when it was written.
     runs = sorted(

@@ -10,6 +10,7 @@ Layout of a run directory::
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -57,9 +58,17 @@ def hostname() -> str:
     return os.environ.get(ENV_HOST) or socket.gethostname() or "localhost"
 
 
+FILE_SAFE_MAX = 100  # characters: a run directory adds 23, and file names stop at 255 bytes
+
+
 def file_safe(text: str) -> str:
-    """`text` reduced to letters, digits, '.', '_' and '-' so that it can name a file."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "run"
+    """`text` reduced to letters, digits, '.', '_' and '-' so that it can name a file; a long
+    one keeps its start and a hash of the whole, so that two long names stay apart."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "run"
+    if len(safe) <= FILE_SAFE_MAX:
+        return safe
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=4).hexdigest()
+    return f"{safe[: FILE_SAFE_MAX - 9]}-{digest}"
 
 
 def identity() -> dict[str, Any]:
