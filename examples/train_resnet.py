@@ -5,7 +5,7 @@
     gpufeed profile -- python examples/train_resnet.py --data shards/ --steps 200
     torchrun --nproc_per_node 2 examples/train_resnet.py --data shards/
 
-``--data`` takes gpufeed shards (a directory or s3:// URL holding index.json) or an image folder
+``--data`` takes gpufeed shards (a directory or s3:// URL holding gpufeed-index.json) or an image folder
 (``class/image.jpg``), which is packed into shards once, under ``--pack-dir``.
 """
 
@@ -37,7 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--data", help="shards (dir or s3:// URL with index.json) or an image folder")
+    src.add_argument(
+        "--data", help="shards (dir or s3:// URL with gpufeed-index.json) or an image folder"
+    )
     src.add_argument(
         "--synthetic", action="store_true", help="one resident random batch: the model-only ceiling"
     )

@@ -4,6 +4,8 @@ input into one `gpufeed: error:` line with exit code 2."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import torch
 from torch import nn
@@ -93,3 +95,13 @@ def test_profile_refuses_an_option_it_does_not_know_instead_of_running_it(tmp_pa
     res = runner.invoke(app, ["profile", "-o", str(tmp_path / "r"), "--bogus", "--", "true"])
     assert res.exit_code == 2 and "no such option --bogus" in res.stderr, res.output
     assert not (tmp_path / "r").exists()
+
+
+def test_python_dash_m_gpufeed_is_the_command_line(tmp_path):
+    cp = subprocess.run(
+        [sys.executable, "-m", "gpufeed", "ls", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert cp.returncode == 2 and "gpufeed: error:" in cp.stderr and "nope" in cp.stderr

@@ -366,7 +366,7 @@ def pack_cmd(
         int, typer.Option("--quality", help="JPEG quality for re-encoded images.")
     ] = default(pack, "quality"),
     workers: Annotated[
-        int | None, typer.Option("--workers", help="Worker processes (default: all cores).")
+        int | None, typer.Option("--workers", help="Worker processes (default: the usable cores).")
     ] = default(pack, "workers"),
     verify: Annotated[
         bool, typer.Option("--verify", help="Decode every image; skip the ones that fail.")

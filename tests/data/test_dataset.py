@@ -10,6 +10,7 @@ import pytest
 
 from gpufeed.data.dataset import ShardDataset, shuffle_buffer_order
 from gpufeed.data.shards import ShardError
+from gpufeed.errors import OptionError
 
 
 def _labels(ds: ShardDataset, num_workers: int) -> list[int]:
@@ -89,6 +90,17 @@ def test_rank_and_world_size_come_from_the_environment(shards: Path, monkeypatch
     monkeypatch.setenv("WORLD_SIZE", "4")
     ds = ShardDataset(shards)
     assert (ds.rank, ds.world_size, len(ds)) == (1, 4, 12)
+
+
+def test_a_home_relative_path_is_read(shards: Path, monkeypatch):
+    monkeypatch.setenv("HOME", str(shards.parent))
+    assert len(ShardDataset(f"~/{shards.name}")) == len(ShardDataset(shards))
+
+
+def test_a_glob_is_refused_saying_what_to_give(shards: Path):
+    # it said "shard *.tar is not in the index ... index it first with `gpufeed index`"
+    with pytest.raises(OptionError, match=r"a glob is not read; give the data set's folder"):
+        ShardDataset(f"{shards}/*.tar")
 
 
 def test_missing_index_is_a_clear_error(tmp_path: Path):

@@ -46,6 +46,11 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     "worker" = a DataLoader worker, "other" = anything else in the tree. cpu = % of one core
     (can exceed 100), rss bytes.
 
+``evals`` columns: host, rank, pid, start, end, duration, batches, samples, data_wait
+    one row per evaluation pass (a loop over batches under `torch.no_grad()` / `model.eval()`
+    between training steps), apart from the training steps; data_wait in seconds, NaN where not
+    measured.
+
 ``meta`` dict: name, command (list[str], secrets redacted), start_time, end_time, exit_code,
     interval, hosts (list[str]), cpu_count (cores the run may use: `gpufeed.cores.usable_cores`),
     cpu_model, gpus (list of {index, name, memory_total}),

@@ -1,7 +1,7 @@
 """`ShardDataset`: which samples this rank and worker deliver in an epoch, in which order, read from shards.
 
 Every epoch has a plan that needs no I/O to compute:
-1. the shards are put in an epoch-seeded order and their samples concatenated (index.json counts);
+1. the shards are put in an epoch-seeded order and their samples concatenated (the index counts);
 2. that sequence is cut into equal contiguous slices per rank (sample-level, so uneven shard
    counts do not matter). When the world size does not divide the total, `drop_last=False` pads
    the last slices by wrapping around to the start of the sequence (those few samples are
@@ -113,6 +113,12 @@ class ShardDataset:
             whole(name, value, least)
         whole("chunk_size", chunk_size, 1)
         names = None
+        if "*" in str(url):
+            raise OptionError(
+                f"{url}: a glob is not read; give the data set's folder (holding "
+                "gpufeed-index.json) or its shards as a brace pattern, e.g. "
+                ".../train-{000000..000099}.tar"
+            )
         if is_shard_pattern(url):  # shards named one by one: their directory holds the index
             url, names = split_shards(expand_urls(url))
         self.source = Source(
@@ -261,7 +267,7 @@ class ShardDataset:
                 i = first + got
                 if key != entry.keys[i]:
                     raise ShardError(
-                        f"shard {where}: sample {i} is {key!r} but index.json says "
+                        f"shard {where}: sample {i} is {key!r} but the index says "
                         f"{entry.keys[i]!r}; the index does not belong to this shard"
                     )
                 image = next((parts[e] for e in IMAGE_EXTS if e in parts), b"")
@@ -271,7 +277,7 @@ class ShardDataset:
                     return
             raise ShardError(
                 f"shard {where} is truncated: ended after sample {first + got - 1}, "
-                f"index.json lists {entry.samples} samples"
+                f"the index lists {entry.samples} samples"
             )
         finally:
             f.close()

@@ -1,4 +1,4 @@
-"""`gpufeed pack`: turn an image folder or list file into tar shards plus index.json.
+"""`gpufeed pack`: turn an image folder or list file into tar shards plus an index (gpufeed-index.json).
 
 Policy for bad input (nothing is dropped silently: every case is listed by path and reason in
 the summary):
@@ -20,7 +20,7 @@ S3 failures (no bucket in the URL, missing bucket, no credentials, unreachable e
 `source`) are one-line PackErrors; a failed pack leaves no temporary shard behind.
 Samples are shuffled (with `seed`) before sharding so every shard mixes classes. Shards are
 written under a temporary name and renamed when complete; a journal (`.pack-state.json`) after
-each shard makes an interrupted pack resumable; index.json is written last. A finished pack is
+each shard makes an interrupted pack resumable; the index is written last. A finished pack is
 not redone, unless a shard its index lists is missing or has the wrong size: then it is packed
 again. Conversions run in at most `4 * usable_cores()` processes, and never more than images.
 """
@@ -433,7 +433,7 @@ def pack(
     storage_options: dict[str, Any] | None = None,
     progress: bool = True,
 ) -> PackResult:
-    """Pack SRC (image folder or list file) into shards + index.json at DST (directory or s3://)."""
+    """Pack SRC (image folder or list file) into shards + gpufeed-index.json at DST (directory or s3://)."""
     target = parse_size(shard_size)
     if target <= 0:
         raise PackError(f"--shard-size must be positive, got {shard_size!r}")

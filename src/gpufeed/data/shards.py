@@ -431,7 +431,7 @@ def split_name(name: str) -> tuple[str, str]:
 
 
 def check_shard_name(name: str) -> None:
-    """A shard name from index.json: a relative path inside the data set, without NUL or control
+    """A shard name from the index: a relative path inside the data set, without NUL or control
     characters (it becomes part of local paths and URLs)."""
     if _CONTROL.search(name):
         raise ShardError(f"shard name {name!r} holds a NUL or control character; rejected")
@@ -556,7 +556,7 @@ def read_indexed(
         name = f"{entry.keys[i]}.{entry.image_exts[i]}"
         if not pos <= start <= image - 512 or size < 0 or (i > first and start < _padded(pos)):
             raise ShardError(
-                f"shard {shard}: index.json offsets of sample {i} ({name!r}) are out of order; "
+                f"shard {shard}: the index's offsets of sample {i} ({name!r}) are out of order; "
                 "the index is corrupt, re-create it with `gpufeed pack`"
             )
         head = _read_exactly(fileobj, image - pos, shard, entry, i)
@@ -630,12 +630,12 @@ def _check_tail(fileobj: BinaryIO, entry: ShardEntry, pos: int, shard: str) -> N
     if _padded(pos) > entry.bytes or len(tail) != n:
         raise ShardError(
             f"shard {shard} is truncated after its last sample ({entry.keys[-1]!r}); "
-            f"index.json says it has {entry.bytes} bytes"
+            f"the index says it has {entry.bytes} bytes"
         )
     _check_members(tail[_padded(pos) - pos :], shard, end=True)
     if fileobj.read(1):
         raise ShardError(
-            f"shard {shard} is longer than the {entry.bytes} bytes index.json says: it was "
+            f"shard {shard} is longer than the {entry.bytes} bytes the index says: it was "
             "changed after packing; re-create it with `gpufeed pack`"
         )
 
@@ -678,7 +678,7 @@ def _check_members(buf: bytes, shard: str, *, end: bool) -> None:
         q += 512 + _padded(info.size)
     if q != len(buf):
         raise ShardError(
-            f"shard {shard}: a member runs past where index.json puts the next sample (or the "
+            f"shard {shard}: a member runs past where the index puts the next sample (or the "
             "shard's end); the shard is corrupt or the index does not belong to it"
         )
 
@@ -705,7 +705,7 @@ def _read_exactly(fileobj: BinaryIO, n: int, shard: str, entry: ShardEntry, i: i
     if len(data) != n:
         raise ShardError(
             f"shard {shard} is truncated inside sample {i} ({entry.keys[i]!r}); "
-            f"index.json lists {entry.samples} samples"
+            f"the index lists {entry.samples} samples"
         )
     return data
 
@@ -743,15 +743,15 @@ def _check_with_tarfile(head: bytes, data: bytes, name: str, shard: str) -> None
 def _check_agrees(found: str, found_size: int, name: str, size: int, shard: str) -> None:
     if found != name or found_size != size:
         raise ShardError(
-            f"shard {shard}: found member {found!r} ({found_size} bytes) where index.json puts "
+            f"shard {shard}: found member {found!r} ({found_size} bytes) where the index puts "
             f"{name!r} ({size} bytes); the index does not belong to this shard"
         )
     if _ext(name) not in IMAGE_EXTS:
-        raise ShardError(f"shard {shard}: index.json lists {name!r} as an image; rejected")
+        raise ShardError(f"shard {shard}: the index lists {name!r} as an image; rejected")
 
 
 class ShardWriter:
-    """Write one shard to a binary file, recording the per-sample offsets for index.json."""
+    """Write one shard to a binary file, recording the per-sample offsets for the index."""
 
     def __init__(self, fileobj: BinaryIO, name: str) -> None:
         self.entry = ShardEntry(name=name)

@@ -6,13 +6,13 @@ idempotent range request retried with exponential backoff, so a retry can never 
 twice or skip one. With `cache_dir`, a shard read from start to end is verified against its
 index checksum and kept on local disk for later epochs and runs.
 
-What index.json promises is checked on read. Every shard's size: a local one when it is opened,
+What the index (gpufeed-index.json) promises is checked on read. Every shard's size: a local one when it is opened,
 a remote one when its last chunk is fetched (one byte more is asked for). Its SHA-256 whenever a
 shard is read from its first byte to its end (the reader hashes as it goes; a mismatch is a
-ShardError at the end of the shard, after its other samples were delivered: index.json has no
+ShardError at the end of the shard, after its other samples were delivered: the index has no
 per-sample checksums). A local shard or cache file found intact is not hashed again by the same
 process while its size, inode and mtime stay the same. Cache files are only ever written inside
-`cache_dir` under names made of the index's checksum (64 hex digits, checked when index.json is
+`cache_dir` under names made of the index's checksum (64 hex digits, checked when the index is
 read), and a cache file is used only after its SHA-256 matched: a planted or damaged one is
 deleted and the shard fetched again.
 
@@ -63,11 +63,11 @@ def is_remote(url: str) -> bool:
 
 
 def base_url(url: str | os.PathLike[str]) -> str:
-    """`url` without trailing slashes; a ShardError for a remote URL that names no bucket
+    """`url` without trailing slashes (and `~` expanded); a ShardError for a remote URL that names no bucket
     (`s3://`, `s3:///prefix`), which would otherwise be taken for a local folder `s3:`."""
     text = str(url)
     if not is_remote(text):
-        return text.rstrip("/")
+        return os.path.expanduser(text).rstrip("/")
     scheme, rest = text.split("://", 1)
     rest = rest.rstrip("/")
     if not rest.split("/", 1)[0]:
@@ -273,7 +273,7 @@ def remote_error(what: str, url: str, fs: Any, exc: BaseException, deadline: flo
 
 
 class Source:
-    """Read index.json and byte ranges of shards from a local directory or a remote prefix."""
+    """Read the index and byte ranges of shards from a local directory or a remote prefix."""
 
     def __init__(
         self,
@@ -396,11 +396,11 @@ class Source:
             st = os.stat(where)
             if not stat.S_ISREG(st.st_mode):
                 raise ShardError(
-                    f"cannot read shard {where}: it is not a regular file (listed in index.json)"
+                    f"cannot read shard {where}: it is not a regular file (listed in the index)"
                 )
             f = open(where, "rb", buffering=0)  # noqa: SIM115 - handed to the caller
         except FileNotFoundError:
-            raise ShardError(f"shard {where} is missing (listed in index.json)") from None
+            raise ShardError(f"shard {where} is missing (listed in the index)") from None
         except OSError as e:
             raise ShardError(
                 f"cannot read shard {where}: {e.strerror or e}; check that it is a readable file"
@@ -409,11 +409,11 @@ class Source:
             f.close()
             if st.st_size < entry.bytes:
                 raise ShardError(
-                    f"shard {where} is truncated: {st.st_size} bytes, index.json says {entry.bytes}"
+                    f"shard {where} is truncated: {st.st_size} bytes, the index says {entry.bytes}"
                 )
             raise ShardError(
                 f"shard {where} is {st.st_size} bytes, longer than the {entry.bytes} bytes "
-                "index.json says: it was changed after packing; re-create it with `gpufeed pack`"
+                "the index says: it was changed after packing; re-create it with `gpufeed pack`"
             )
         key = (where, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         raw: io.RawIOBase = f
@@ -467,7 +467,7 @@ class Source:
     ) -> bytes:
         """Bytes [start, end) of a remote shard, retried with backoff; never short. With
         `check_end` (`end` is the shard's end) one byte more is asked for: getting it means the
-        shard is longer than index.json says, a ShardError."""
+        shard is longer than the index says, a ShardError."""
         fs = filesystem(self.url, self.storage_options)
         where = self.path(entry.name)
 
@@ -478,7 +478,7 @@ class Source:
                 size = int(call_remote(fs, "info", where, timeout=timeout).get("size", 0))
                 raise ShardError(
                     f"shard {where} is {size} bytes, longer than the {entry.bytes} bytes "
-                    "index.json says: it was changed after packing; re-create it with "
+                    "the index says: it was changed after packing; re-create it with "
                     "`gpufeed pack`"
                 )
             if len(data) != end - start:
@@ -486,7 +486,7 @@ class Source:
                 if int(info.get("size", 0)) < entry.bytes:
                     raise ShardError(
                         f"shard {where} is truncated: {info.get('size')} bytes, "
-                        f"index.json says {entry.bytes}"
+                        f"the index says {entry.bytes}"
                     )
                 raise OSError(f"short read of {where} [{start}:{end}]: {len(data)} bytes")
             return data
@@ -494,7 +494,7 @@ class Source:
         try:
             return self._retry("read", where, get)
         except FileNotFoundError:
-            raise ShardError(f"shard {where} is missing (listed in index.json)") from None
+            raise ShardError(f"shard {where} is missing (listed in the index)") from None
 
     def _retry(self, what: str, url: str, fn: Any, *args: Any) -> Any:
         """`fn(timeout)` (or `fs.fn(*args)` for a method name) retried with backoff while the
@@ -538,14 +538,14 @@ def _retrying(
 
 def _mismatch(where: str, got: str, want: str) -> ShardError:
     return ShardError(
-        f"shard {where}: its SHA-256 is {got}, index.json says {want}: the shard was changed "
+        f"shard {where}: its SHA-256 is {got}, the index says {want}: the shard was changed "
         "after packing or is corrupt; re-create it with `gpufeed pack` or restore it"
     )
 
 
 class VerifyingReader(io.RawIOBase):
     """A local shard read from its first byte: hashes what is read and, at its end, checks the
-    SHA-256 against index.json (a ShardError if it differs; `verified()` if it matches)."""
+    SHA-256 against the index (a ShardError if it differs; `verified()` if it matches)."""
 
     def __init__(self, f: io.FileIO, entry: ShardEntry, where: str, verified: Any) -> None:
         self._f, self.entry, self.where, self._verified = f, entry, where, verified
