@@ -195,7 +195,7 @@ def test_apply_batch_leaves_its_input_untouched():
         ({"mean": (123.7, 116.3, 103.5)}, "Augment mean[0] must be a number from 0 to 1"),
         ({"std": (0.0, 1.0, 1.0)}, "Augment std[0] must be a number above 0 up to 1, got 0.0"),
         ({"hflip": 2}, "Augment hflip must be a number from 0 to 1, got 2"),
-        ({"degrees": float("nan")}, "Augment degrees must be a number from 0 to 180, got nan"),
+        ({"degrees": float("nan")}, "Augment degrees must be a number from -360 to 360, got nan"),
         ({"load": 1.5}, "Augment load must be an integer >= 0, got 1.5"),
     ],
 )
@@ -203,6 +203,11 @@ def test_an_option_that_cannot_work_is_refused_when_the_augment_is_made(options,
     # each used to pass, then fail at the first batch (or, a zero std, give NaN batches)
     with pytest.raises(OptionError, match=re.escape(message)):
         Augment(**options)
+
+
+def test_flags_negative_degrees_and_tensors_are_taken_as_the_numbers_they_mean():
+    aug = Augment(hflip=False, vflip=True, degrees=-15, mean=torch.tensor([0.5, 0.5, 0.5]))
+    assert (aug.hflip, aug.vflip, aug.degrees, aug.mean) == (0.0, 1.0, -15.0, (0.5,) * 3)
 
 
 def test_sizes_and_normalization_given_as_lists_are_kept_as_tuples():

@@ -8,6 +8,7 @@ hand-off decoded on the feeder thread, corrupt samples, dead workers, bounded ho
 from __future__ import annotations
 
 import gc
+import json
 import os
 import re
 import signal
@@ -986,6 +987,17 @@ def test_an_option_that_cannot_work_is_refused_when_the_loader_is_made(
         Loader(shards, 4, num_workers=0, device="cpu", **options)
 
 
+def test_whole_numbers_in_other_forms_are_taken_and_kept_as_ints(shards: Path):
+    loader = Loader(
+        shards, np.int64(4), num_workers=np.int64(0), device="cpu", worker_nice=None, seed=2.0
+    )
+    loader.set_epoch(torch.tensor(1))
+    next(iter(loader))
+    state = loader.state_dict()
+    assert json.loads(json.dumps(state)) == state  # plain ints: a checkpoint can hold it
+    assert type(loader.batch_size) is int and loader.dataset.seed == 2 and state["epoch"] == 1
+
+
 def test_set_epoch_takes_a_whole_epoch_number(shards: Path):
     loader = Loader(shards, 4, num_workers=0, device="cpu")
     for bad in (-1, 1.5, "2"):
@@ -999,11 +1011,16 @@ def test_set_epoch_takes_a_whole_epoch_number(shards: Path):
 
 def test_drop_last_with_a_ready_made_dataset_that_pads_its_ranks_is_refused(shards: Path):
     # the padded share would be delivered with its repeated samples
-    padded = ShardDataset(shards, rank=0, world_size=3)
+    total = len(ShardDataset(shards, world_size=1))
+    uneven = next(w for w in range(2, total) if total % w)
+    even = next(w for w in range(2, total) if total % w == 0)
+    padded = ShardDataset(shards, rank=0, world_size=uneven)
     with pytest.raises(OptionError, match=r"ShardDataset\(\.\.\., drop_last=True\)"):
         Loader(padded, 4, num_workers=0, device="cpu", drop_last=True)
-    dropped = ShardDataset(shards, rank=0, world_size=3, drop_last=True)
+    dropped = ShardDataset(shards, rank=0, world_size=uneven, drop_last=True)
     assert len(Loader(dropped, 4, num_workers=0, device="cpu", drop_last=True)) > 0
+    divided = ShardDataset(shards, rank=0, world_size=even)  # nothing to pad: taken as it is
+    assert len(Loader(divided, 4, num_workers=0, device="cpu", drop_last=True)) > 0
 
 
 def test_a_batch_larger_than_the_epoch_with_drop_last_is_a_gpufeed_error(shards: Path):

@@ -92,6 +92,18 @@ def test_a_mark_right_after_the_optimizer_hook_ended_the_step_adds_no_step(recor
     assert len(rows) == 5 and [r[4] for r in rows] == [8] * 5  # was 6: a 0-length step 1
 
 
+def test_a_mark_after_several_optimizers_stepped_adds_no_step_either(recorder):
+    d, g = Opt(), Opt()  # a GAN: the first optimizer to step ends the steps
+    for _ in range(5):
+        now = time.perf_counter()
+        recorder.on_batch(now - 0.01, now, FakeTensor(8), None)
+        recorder.on_optimizer_step(d)
+        recorder.on_optimizer(now, now)
+        recorder.on_optimizer_step(g)
+        recorder.mark_step(samples=8)
+    assert len(_steps(recorder)) == 5
+
+
 def test_the_first_step_without_a_known_start_has_no_duration(recorder):
     recorder.end_step(None)
     ((_, start, end, *_),) = _steps(recorder)

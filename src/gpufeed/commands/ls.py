@@ -20,7 +20,8 @@ def list_runs(out: str | os.PathLike[str], console: Console | None = None) -> li
 
     base = Path(out)
     # a run killed before it wrote meta.json, or whose meta.json was lost, still has store files
-    patterns = (f"*/{META_FILE}", "*/*.db", META_FILE, "*.db")  # the runs under it, or it
+    stores = (META_FILE, "steps-*.db", "system-*.db")  # what a run directory holds
+    patterns = [*(f"*/{name}" for name in stores), *stores]  # the runs under it, or it
     dirs = {p.parent for pattern in patterns for p in base.glob(pattern)}
     metas = {d: _read_meta(d / META_FILE) for d in dirs}
     # By when each run started; a meta.json without a start time sorts by when it was written.

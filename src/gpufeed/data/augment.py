@@ -77,11 +77,11 @@ class Augment:
         fix("size", tuple(whole("Augment size", v, 1) for v in size))
         fix("scale", ordered("Augment scale", self.scale, 0.0, 1.0))
         fix("ratio", ordered("Augment ratio", self.ratio, 0.0, 1000.0))
-        whole("Augment load", self.load, 0)
-        for name in ("hflip", "vflip"):
-            real(f"Augment {name}", getattr(self, name), 0.0, 1.0)
-        real("Augment degrees", self.degrees, 0.0, 180.0)
-        real("Augment eval_crop", self.eval_crop, 0.0, 1.0, above_low=True)
+        fix("load", whole("Augment load", self.load, 0))
+        for name in ("hflip", "vflip"):  # probabilities; False / True: never / always
+            fix(name, real(f"Augment {name}", getattr(self, name), 0.0, 1.0, flag=True))
+        fix("degrees", real("Augment degrees", self.degrees, -360.0, 360.0))  # ± either way
+        fix("eval_crop", real("Augment eval_crop", self.eval_crop, 0.0, 1.0, above_low=True))
         fix("mean", several("Augment mean", self.mean, 3, 0.0, 1.0))
         fix("std", several("Augment std", self.std, 3, 0.0, 1.0, above_low=True))
         if self.transform_on not in TRANSFORM_PLACES:

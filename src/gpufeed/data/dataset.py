@@ -106,12 +106,10 @@ class ShardDataset:
                 "(1 keeps the shard order; pass shuffle=False to not shuffle at all)"
             )
         seed = whole("seed", seed)
-        for name, value, least in (("rank", rank, 0), ("world_size", world_size, 1)):
-            if value is not None:
-                whole(name, value, least)
-        for name, value, least in (("retries", retries, 0), ("read_ahead", read_ahead, 0)):
-            whole(name, value, least)
-        whole("chunk_size", chunk_size, 1)
+        rank = None if rank is None else whole("rank", rank)
+        world_size = None if world_size is None else whole("world_size", world_size, 1)
+        retries, read_ahead = whole("retries", retries), whole("read_ahead", read_ahead)
+        chunk_size = whole("chunk_size", chunk_size, 1)
         names = None
         if "*" in str(url):
             raise OptionError(

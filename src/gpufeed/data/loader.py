@@ -192,11 +192,11 @@ class Loader:
             raise OptionError(
                 f"preprocess={preprocess!r}: choose one of {', '.join(PREPROCESS_MODES)}"
             )
-        whole("batch_size", batch_size, 1)
-        whole("prefetch", prefetch, 1)
-        whole("worker_nice", worker_nice, -20)
+        batch_size = whole("batch_size", batch_size, 1)
+        prefetch = whole("prefetch", prefetch, 1)
+        worker_nice = 0 if worker_nice is None else whole("worker_nice", worker_nice, -20)
         if num_workers is not None:
-            whole("num_workers", num_workers, 0)
+            num_workers = whole("num_workers", num_workers, 0)
         if augment is not None and not isinstance(augment, Augment):
             raise OptionError(
                 f"augment={augment!r}: give a gpufeed.data.Augment (your own batch transform "
@@ -213,7 +213,7 @@ class Loader:
                     f"options {sorted(dataset_options)} go to ShardDataset, which was given "
                     "ready-made"
                 )
-            if drop_last and not data.drop_last and data.world_size > 1:
+            if drop_last and not data.drop_last and data.index.total % data.world_size:
                 raise OptionError(
                     "drop_last=True: the ShardDataset given ready-made pads its rank's share "
                     "with repeated samples (its drop_last is False); build it with "

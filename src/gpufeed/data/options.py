@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import numbers
 from collections.abc import Iterable
 from typing import Any
 
@@ -14,19 +13,42 @@ from gpufeed.errors import OptionError
 
 
 def whole(name: str, value: Any, least: int = 0) -> int:
-    """`value` where it is a whole number >= `least` (a Python or numpy integer, not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+    """`value` as an int where it is a whole number >= `least`: a Python, numpy or 0-d torch
+    integer, or a float such as 4.0 (not a bool, not text)."""
+    number = _number(value)
+    if number is None or not number.is_integer() or number < least:
         raise OptionError(f"{name} must be an integer >= {least}, got {value!r}")
-    return int(value)
+    return int(number)
 
 
-def real(name: str, value: Any, low: float, high: float, *, above_low: bool = False) -> float:
-    """`value` where it is a finite number in [low, high] ((low, high] with `above_low`)."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value > high or value < low or (above_low and value == low):
+def real(
+    name: str,
+    value: Any,
+    low: float,
+    high: float,
+    *,
+    above_low: bool = False,
+    flag: bool = False,
+) -> float:
+    """`value` as a float where it is a finite number in [low, high] ((low, high] with
+    `above_low`); with `flag`, False and True read as 0 and 1."""
+    number = float(value) if flag and isinstance(value, bool) else _number(value)
+    if number is None or number > high or number < low or (above_low and number == low):
         span = f"{'above' if above_low else 'from'} {low:g} {'up ' if above_low else ''}to {high:g}"
         raise OptionError(f"{name} must be a number {span}, got {value!r}")
-    return float(value)
+    return number
+
+
+def _number(value: Any) -> float | None:
+    """A finite number as a float (numpy and 0-d torch values too); None for a bool, text,
+    NaN or anything else."""
+    if isinstance(value, (bool, str, bytes)):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a torch tensor of many values
+        return None
+    return number if math.isfinite(number) else None
 
 
 def several(

@@ -434,8 +434,8 @@ class Recorder:
         that calls `gpufeed.step()` after `optimizer.step()` has as many steps as iterations."""
         first = not self._explicit
         self._explicit = True
-        if first and self._hook_ended and not self._events:
-            return
+        if first and self._hook_ended and all(e[0] == "O" for e in self._events):
+            return  # (other optimizers of the same step, e.g. a GAN's, may have stepped since)
         self.end_step(samples)
 
     def end_step(self, samples: float | None) -> None:

@@ -141,15 +141,19 @@ def test_workers_not_sampled_on_cores_with_no_room_are_not_told_to_keep_their_co
     )
 
 
-def test_a_wait_shorter_than_a_workers_hand_over_is_not_judged() -> None:
-    # 300 µs steps waiting 80 µs (27%): moving that into a worker costs more than it saves
+def test_a_wait_shorter_than_a_workers_hand_over_gets_no_worker_advice() -> None:
+    # 300 µs steps waiting 80 µs (27%): moving that into a worker costs more than it saves (the
+    # advice to set num_workers=1 made such a loop 4x slower)
     tiny = RunBuilder(cpu_count=16).steps([0.0003] * 200, waits=0.00008)
-    assert not fired(tiny.process(1000, "main", 100.0).build())
-    (f,) = fired(tiny.build(), **{RULE: {"min_wait_ms": 0.05}})
+    (f,) = fired(tiny.process(1000, "main", 100.0).build())
+    assert "num_workers" not in f.recommendation and "larger batches" in f.recommendation
     assert "(80 µs of 300 µs)" in f.recommendation  # not "(0 of 0 ms)"
-    # 3 ms steps waiting 1.2 ms: judged, in ms with a decimal
+    assert f.evidence["data_wait_share"] == pytest.approx(0.8 / 3, abs=1e-3)  # still reported
+    (f,) = fired(tiny.build(), **{RULE: {"min_wait_ms": 0.05}})
+    assert "num_workers=2" in f.recommendation
+    # 3 ms steps waiting 1.2 ms: workers advised, the times in ms with a decimal
     (f,) = fired(RunBuilder(cpu_count=16).steps([0.003] * 200, waits=0.0012).build())
-    assert "(1.2 ms of 3.0 ms)" in f.recommendation
+    assert "num_workers=" in f.recommendation and "(1.2 ms of 3.0 ms)" in f.recommendation
 
 
 def test_when_cores_run_out_it_says_to_cut_cpu_per_sample() -> None:

@@ -48,8 +48,8 @@ class DataLoaderBottleneck(Rule):
         "min_steps": Param(5, "post-warm-up steps needed before judging"),
         "min_wait_ms": Param(
             1.0,
-            "mean data wait per step (ms) below which it is not judged: about what handing a "
-            "batch over from a loader worker costs, so more workers would not shorten it",
+            "mean data wait per step (ms) below which no more workers are advised: about what "
+            "handing a batch over from a loader worker costs, so they would not shorten it",
         ),
         "busy_worker_cpu": Param(
             80.0, "% of a core above which a loader worker counts as CPU-bound"
@@ -77,7 +77,7 @@ class DataLoaderBottleneck(Rule):
         share = wait_share(s)
         step = float(s["duration"].mean())
         wait = float(s["data_wait"].mean())
-        if share < p["threshold"] or 1e3 * wait < p["min_wait_ms"]:
+        if share < p["threshold"]:
             return
         host = str(s["host"].iloc[0])
         cores = ctx.cores_of(host)  # of the rank's own host
@@ -139,6 +139,14 @@ def _recommend(
         if ctx.has_gpu
         else ""
     )
+    if 1e3 * wait < p["min_wait_ms"]:
+        return (
+            f"The wait is short ({fmt_ms(wait)} a step), less than handing a batch over from a "
+            "loader worker costs (about 1 ms), so more workers would not shorten it and may slow "
+            "the loop: make each batch cheaper to load (tensors kept in memory, indexed "
+            "whole-batch reads instead of per-sample __getitem__, a light collate_fn), or use "
+            f"larger batches so that the step's compute outweighs it. {why.capitalize()}."
+        )
     measured = ctx.main_cpu_waiting_measured(host)
     main_wait_cpu, _ = ctx.main_cpu_split(host)
     if workers < 0.5 and measured and main_wait_cpu <= p["asleep_wait_cpu"]:
