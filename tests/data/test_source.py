@@ -5,9 +5,12 @@ from __future__ import annotations
 import contextlib
 import pickle
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from gpufeed.data.packing import PackError, pack
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.shards import ShardError
 from gpufeed.data.source import Destination, Source, filesystem
+from gpufeed.errors import OptionError
 
 SMALL = Augment(size=(16, 16))
 
@@ -127,6 +131,50 @@ def test_an_epoch_read_to_its_end_has_cached_every_shard(s3_shards: str, tmp_pat
     labels = [s.label for _ in range(plan.batches) for s in next(stream)[1]]
     assert sorted(labels) == list(range(48))
     assert len(list(cache.rglob("*.tar"))) == len(ds.index.shards)
+
+
+def test_a_cache_dir_that_cannot_be_written_streams_the_shards_uncached_saying_so_once(
+    s3_shards: str, tmp_path: Path, make: Callable[..., Loader]
+):
+    (tmp_path / "afile").write_text("")  # cache_dir under a file: mkdir fails, as read-only does
+    loader = make(s3_shards, 8, num_workers=0, cache_dir=tmp_path / "afile" / "cache")
+    with pytest.warns(RuntimeWarning, match=r"afile/cache: cannot write .* uncached") as caught:
+        assert sorted(_labels(loader)) == list(range(48))
+    assert sum("cannot write" in str(w.message) for w in caught) == 1
+
+
+def test_a_full_disk_under_the_cache_streams_the_shards_uncached(s3_shards: str, tmp_path: Path):
+    # a real write error: a file-size limit of 4 kB (EFBIG) on a process reading 16 kB shards
+    script = f"""
+import resource, signal, warnings
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+from gpufeed.data.dataset import ShardDataset
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    ds = ShardDataset({s3_shards!r}, shuffle=False, cache_dir={str(tmp_path / "cache")!r})
+    labels = sorted(s.label for s in ds.iter_worker(0, 1))
+print(labels == list(range(48)), [str(w.message) for w in caught])
+"""
+    cp = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    assert cp.stdout.startswith("True") and "cannot write (File too large)" in cp.stdout
+    assert not list((tmp_path / "cache").rglob("*.tar*"))  # no partial copy left behind
+
+
+def test_a_failed_fetch_is_reported_as_itself_not_as_a_corrupt_shard(
+    s3_shards: str, tmp_path: Path
+):
+    source = Source(s3_shards, cache_dir=tmp_path / "cache")
+    entry = source.read_index().shards[0]
+    filesystem(s3_shards).rm_file(f"{s3_shards}/{entry.name}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reader = source.open(entry, 0)
+        with pytest.raises(ShardError, match="is missing"):
+            reader.read()
+        reader.close()
+    assert not [w for w in caught if "SHA-256" in str(w.message)]  # it said "corrupt"
 
 
 def test_missing_s3_shard_is_a_clear_error(s3_shards: str):
@@ -322,3 +370,10 @@ def test_a_url_without_a_bucket_is_a_clear_error_and_writes_nothing(
     with pytest.raises(ShardError, match="names no bucket"):
         Destination(url)
     assert list(tmp_path.iterdir()) == []  # no local folder `s3:` taken for the bucket
+
+
+def test_cache_dir_is_a_folder_with_home_expanded(shards: Path, monkeypatch):
+    with pytest.raises(OptionError, match=r"cache_dir='': give a folder"):
+        Source(shards, cache_dir="")
+    monkeypatch.setenv("HOME", str(shards.parent))
+    assert Source(shards, cache_dir="~/cache").cache_dir == shards.parent / "cache"

@@ -52,6 +52,7 @@ from gpufeed.data.shards import (
     check_shard_name,
     sha256_file,
 )
+from gpufeed.errors import OptionError
 from gpufeed.extras import require
 
 MB = 1 << 20
@@ -289,7 +290,13 @@ class Source:
         self.url = base_url(url)
         self.remote = is_remote(self.url)
         self.storage_options = storage_options
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        if cache_dir is not None and not str(cache_dir).strip():
+            raise OptionError(
+                f"cache_dir={cache_dir!r}: give a folder for the shards read remotely, or leave "
+                "it out to stream them uncached"
+            )
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
+        self._cache_failed = False  # said once: the cache cannot be written, shards stream
         self.retries, self.backoff = retries, backoff
         self.chunk_size, self.read_ahead = max(64 * 1024, chunk_size), max(0, read_ahead)
         self.timeout = remote_timeout(storage_options) if self.remote else DEFAULT_TIMEOUT
@@ -591,13 +598,17 @@ class RangeReader(io.RawIOBase):
         self._cache_to = cache_to if verify else None
         self._tmp: Any = None  # the cache copy being written, and its name
         self._tmp_name = ""
+        self._failed = False  # a fetch raised: what was read is not the whole shard
         if self._cache_to is not None:
-            self._cache_to.parent.mkdir(parents=True, exist_ok=True)
-            fd, self._tmp_name = tempfile.mkstemp(
-                dir=self._cache_to.parent, prefix=f"{self._cache_to.name}.tmp-"
-            )
-            os.fchmod(fd, 0o644)  # as an ordinary file (mkstemp makes it private to its owner)
-            self._tmp = os.fdopen(fd, "wb")
+            try:
+                self._cache_to.parent.mkdir(parents=True, exist_ok=True)
+                fd, self._tmp_name = tempfile.mkstemp(
+                    dir=self._cache_to.parent, prefix=f"{self._cache_to.name}.tmp-"
+                )
+                os.fchmod(fd, 0o644)  # as an ordinary file (mkstemp makes it private to its owner)
+                self._tmp = os.fdopen(fd, "wb")
+            except OSError as e:
+                self._drop_cache(e)
         self._fill()
 
     def _fill(self) -> None:
@@ -617,10 +628,17 @@ class RangeReader(io.RawIOBase):
             if not self._pending:
                 self._finish_cache()
                 return 0
-            chunk = self._pending.popleft().result()
+            try:
+                chunk = self._pending.popleft().result()
+            except BaseException:
+                self._failed = True
+                raise
             self._fill()
             if self._tmp is not None:
-                self._tmp.write(chunk)
+                try:
+                    self._tmp.write(chunk)
+                except OSError as e:  # a full disk: the shard streams on, uncached
+                    self._drop_cache(e)
             if self._hash is not None:
                 self._hash.update(chunk)
             self._buf = memoryview(chunk)
@@ -629,6 +647,26 @@ class RangeReader(io.RawIOBase):
         self._buf = self._buf[n:]
         self.pos += n
         return n
+
+    def _drop_cache(self, error: OSError) -> None:
+        """Stop writing the cache copy (it cannot be written: a read-only or full cache_dir);
+        the shard is read and checked all the same. Said once per process."""
+        if self._tmp is not None:
+            with contextlib.suppress(OSError):
+                self._tmp.close()
+        if self._tmp_name:
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp_name)
+        self._tmp, self._tmp_name, self._cache_to = None, "", None
+        if not self.source._cache_failed:
+            self.source._cache_failed = True
+            warnings.warn(
+                f"cache_dir {self.source.cache_dir}: cannot write "
+                f"({error.strerror or error}); shards are read from {self.source.url} uncached. "
+                "Free space or give a writable cache_dir",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def _finish_cache(self) -> None:
         """At the end of the shard: check the SHA-256, then keep the copy in the cache."""
@@ -650,7 +688,8 @@ class RangeReader(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            if self._tmp is not None and self.entry.bytes - self.pos <= 2 * self.source.chunk_size:
+            near_end = self.entry.bytes - self.pos <= 2 * self.source.chunk_size
+            if self._tmp is not None and not self._failed and near_end:
                 # stopped just short of the end (the tar trailer): finish so the cache is complete
                 buf = bytearray(self.source.chunk_size)
                 try:
