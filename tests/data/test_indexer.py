@@ -96,6 +96,37 @@ def test_the_loader_reads_the_images_webdataset_wrote(wds_dir: Path, image_folde
     assert got == want
 
 
+def test_upper_case_image_extensions_as_imagenet_names_them_are_read(
+    image_folder: Path, tmp_path: Path, make: Callable[..., Loader]
+):
+    # n01440764_10026.JPEG: indexed, then refused by the reader ("found member ….JPEG where the
+    # index puts ….jpeg")
+    samples = [
+        {"__key__": f"n0144_{i}", "JPEG": data, "cls": i}
+        for i, (_, data) in enumerate(_images(image_folder)[:12])
+    ]
+    _write_wds(tmp_path / "wds", samples)
+    index_shards(str(tmp_path / "wds"), progress=False)
+    assert sorted(_labels(make(tmp_path / "wds", 4, num_workers=0))) == list(range(12))
+
+
+def test_a_tar_with_folder_entries_as_gnu_tar_writes_is_indexed_and_read(
+    image_folder: Path, tmp_path: Path, make: Callable[..., Loader]
+):
+    tree = tmp_path / "tree" / "sub"
+    tree.mkdir(parents=True)
+    for i, (_, data) in enumerate(_images(image_folder)[:6]):
+        (tree / f"s{i}.jpg").write_bytes(data)
+        (tree / f"s{i}.cls").write_text(str(i))
+    (tmp_path / "wds").mkdir()
+    with tarfile.open(tmp_path / "wds" / "h-0.tar", "w", format=tarfile.GNU_FORMAT) as tar:
+        tar.add(tmp_path / "tree" / "sub", arcname="sub")  # a folder entry "sub/", then files
+    with tarfile.open(tmp_path / "wds" / "h-0.tar") as tar:
+        assert tar.getmembers()[0].isdir()
+    index_shards(str(tmp_path / "wds"), progress=False)  # "member 'sub' is not a regular file"
+    assert sorted(_labels(make(tmp_path / "wds", 4, num_workers=0))) == list(range(6))
+
+
 def test_a_brace_url_reads_only_the_shards_it_names(wds_dir: Path, make: Callable[..., Loader]):
     index_shards(str(wds_dir / PATTERN), progress=False)
     assert sorted(_labels(make(str(wds_dir / "wds-{000001..000002}.tar"), 4))) == list(

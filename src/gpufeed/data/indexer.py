@@ -342,6 +342,8 @@ def _tar_members(stream: _Hashing, url: str) -> Iterator[Member]:
     with tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
         for info in tar:
             _check_member(info, url)
+            if info.isdir():  # GNU tar's folder entries: no sample
+                continue
             data = None
             if split_name(info.name)[1] in LABEL_EXTS:
                 member = tar.extractfile(info)
@@ -379,8 +381,8 @@ def _samples(
             key, parts, image = k, {}, None
             entry.keys.append(k)  # type: ignore[union-attr]
             entry.offsets.append(offset)  # type: ignore[union-attr]
-        if ext in IMAGE_EXTS and image is None:
-            image = (data_offset, size, ext)
+        if ext in IMAGE_EXTS and image is None:  # kept as written (.JPEG): it names the member
+            image = (data_offset, size, name.rsplit("/", 1)[-1].partition(".")[2])
         elif data is not None:
             parts[ext] = data
     finish()

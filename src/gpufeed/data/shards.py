@@ -376,7 +376,7 @@ def _columns_to_shards(doc: dict[str, Any]) -> list[ShardEntry]:
     if int(doc.get("total", total)) != total:
         raise ValueError(f"total {doc['total']} is not the sum of the shards' samples ({total})")
     exts = [str(e) for e in doc["exts"]]
-    if bad := [e for e in exts if e not in IMAGE_EXTS]:
+    if bad := [e for e in exts if e.lower() not in IMAGE_EXTS]:  # as written: .JPEG too
         raise ValueError(f"image type {bad[0][:20]!r} is not one of {sorted(IMAGE_EXTS)}")
     cols = {
         name: _decode_column(doc, name, total)
@@ -459,7 +459,11 @@ def _check_name(name: str, shard: str) -> None:
 
 
 def _check_member(info: tarfile.TarInfo, shard: str) -> None:
-    _check_name(info.name, shard)
+    """Reject a member gpufeed will not read: an escaping name, a link, a device or FIFO, a
+    pickle. A directory entry (GNU tar writes one per folder) holds nothing and is skipped."""
+    _check_name(info.name.rstrip("/"), shard)
+    if info.isdir():
+        return
     if info.islnk() or info.issym():
         raise ShardError(f"shard {shard}: member {info.name!r} is a link; links are rejected")
     if not info.isreg():
@@ -516,6 +520,8 @@ def iter_samples(fileobj: BinaryIO, shard: str) -> Iterator[tuple[str, dict[str,
         with tarfile.open(fileobj=fileobj, mode="r|") as tar:
             for info in tar:
                 _check_member(info, shard)
+                if info.isdir():
+                    continue
                 k, ext = split_name(info.name)
                 if k != key:
                     if key is not None:
