@@ -6,6 +6,7 @@ import http.client
 import socket
 import struct
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -68,11 +69,13 @@ def s3_env(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 class FaultyProxy:
     """A loopback HTTP proxy in front of the S3 server that fails some shard GETs for real:
-    every `every`-th ranged GET of a .tar object alternately gets an HTTP 500 or a TCP reset."""
+    every `every`-th ranged GET of a .tar object alternately gets an HTTP 500 or a TCP reset, and
+    every one gets a 503 while `down_until` (time.monotonic()) has not passed: an outage."""
 
     def __init__(self, upstream: str, every: int = 3) -> None:
         self.upstream = upstream.split("://", 1)[1]
         self.every, self.gets, self.injected = every, 0, {"500": 0, "reset": 0}
+        self.down_until = 0.0
         self.lock = threading.Lock()
         proxy = self
 
@@ -92,9 +95,9 @@ class FaultyProxy:
                     self.connection.close()
                     self.close_connection = True
                     return
-                if fault == "500":
+                if fault in ("500", "503"):
                     msg = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
-                    self.send_response(500)
+                    self.send_response(int(fault))
                     self.send_header("Content-Length", str(len(msg)))
                     self.end_headers()
                     self.wfile.write(msg)
@@ -126,6 +129,8 @@ class FaultyProxy:
     def _fault(self, method: str, path: str) -> str | None:
         if method != "GET" or ".tar" not in path:
             return None
+        if time.monotonic() < self.down_until:
+            return "503"
         with self.lock:
             self.gets += 1
             if self.gets % self.every:

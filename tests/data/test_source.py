@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -104,6 +105,22 @@ def test_injected_500s_and_connection_resets_are_retried_without_loss_or_duplica
     assert sorted(_labels(loader)) == list(range(48))
     assert faulty_proxy.injected["500"] > 0 and faulty_proxy.injected["reset"] > 0
     assert loader.stats()["retried"] > 0
+
+
+def test_an_outage_longer_than_the_retries_but_within_the_deadline_is_ridden_out(
+    s3_shards: str, faulty_proxy, monkeypatch: pytest.MonkeyPatch
+):
+    # 1 retry 50 ms apart used to end the epoch ~0.1 s into an outage: once the endpoint has
+    # answered, tries go on (pauses up to MAX_PAUSE) until the deadline
+    monkeypatch.setenv("AWS_ENDPOINT_URL", faulty_proxy.url)
+    faulty_proxy.every = 10**9  # no other faults
+    opts = {"config_kwargs": {"retries": {"total_max_attempts": 1}}, "timeout": 60}
+    source = Source(s3_shards, storage_options=opts, retries=1)
+    entry = source.read_index().shards[0]
+    assert len(source.open(entry, 0).read(1024)) == 1024  # the endpoint answers
+    faulty_proxy.down_until = time.monotonic() + 2.0
+    data = source.open(entry, 1024).read()
+    assert len(data) == entry.bytes - 1024 and source.new_retries() >= 2
 
 
 def test_cache_dir_keeps_verified_shards_for_later_epochs(

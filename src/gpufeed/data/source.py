@@ -21,8 +21,9 @@ retries included; the key is gpufeed's, not passed to s3fs), and connect/read ti
 attempt (10 s / 30 s, capped by the deadline; s3fs's `config_kwargs` override them). Retries
 happen in botocore (3 attempts, counted in `retried`) and here (whole requests, with backoff),
 never in s3fs's own loop. Missing buckets or keys, refused access and missing credentials are not
-retried, nor is an endpoint that cannot be reached before it ever answered. Every failure is one
-ShardError naming the URL and the endpoint.
+retried, nor is an endpoint that cannot be reached before it ever answered; once it has answered,
+an outage is retried until the deadline. Every failure is one ShardError naming the URL and the
+endpoint.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def base_url(url: str | os.PathLike[str]) -> str:
 
 
 DEFAULT_TIMEOUT = 120.0  # seconds: the overall deadline of one remote operation, retries included
+MAX_PAUSE = 4.0  # seconds: the longest backoff between two tries of one remote operation
 CONNECT_TIMEOUT, READ_TIMEOUT = 10.0, 30.0  # per HTTP attempt, each capped by the deadline
 
 
@@ -527,20 +529,23 @@ def _retrying(
     fn: Any, retries: int, backoff: float, deadline: float, reached: bool, on_retry: Any
 ) -> tuple[Any, bool]:
     """(result or the last exception, whether the endpoint answered): `fn(seconds left)` tried
-    up to `retries + 1` times while its error is transient and the deadline has not passed."""
+    while its error is transient and the deadline has not passed: up to `retries + 1` times, or,
+    once the endpoint has answered (an outage, not a wrong address), until the deadline, with
+    pauses growing to at most `MAX_PAUSE` seconds."""
     stop = time.monotonic() + deadline
-    for attempt in range(retries + 1):
+    attempt = 0
+    while True:
         try:
             return fn(stop - time.monotonic()), True
         except Exception as e:
-            if not _transient(e, reached) or attempt == retries:
+            if not _transient(e, reached) or (attempt >= retries and not reached):
                 return e, reached
-            pause = backoff * (2**attempt) * (0.5 + random.random())
+            pause = min(MAX_PAUSE, backoff * (2**attempt)) * (0.5 + random.random())
             if time.monotonic() + pause >= stop:
                 return e, reached
             on_retry()
             time.sleep(pause)
-    raise AssertionError("unreachable")
+            attempt += 1
 
 
 def _mismatch(where: str, got: str, want: str) -> ShardError:
