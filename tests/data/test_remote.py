@@ -7,10 +7,13 @@ reported, bounded in flight, and a node killed mid-epoch loses and duplicates no
 
 from __future__ import annotations
 
+import http.server
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -142,6 +145,25 @@ def test_an_address_where_nothing_listens_is_refused_naming_the_option(shards: P
         Loader(shards, 4, cluster=f"127.0.0.1:{free_port()}", num_workers=1)
 
 
+@pytest.mark.parametrize("service", ["http", "silent"])
+def test_an_address_where_another_service_listens_is_refused_in_seconds(shards: Path, service: str):
+    # Ray retried such an address without end (a dashboard port, an S3 endpoint, a typo)
+    if service == "http":
+        server = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", 0), http.server.BaseHTTPRequestHandler
+        )
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        port, stop = server.server_address[1], server.shutdown
+    else:
+        listener = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+        port, stop = listener.getsockname()[1], listener.close
+    try:
+        with pytest.raises(ConnectionError, match=r"answers, but not as a Ray cluster"):
+            Loader(shards, 4, cluster=f"127.0.0.1:{port}", num_workers=1)
+    finally:
+        stop()
+
+
 def test_without_ray_the_error_names_the_extra_to_install(shards: Path):
     code = (
         "import sys; sys.modules['ray'] = None\n"  # as if ray were not installed
@@ -151,6 +173,30 @@ def test_without_ray_the_error_names_the_extra_to_install(shards: Path):
     cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert cp.returncode != 0
     assert "pip install 'gpufeed[ray]'" in cp.stderr.strip().splitlines()[-1]
+
+
+def test_a_cluster_with_no_cpus_yet_says_so(shards: Path):
+    # a head started with --num-cpus 0 (README's first step), no node joined: the first batch
+    # said "could not start a loader actor within 60 s" after half a second
+    code = textwrap.dedent(
+        f"""
+        import ray
+        from gpufeed.bench.raycluster import LocalCluster
+        from gpufeed.data.loader import Loader
+        from gpufeed.data.workers import LoaderWorkerError
+        with LocalCluster(head_cpus=0) as c:
+            c.connect()
+            try:
+                next(iter(Loader({str(shards)!r}, 4, cluster=c.address, num_workers=1)))
+            except LoaderWorkerError as e:
+                print("ERROR", e)
+            finally:
+                ray.shutdown()
+        """
+    )
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert "ERROR" in cp.stdout, cp.stderr[-2000:]
+    assert "has no CPUs to preprocess on" in cp.stdout and "ray start --address" in cp.stdout
 
 
 @pytest.mark.slow

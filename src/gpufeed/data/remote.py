@@ -68,12 +68,41 @@ def _check_reachable(address: str) -> None:
     if not sep or not port.isdigit():
         return  # "auto" and the like: Ray finds the cluster
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+        conn = socket.create_connection((host.strip("[]"), int(port)), timeout=5)
     except OSError as e:
         raise ConnectionError(
             f"cluster={address!r}: nothing answers at {host}:{port} ({e.strerror or e}); start "
             "the head with `ray start --head --port PORT` and check the address (see README)"
         ) from None
+    with conn:
+        if not _answers_grpc(conn):  # Ray would retry it without end
+            raise ConnectionError(
+                f"cluster={address!r}: {host}:{port} answers, but not as a Ray cluster (another "
+                "service, or a dashboard port such as 8265); give the head's GCS port "
+                "('HEAD_IP:6379', as `ray start --head` prints it) or 'ray://HEAD_IP:10001'"
+            )
+
+
+# HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, its client
+# server) answers with a SETTINGS frame of its own
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def _answers_grpc(conn: socket.socket, timeout: float = 5.0) -> bool:
+    """Whether the server on `conn` speaks HTTP/2, as every gRPC server does: its first frame,
+    read within `timeout`, is SETTINGS (type 4)."""
+    conn.settimeout(timeout)
+    try:
+        conn.sendall(_H2_PREFACE)
+        head = b""
+        while len(head) < 9:
+            more = conn.recv(9 - len(head))
+            if not more:
+                return False
+            head += more
+    except OSError:
+        return False
+    return head[3] == 4
 
 
 def cluster_cpus() -> int:
@@ -187,6 +216,12 @@ class RayPool:
         """Start up to `n` actors (one CPU each, spread over the nodes); raise if none starts."""
         ray = import_ray()
         n = min(n, cluster_cpus())
+        if n == 0 and not self._actors:
+            raise LoaderWorkerError(
+                f"the Ray cluster at {self.address!r} has no CPUs to preprocess on (a head "
+                "started with --num-cpus 0 and no node joined yet); add a node with "
+                "`ray start --address HEAD_IP:PORT` (see README)"
+            )
         new = [
             self._cls.options(scheduling_strategy="SPREAD").remote(self._plan_ref, self.slots.spec)
             for _ in range(n)
