@@ -196,7 +196,37 @@ def test_a_cluster_with_no_cpus_yet_says_so(shards: Path):
     )
     cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert "ERROR" in cp.stdout, cp.stderr[-2000:]
-    assert "has no CPUs to preprocess on" in cp.stdout and "ray start --address" in cp.stdout
+    assert "has no CPUs (no node has joined" in cp.stdout and "ray start --address" in cp.stdout
+
+
+@pytest.mark.slow
+def test_a_whole_cluster_dying_mid_epoch_raises_and_disconnects(shards: Path):
+    # Ray's core ended the process a minute later with no exception (no chance to checkpoint)
+    code = textwrap.dedent(
+        f"""
+        import time, ray
+        from gpufeed.bench.raycluster import LocalCluster
+        from gpufeed.data.loader import Loader
+        from gpufeed.data.workers import LoaderWorkerError
+        c = LocalCluster(head_cpus=0)
+        c.connect(); c.add_node(cpus=1); ray.shutdown()  # the Loader connects itself
+        it = iter(Loader({str(shards)!r}, 2, cluster=c.address, num_workers=1, prefetch=1))
+        next(it)
+        nodes = [c.head, *c.nodes]
+        for p in nodes:  # the head first
+            c.kill(p)
+        try:
+            for _ in it:
+                pass
+        except LoaderWorkerError as e:
+            print("ERROR", e)
+        print("CONNECTED", ray.is_initialized())
+        """
+    )
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert "ERROR" in cp.stdout, cp.stderr[-2000:]
+    assert "restart" in cp.stdout and "CONNECTED False" in cp.stdout
+    assert cp.returncode == 0
 
 
 @pytest.mark.slow

@@ -20,7 +20,10 @@ import copy
 import os
 import socket
 import threading
+import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
@@ -33,6 +36,7 @@ from gpufeed.data.workers import POLL_S, LoaderWorkerError, Stopped
 from gpufeed.errors import OptionError
 from gpufeed.extras import require
 
+HEAD_CHECK_S = 2.0  # seconds: how often a waiting pool checks that the cluster's head answers
 START_TIMEOUT_S = 60.0  # how long new actors may take to start before the pool gives up on them
 _session: dict[str, Any] = {"ours": False, "open": set()}  # did a pool connect this process
 
@@ -105,9 +109,20 @@ def _answers_grpc(conn: socket.socket, timeout: float = 5.0) -> bool:
     return head[3] == 4
 
 
-def cluster_cpus() -> int:
-    """CPUs of the live nodes of the connected cluster."""
-    return int(import_ray().cluster_resources().get("CPU", 0))
+def cluster_cpus(timeout: float = 10.0) -> int:
+    """CPUs of the live nodes of the connected cluster; ConnectionError where its head does not
+    answer within `timeout` s (Ray would wait for it until its core ends the process)."""
+    ray = import_ray()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-ray-cpus")
+    try:
+        resources = pool.submit(ray.cluster_resources).result(timeout=timeout)
+    except FutureTimeout:
+        raise ConnectionError(
+            f"the Ray cluster's head did not answer within {timeout:g} s"
+        ) from None
+    finally:
+        pool.shutdown(wait=False)
+    return int(resources.get("CPU", 0))
 
 
 def cluster_option(cluster: str | None, preprocess: str) -> str | None:
@@ -204,6 +219,7 @@ class RayPool:
         self._queue: dict[int, deque[tuple[int, Any]]] = {}  # plan worker -> asked (g, ref)
         self._next_g: dict[int, int] = {}
         self._slot = 0  # the feeder is done with a slot before it asks for the next batch
+        self._head_checked = time.monotonic()
         try:
             self._grow(plan.workers)
         except BaseException:
@@ -215,12 +231,19 @@ class RayPool:
     def _grow(self, n: int) -> None:
         """Start up to `n` actors (one CPU each, spread over the nodes); raise if none starts."""
         ray = import_ray()
-        n = min(n, cluster_cpus())
+        if not self._actors:  # all lost: a dead head would hang cluster_cpus() until Ray aborts
+            self._check_head(now=True)
+        try:
+            n = min(n, cluster_cpus())
+        except ConnectionError as e:
+            self.close()
+            raise LoaderWorkerError(f"lost the Ray cluster at {self.address!r}: {e}") from None
         if n == 0 and not self._actors:
-            raise LoaderWorkerError(
-                f"the Ray cluster at {self.address!r} has no CPUs to preprocess on (a head "
-                "started with --num-cpus 0 and no node joined yet); add a node with "
-                "`ray start --address HEAD_IP:PORT` (see README)"
+            self.close()  # nothing left to run on: disconnect (a head that dies later ends
+            raise LoaderWorkerError(  # a connected process, with no exception to catch)
+                f"no Ray node is left to preprocess on: the cluster at {self.address!r} has no "
+                "CPUs (no node has joined a head started with --num-cpus 0, or every node is "
+                "gone); add a node with `ray start --address HEAD_IP:PORT` (see README)"
             )
         new = [
             self._cls.options(scheduling_strategy="SPREAD").remote(self._plan_ref, self.slots.spec)
@@ -241,6 +264,7 @@ class RayPool:
                 with contextlib.suppress(Exception):
                     ray.kill(actor)
         if not self._actors:
+            self.close()
             raise LoaderWorkerError(
                 f"no Ray node is left to preprocess on: the cluster at {self.address!r} could not "
                 f"start a loader actor (1 CPU) within {self.start_timeout:.0f} s; add a node with "
@@ -309,10 +333,19 @@ class RayPool:
             if not q or q[0][0] != g:
                 raise LoaderWorkerError(f"Ray loader pool expected batch {at} next")
             ref = q[0][1]
-            ready, _ = ray.wait([ref], timeout=POLL_S)
+            try:
+                ready, _ = ray.wait([ref], timeout=POLL_S)
+            except (OSError, ray.exceptions.RaySystemError) as e:  # the head went away
+                self._check_head(now=True)
+                self.close()
+                raise LoaderWorkerError(
+                    f"lost the Ray cluster at {self.address!r} ({e}); restart it and resume from "
+                    "a checkpoint (Loader.state_dict())"
+                ) from None
             if not ready:
                 if stop.is_set():
                     raise Stopped
+                self._check_head()
                 continue
             try:
                 got, images, labels, meta = ray.get(ref)
@@ -334,6 +367,26 @@ class RayPool:
         np.copyto(self.slots.labels[index][:n].numpy(), labels)
         self.bytes_received += images.nbytes + labels.nbytes
         return 0, k, meta
+
+    def _check_head(self, now: bool = False) -> None:
+        """Raise LoaderWorkerError (every `HEAD_CHECK_S` of waiting, or `now`) once the
+        cluster's head no longer answers: Ray's own core would end this process a minute later
+        without an exception, so that the training loop could not save a checkpoint."""
+        t = time.monotonic()
+        if not now and t - self._head_checked < HEAD_CHECK_S:
+            return
+        self._head_checked = t
+        ray = import_ray()
+        host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=HEAD_CHECK_S).close()
+        except OSError as e:
+            self.close()  # disconnect now, before Ray's core gives up on its own
+            raise LoaderWorkerError(
+                f"the Ray cluster's head at {host}:{port} is gone ({e.strerror or e}): no node "
+                "is left to preprocess on; restart the cluster and resume from a checkpoint "
+                "(Loader.state_dict())"
+            ) from None
 
     def free(self, worker: int, slot: int) -> None:
         """Nothing to give back: the feeder is done with a slot before it asks for the next."""
