@@ -1,4 +1,5 @@
-"""`gpufeed pack`: turn an image folder or list file into tar shards plus an index (gpufeed-index.json).
+"""`gpufeed pack`: turn an image folder or list file into tar shards plus an index
+(gpufeed-index.json).
 
 Policy for bad input (nothing is dropped silently: every case is listed by path and reason in
 the summary):
@@ -433,7 +434,8 @@ def pack(
     storage_options: dict[str, Any] | None = None,
     progress: bool = True,
 ) -> PackResult:
-    """Pack SRC (image folder or list file) into shards + gpufeed-index.json at DST (directory or s3://)."""
+    """Pack SRC (image folder or list file) into shards + gpufeed-index.json at DST (directory
+    or s3://)."""
     target = parse_size(shard_size)
     if target <= 0:
         raise PackError(f"--shard-size must be positive, got {shard_size!r}")

@@ -236,11 +236,9 @@ class RayPool:
         try:
             n = min(n, cluster_cpus())
         except ConnectionError as e:
-            self.close()
-            raise LoaderWorkerError(f"lost the Ray cluster at {self.address!r}: {e}") from None
+            raise self._fatal(f"lost the Ray cluster at {self.address!r}: {e}") from None
         if n == 0 and not self._actors:
-            self.close()  # nothing left to run on: disconnect (a head that dies later ends
-            raise LoaderWorkerError(  # a connected process, with no exception to catch)
+            raise self._fatal(
                 f"no Ray node is left to preprocess on: the cluster at {self.address!r} has no "
                 "CPUs (no node has joined a head started with --num-cpus 0, or every node is "
                 "gone); add a node with `ray start --address HEAD_IP:PORT` (see README)"
@@ -264,8 +262,7 @@ class RayPool:
                 with contextlib.suppress(Exception):
                     ray.kill(actor)
         if not self._actors:
-            self.close()
-            raise LoaderWorkerError(
+            raise self._fatal(
                 f"no Ray node is left to preprocess on: the cluster at {self.address!r} could not "
                 f"start a loader actor (1 CPU) within {self.start_timeout:.0f} s; add a node with "
                 "`ray start --address HEAD_IP:PORT` (see README)"
@@ -273,6 +270,12 @@ class RayPool:
         for w in range(self.plan.workers):  # workers without a live owner get one
             if self._owner.get(w) not in self._actors:
                 self._owner[w] = self._least_busy()
+
+    def _fatal(self, message: str) -> LoaderWorkerError:
+        """Disconnect now and return the error to raise: a connected process whose head dies
+        is ended by Ray's core a minute later, with no exception the training loop could catch."""
+        self.close()
+        return LoaderWorkerError(message)
 
     def _least_busy(self) -> Any:
         load = {id(a): 0 for a in self._actors}
@@ -324,8 +327,9 @@ class RayPool:
         return at.epoch * self.plan.batches + at.batch
 
     def get(self, at: Position, stop: threading.Event) -> tuple[int, int, dict[str, Any]]:
-        """(0, slot, meta) of batch `at`, copied into one of `slots`' few slots (taken in turn); raises the actor's error
-        if making it failed, LoaderWorkerError if no node is left, Stopped once `stop` is set."""
+        """(0, slot, meta) of batch `at`, copied into one of `slots`' few slots (taken in turn);
+        raises the actor's error if making it failed, LoaderWorkerError if no node is left,
+        Stopped once `stop` is set."""
         ray = import_ray()
         w, g = self.plan.worker_of(at), self._index(at)
         while True:
@@ -337,8 +341,7 @@ class RayPool:
                 ready, _ = ray.wait([ref], timeout=POLL_S)
             except (OSError, ray.exceptions.RaySystemError) as e:  # the head went away
                 self._check_head(now=True)
-                self.close()
-                raise LoaderWorkerError(
+                raise self._fatal(
                     f"lost the Ray cluster at {self.address!r} ({e}); restart it and resume from "
                     "a checkpoint (Loader.state_dict())"
                 ) from None
@@ -381,8 +384,7 @@ class RayPool:
         try:
             socket.create_connection((host.strip("[]"), int(port)), timeout=HEAD_CHECK_S).close()
         except OSError as e:
-            self.close()  # disconnect now, before Ray's core gives up on its own
-            raise LoaderWorkerError(
+            raise self._fatal(
                 f"the Ray cluster's head at {host}:{port} is gone ({e.strerror or e}): no node "
                 "is left to preprocess on; restart the cluster and resume from a checkpoint "
                 "(Loader.state_dict())"

@@ -6,15 +6,15 @@ idempotent range request retried with exponential backoff, so a retry can never 
 twice or skip one. With `cache_dir`, a shard read from start to end is verified against its
 index checksum and kept on local disk for later epochs and runs.
 
-What the index (gpufeed-index.json) promises is checked on read. Every shard's size: a local one when it is opened,
-a remote one when its last chunk is fetched (one byte more is asked for). Its SHA-256 whenever a
-shard is read from its first byte to its end (the reader hashes as it goes; a mismatch is a
-ShardError at the end of the shard, after its other samples were delivered: the index has no
-per-sample checksums). A local shard or cache file found intact is not hashed again by the same
-process while its size, inode and mtime stay the same. Cache files are only ever written inside
+What the index (gpufeed-index.json) promises is checked on read. Every shard's size: a local one
+when it is opened, a remote one when its last chunk is fetched (one byte more is asked for). Its
+SHA-256 whenever a shard is read from its first byte to its end (the reader hashes as it goes; a
+mismatch is a ShardError at the end of the shard, after its other samples were delivered: the index
+has no per-sample checksums). A local shard or cache file found intact is not hashed again by the
+same process while its size, inode and mtime stay the same. Cache files are only ever written inside
 `cache_dir` under names made of the index's checksum (64 hex digits, checked when the index is
-read), and a cache file is used only after its SHA-256 matched: a planted or damaged one is
-deleted and the shard fetched again.
+read), and a cache file is used only after its SHA-256 matched: a planted or damaged one is deleted
+and the shard fetched again.
 
 Every remote operation has a deadline, `storage_options={"timeout": SECONDS}` (default 120 s,
 retries included; the key is gpufeed's, not passed to s3fs), and connect/read timeouts per HTTP
@@ -65,8 +65,9 @@ def is_remote(url: str) -> bool:
 
 
 def base_url(url: str | os.PathLike[str]) -> str:
-    """`url` without trailing slashes (and `~` expanded); a ShardError for a remote URL that names no bucket
-    (`s3://`, `s3:///prefix`), which would otherwise be taken for a local folder `s3:`."""
+    """`url` without trailing slashes (and `~` expanded); a ShardError for a remote URL that
+    names no bucket (`s3://`, `s3:///prefix`), which would otherwise be taken for a local folder
+    `s3:`."""
     text = str(url)
     if not is_remote(text):
         return os.path.expanduser(text).rstrip("/")

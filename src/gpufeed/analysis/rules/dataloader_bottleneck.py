@@ -171,7 +171,10 @@ def _recommend(
     now = round(workers)
     wcpu = ctx.worker_cpu
     if not math.isfinite(wcpu):  # the workers' CPU was not sampled: idle or busy is unknown
-        unknown = "the workers' CPU was not recorded, so whether they wait on CPU or on storage is unknown"
+        unknown = (
+            "the workers' CPU was not recorded, so whether they wait on CPU or on storage is "
+            "unknown"
+        )
         n = min(need, budget)
         if n <= now:
             return (

@@ -93,8 +93,8 @@ def validate(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, 
 
 
 def run_rules(run: Run, **overrides: Mapping[str, Any]) -> list[Finding]:
-    """Apply every enabled rule to `run`; findings come most severe first, then by estimated speedup.
-    A bad override is a `ConfigError` naming it."""
+    """Apply every enabled rule to `run`; findings come most severe first, then by estimated
+    speedup. A bad override is a `ConfigError` naming it."""
     from gpufeed.analysis.config import ConfigError
 
     try:
