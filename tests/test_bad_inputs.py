@@ -79,6 +79,8 @@ def _cases() -> list[Case]:
         c("shard size text", ("pack", "{in}/images", "{in}/o", "--shard-size", "big"), "'big'"),
         c("quality 0", ("pack", "{in}/images", "{in}/out", "--quality", "0"), "--quality"),
         c("resize 2", ("pack", "{in}/images", "{in}/out", "--resize", "2"), "--resize"),
+        c("timeout 0", ("pack", "{in}/images", "{in}/out", "--timeout", "0"), "--timeout 0"),
+        c("timeout text", ("index", "{in}/a.tar", "--timeout", "soon"), "--timeout"),
         c("s3 missing bucket", ("pack", "{in}/images", "s3://nobucket/x"), "nobucket", env="s3"),
         c(
             "s3 no credentials",

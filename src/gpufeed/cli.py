@@ -18,6 +18,7 @@ from typer.core import TyperGroup
 from gpufeed.advise.diagnose import diagnose
 from gpufeed.advise.tune import tune
 from gpufeed.data.packing import pack, printable
+from gpufeed.data.source import DEFAULT_TIMEOUT
 from gpufeed.demo.compare import DEFAULT_WORK_DIR, GPU_IMAGE_SIZE, DemoConfig
 from gpufeed.errors import GpufeedError
 from gpufeed.output_paths import check_distinct, check_output_dir, check_output_file
@@ -106,6 +107,17 @@ AUGMENT_LOAD_HELP = (
     "Augmentation of the images measured: 0 = the ImageNet recipe (random-resized crop, flip); "
     "L = that plus L x (flips, rotation up to ±15°), each rotation one more resampling."
 )
+
+
+TIMEOUT_HELP = (
+    f"Seconds one s3:// read or write may take, retries included (default {DEFAULT_TIMEOUT:g})."
+)
+
+
+def remote_options(timeout: float | None) -> dict[str, float] | None:
+    """The storage_options of a command's `--timeout` (None: the default deadline)."""
+    check_seconds("--timeout", timeout)
+    return None if timeout is None else {"timeout": timeout}
 
 
 def check_count(option: str, value: int | None, least: int) -> None:
@@ -374,6 +386,7 @@ def pack_cmd(
     seed: Annotated[
         int, typer.Option("--seed", help="Seed for the sample order across shards.")
     ] = default(pack, "seed"),
+    timeout: Annotated[float | None, typer.Option("--timeout", help=TIMEOUT_HELP)] = None,
 ) -> None:
     """Pack images into tar shards (WebDataset layout) plus gpufeed-index.json, locally or on S3."""
     import warnings
@@ -382,7 +395,7 @@ def pack_cmd(
         warnings.simplefilter("always")
         result = pack(
             src, dst, shard_size=shard_size, resize=resize, quality=quality,
-            workers=workers, verify=verify, seed=seed,
+            workers=workers, verify=verify, seed=seed, storage_options=remote_options(timeout),
         )  # fmt: skip
     for w in caught:
         typer.secho(f"gpufeed: warning: {w.message}", err=True, fg=typer.colors.YELLOW)
@@ -410,11 +423,15 @@ def index_cmd(
             "--label-field", help="the .json field holding the label (default: cls, label, class)"
         ),
     ] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help=TIMEOUT_HELP)] = None,
 ) -> None:
-    """Index existing WebDataset tar shards in one pass, so `Loader` reads them (writes gpufeed-index.json next to them)."""
+    """Index existing WebDataset tar shards in one pass, so `Loader` reads them (writes
+    gpufeed-index.json next to them)."""
     from gpufeed.data.indexer import index_shards
 
-    result = index_shards(shards, classes=classes, label_field=label_field)
+    result = index_shards(
+        shards, classes=classes, label_field=label_field, storage_options=remote_options(timeout)
+    )
     typer.echo(result.summary())
 
 

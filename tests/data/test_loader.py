@@ -118,6 +118,16 @@ def test_yields_normalized_float_batches_ready_for_a_model(shards: Path, make: M
     assert -3 < images.mean().item() < 3 and images.std().item() > 0.1
 
 
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+def test_unshuffled_batches_arrive_in_the_packed_order_whatever_the_workers(
+    shards: Path, make: MakeLoader, num_workers: int
+):
+    packed = [s.label for s in ShardDataset(shards, shuffle=False).iter_worker(0, 1)]
+    loader = make(shards, 5, num_workers=num_workers, shuffle=False)
+    assert _epoch(loader) == packed
+    assert _epoch(loader) == packed  # the next epoch too (workers ran on into it)
+
+
 @pytest.mark.parametrize("preprocess", ["cpu", "gpu"])
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_uint8_channels_last_output(
@@ -795,6 +805,10 @@ def test_a_loader_freed_mid_read_has_its_feeder_waited_for_at_exit(shards: Path)
     # any thread); its feeder, still inside a read, must not be left to interpreter finalization.
     from gpufeed.data.loader import _close_open_loaders
 
+    def feeders() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == "gpufeed-feeder"}
+
+    earlier = feeders()  # an earlier test's loader closed mid-read may still be stopping
     loader = Loader(shards, 4, num_workers=0, augment=SMALL, device="cpu")
     reading = _first_read_waits(loader, lambda: time.sleep(1.0))  # a slow connection
     iter(loader)
@@ -802,9 +816,9 @@ def test_a_loader_freed_mid_read_has_its_feeder_waited_for_at_exit(shards: Path)
     gc.disable()
     try:
         del loader  # freed here, by reference counting
-        assert any(t.name == "gpufeed-feeder" for t in threading.enumerate())  # still reading
+        assert feeders() - earlier  # still reading
         _close_open_loaders()  # what the interpreter runs when the script ends
-        assert not [t for t in threading.enumerate() if t.name == "gpufeed-feeder"]
+        assert not feeders() - earlier
     finally:
         gc.enable()
 

@@ -228,6 +228,26 @@ def test_cli_pack_bad_input_exits_2_with_a_message(tmp_path: Path):
     assert "does not exist" in result.output
 
 
+def test_cli_pack_timeout_bounds_a_silent_s3_endpoint_and_the_message_names_the_option(
+    image_folder: Path, s3_env: str, silent_endpoint: str, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", silent_endpoint)
+    result = CliRunner().invoke(
+        app, ["pack", str(image_folder), "s3://bucket/p", "--workers", "1", "--timeout", "1.5"]
+    )
+    assert result.exit_code != 0
+    assert "no answer within 1.5 s" in result.output and "--timeout SECONDS" in result.output
+
+
+@pytest.mark.parametrize("command", ["pack", "index"])
+@pytest.mark.parametrize("value", ["0", "-3", "inf"])
+def test_cli_timeout_must_be_seconds_above_0(command: str, value: str, tmp_path: Path):
+    args = [str(tmp_path / "a"), str(tmp_path / "o")] if command == "pack" else [str(tmp_path)]
+    result = CliRunner().invoke(app, [command, *args, "--timeout", value])
+    assert result.exit_code == 2
+    assert f"--timeout {float(value):g}: give a number of seconds above 0" in result.output
+
+
 # --- nothing lost or changed silently (issue 12, items 9, 11, 12) --------------------------------
 
 

@@ -129,6 +129,22 @@ def test_each_worker_reads_one_contiguous_region_of_the_read_order(shards: Path)
     assert start == 48
 
 
+@pytest.mark.parametrize("workers", [1, 2, 3, 5])
+@pytest.mark.parametrize("world", [1, 2])
+def test_unshuffled_batch_j_is_the_read_orders_samples_j_times_b_on_whatever_the_workers(
+    shards: Path, workers: int, world: int
+):
+    for rank in range(world):
+        plan = _plan(shards, 5, workers, shuffle=False, rank=rank, world_size=world)
+        ds = copy.copy(plan.dataset)
+        packed = _labels_of_ids(ds, ds.rank_sequence())
+        batches = _epoch_batches(plan, 1)
+        assert [len(b) for _, b in sorted(batches.items())] == [
+            plan.batch_len(j) for j in range(plan.batches)
+        ]
+        assert [s.label for _, b in sorted(batches.items()) for s in b] == packed
+
+
 def test_batch_count_and_sizes_do_not_depend_on_the_number_of_workers(shards: Path):
     shapes = set()
     for workers in (1, 2, 3, 5, 7):

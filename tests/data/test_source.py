@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import pickle
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 import warnings
@@ -150,6 +148,41 @@ def test_an_epoch_read_to_its_end_has_cached_every_shard(s3_shards: str, tmp_pat
     assert len(list(cache.rglob("*.tar"))) == len(ds.index.shards)
 
 
+def test_an_unshuffled_epoch_read_by_several_workers_has_cached_every_shard(
+    s3_shards: str, tmp_path: Path
+):
+    # each worker reads its own batches' runs: the one starting a shard reads on to its end
+    cache = tmp_path / "cache"
+    ds = ShardDataset(s3_shards, shuffle=False, cache_dir=cache)
+    plan = BatchPlan(ds, 4, 3, drop_last=False)
+    labels = []
+    for w in range(3):
+        stream = plan.worker_batches(w, Position(0, 0))
+        labels += [s.label for _ in range(len(range(w, plan.batches, 3))) for s in next(stream)[1]]
+    assert sorted(labels) == list(range(48))
+    assert len(list(cache.rglob("*.tar"))) == len(ds.index.shards)
+
+
+def test_a_reader_asks_for_no_byte_past_its_end_unless_it_keeps_a_cache_copy(
+    s3_shards: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    asked: list[tuple[int, int]] = []
+    source = Source(s3_shards, chunk_size=1024, read_ahead=3)
+    fetch = source.fetch_range
+    monkeypatch.setattr(
+        source, "fetch_range", lambda e, a, b, *r: asked.append((a, b)) or fetch(e, a, b, *r)
+    )
+    entry = source.read_index().shards[0]
+    upto = int(entry.offsets[2])
+    with source.open(entry, 512, upto) as f:
+        assert len(f.read()) == upto - 512
+    assert asked and max(b for _, b in asked) == upto
+    cached = Source(s3_shards, chunk_size=1024, cache_dir=tmp_path / "cache")
+    with cached.open(entry, 0, upto) as f:
+        Source.finish(f)
+    assert [p.stat().st_size for p in (tmp_path / "cache").rglob("*.tar")] == [entry.bytes]
+
+
 def test_a_cache_dir_that_cannot_be_written_streams_the_shards_uncached_saying_so_once(
     s3_shards: str, tmp_path: Path, make: Callable[..., Loader]
 ):
@@ -230,29 +263,6 @@ def test_missing_s3_prefix_names_the_index(bucket: str):
 
 
 # --- deadlines and clear errors (issue 12, item 3) ----------------------------------------------
-
-
-@pytest.fixture
-def silent_endpoint() -> Iterator[str]:
-    """A TCP server on 127.0.0.1 that accepts connections and never answers."""
-    server = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                held.append(server.accept()[0])
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    stop.set()
-    thread.join(timeout=5)
-    for conn in held:
-        conn.close()
-    server.close()
 
 
 @pytest.fixture

@@ -254,10 +254,14 @@ class ShardDataset:
         entry = self.index.shards[shard_no]
         where = self.source.path(entry.name)
         count = end - pos + 1
-        f = self.source.open(entry, int(entry.offsets[first]))
+        last = first + count == entry.samples
+        upto = None if last or not entry.indexed else int(entry.offsets[first + count])
+        f = self.source.open(entry, int(entry.offsets[first]), upto)
         try:
             if entry.indexed:
                 for got, (key, image) in enumerate(read_indexed(f, entry, first, count, where)):
+                    if got == count - 1:  # before the yield: a plan closes its last run at it
+                        self.source.finish(f)
                     yield pos + got, RawSample(where, key, int(entry.labels[first + got]), image)
                 return
             got = 0
@@ -269,6 +273,8 @@ class ShardDataset:
                         f"{entry.keys[i]!r}; the index does not belong to this shard"
                     )
                 image = next((parts[e] for e in IMAGE_EXTS if e in parts), b"")
+                if got == count - 1:
+                    self.source.finish(f)
                 yield pos + got, RawSample(where, key, int(entry.labels[i]), image)
                 got += 1
                 if got == count:

@@ -159,10 +159,9 @@ class Loader:
     would decode at full size over its crop box only (nvImageCodec's CPU backend, libjpeg-turbo):
     the same pixels and batches, less CPU per image; the other decoder names change nothing there.
 
-    With `shuffle=False` (a `ShardDataset` option) the samples keep their packed order within each
-    worker's contiguous part of the epoch, but batches arrive in worker turns (worker 0's first,
-    worker 1's first, ...): only with `num_workers` 0 or 1 is that the packed order, which an
-    evaluation that matches outputs to files by position needs.
+    With `shuffle=False` (a `ShardDataset` option) batches arrive in the packed order, whatever
+    `num_workers`: batch j holds the rank's samples j·batch_size.. (for an evaluation that
+    matches outputs to files by position).
     """
 
     def __init__(

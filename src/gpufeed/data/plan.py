@@ -4,9 +4,11 @@ A rank's epoch (`ShardDataset.rank_sequence`) is cut into WHOLE batches before a
 it: every batch has `batch_size` samples except at most the last one of the epoch, which
 `drop_last` drops. Batches are dealt to the W workers round-robin, continuing across epochs
 (batch j of epoch e goes to worker (e·B + j) mod W, B batches per epoch), so the loop takes
-batches from workers in turn and no worker is behind the others when an epoch begins. Each
-worker reads one contiguous region of the rank's read order (streaming-friendly, also from S3):
-the samples of its own batches of the epoch, in a seeded shuffle-buffer order. Everything is a pure function of (seed, epoch, rank, W), so
+batches from workers in turn and no worker is behind the others when an epoch begins. Shuffled,
+each worker reads one contiguous region of the rank's read order (streaming-friendly, also from
+S3): the samples of its own batches of the epoch, in a seeded shuffle-buffer order. Unshuffled,
+batch j is samples j·b.. of the read order (the packed order), whatever the number of workers:
+each worker reads its batches' runs. Everything is a pure function of (seed, epoch, rank, W), so
 
 - the number of batches and their sizes do not depend on the number of workers,
 - resuming needs only (epoch, batches delivered), and
@@ -66,6 +68,20 @@ class BatchPlan:
         start = sum(self._region_len(w, epoch) for w in range(worker))
         return start, self._region_len(worker, epoch)
 
+    def _reads(self, worker: int, epoch: int) -> np.ndarray:
+        """Global ids `worker` reads in `epoch`, in read order: the samples of its batches.
+        Shuffled: one region of the rank's read order. Unshuffled: each batch's own run, so that
+        the delivered order is the packed order (an evaluation matches outputs to files by it)."""
+        seq = self.dataset.rank_sequence()
+        if self.dataset.shuffle:
+            offset, length = self._region(worker, epoch)
+            return seq[offset : offset + length]
+        b, first = self.batch_size, self._first_of(worker, epoch)
+        runs = [
+            seq[j * b : j * b + self.batch_len(j)] for j in range(first, self.batches, self.workers)
+        ]
+        return np.concatenate(runs) if runs else seq[:0]
+
     def _region_len(self, worker: int, epoch: int) -> int:
         first = self._first_of(worker, epoch)
         return sum(self.batch_len(j) for j in range(first, self.batches, self.workers))
@@ -88,9 +104,8 @@ class BatchPlan:
         while True:
             ds.set_epoch(epoch)
             first = self._first_of(worker, epoch)
-            offset, length = self._region(worker, epoch)
-            ids = ds.rank_sequence()[offset : offset + length]
-            order = ds.delivery_order(length, worker)
+            ids = self._reads(worker, epoch)
+            order = ds.delivery_order(len(ids), worker)
             samples = ds.iter_planned(np.asarray(ids), order, skip=mine_before * self.batch_size)
             j = first + mine_before * self.workers
             while j < self.batches:

@@ -3,8 +3,10 @@
 Remote shards are streamed ("pipe mode") as ranged GETs of `chunk_size` bytes with a read-ahead
 thread, so training starts before a shard, let alone the data set, is downloaded. Each chunk is an
 idempotent range request retried with exponential backoff, so a retry can never deliver a byte
-twice or skip one. With `cache_dir`, a shard read from start to end is verified against its
-index checksum and kept on local disk for later epochs and runs.
+twice or skip one. A reader asks for nothing past the samples its caller reads (a worker's run of
+an unshuffled epoch is one batch). With `cache_dir`, a shard read from its start is read on to its
+end (`Source.finish`), verified against its index checksum and kept on local disk for later
+epochs and runs.
 
 What the index (gpufeed-index.json) promises is checked on read. Every shard's size: a local one
 when it is opened, a remote one when its last chunk is fetched (one byte more is asked for). Its
@@ -268,7 +270,7 @@ def remote_error(what: str, url: str, fs: Any, exc: BaseException, deadline: flo
     elif "FSTimeoutError" in names or "TimeoutError" in names or "ReadTimeoutError" in names:
         why = (
             f"no answer within {deadline:g} s; check that the endpoint is up, or allow more time "
-            "with storage_options={'timeout': SECONDS}"
+            "with storage_options={'timeout': SECONDS} (`--timeout SECONDS` on the command line)"
         )
     else:
         why = f"{type(exc).__name__}: {exc}"
@@ -379,9 +381,11 @@ class Source:
             return Index.from_bytes(data, where)
         raise ShardError(missing)
 
-    def open(self, entry: ShardEntry, start: int = 0) -> BinaryIO:
+    def open(self, entry: ShardEntry, start: int = 0, end: int | None = None) -> BinaryIO:
         """A file-like over shard `entry` from byte `start`; a missing, unreadable or wrong-sized
-        shard raises ShardError, and a reader opened at 0 and read to its end checks the SHA-256."""
+        shard raises ShardError, and a reader opened at 0 and read to its end checks the SHA-256.
+        A remote reader asks for nothing past byte `end` (the caller reads no further), unless
+        it keeps a cache copy: that is the whole shard (see `finish`)."""
         check_shard_name(entry.name)
         cached = self._cached(entry)
         if cached is not None:
@@ -395,8 +399,23 @@ class Source:
         if self.cache_dir is not None and start == 0:
             cache_to = self._cache_path(entry)
         return io.BufferedReader(
-            RangeReader(self, entry, start, cache_to=cache_to), buffer_size=256 * 1024
+            RangeReader(self, entry, start, cache_to=cache_to, end=end), buffer_size=256 * 1024
         )
+
+    @staticmethod
+    def finish(f: BinaryIO) -> None:
+        """`f` (from `open`) was read as far as its caller needs: a remote reader that keeps a
+        cache copy reads on to the end of the shard, so that the copy is complete (a failure only
+        warns: what was read is good). Nothing for local or cached shards."""
+        raw = getattr(f, "raw", None)
+        if isinstance(raw, RangeReader) and raw.caching:
+            try:
+                while f.read(raw.source.chunk_size):
+                    pass
+            except Exception as e:
+                warnings.warn(
+                    f"shard {raw.entry.name} not cached: {e}", RuntimeWarning, stacklevel=2
+                )
 
     def _open_local(self, entry: ShardEntry, where: str, start: int) -> BinaryIO:
         root = os.path.abspath(self.url)
@@ -567,6 +586,11 @@ class VerifyingReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    @property
+    def caching(self) -> bool:
+        """A cache copy of the shard is being written (the reader began at byte 0)."""
+        return self._tmp is not None
+
     def readinto(self, b: Any) -> int:
         n = self._f.readinto(b)
         if n:
@@ -591,15 +615,25 @@ class RangeReader(io.RawIOBase):
     (a ShardError if it differs); with `cache_to`, a verified shard is then kept there."""
 
     def __init__(
-        self, source: Source, entry: ShardEntry, start: int, cache_to: Path | None = None
+        self,
+        source: Source,
+        entry: ShardEntry,
+        start: int,
+        cache_to: Path | None = None,
+        end: int | None = None,
     ) -> None:
         self.source, self.entry = source, entry
         self.pos = start
         self._next = start  # first byte not yet requested
+        self._end = entry.bytes if end is None or cache_to is not None else min(end, entry.bytes)
         self._buf = memoryview(b"")
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-readahead")
         self._pending: deque[Future[bytes]] = deque()
-        verify = start == 0 and SHA256_HEX.fullmatch(entry.sha256) is not None
+        verify = (
+            start == 0
+            and self._end == entry.bytes
+            and SHA256_HEX.fullmatch(entry.sha256) is not None
+        )
         self._hash: Any = hashlib.sha256() if verify else None
         self._cache_to = cache_to if verify else None
         self._tmp: Any = None  # the cache copy being written, and its name
@@ -618,8 +652,8 @@ class RangeReader(io.RawIOBase):
         self._fill()
 
     def _fill(self) -> None:
-        while len(self._pending) <= self.source.read_ahead and self._next < self.entry.bytes:
-            end = min(self._next + self.source.chunk_size, self.entry.bytes)
+        while len(self._pending) <= self.source.read_ahead and self._next < self._end:
+            end = min(self._next + self.source.chunk_size, self._end)
             last = end == self.entry.bytes
             self._pending.append(
                 self._pool.submit(self.source.fetch_range, self.entry, self._next, end, last)
@@ -628,6 +662,11 @@ class RangeReader(io.RawIOBase):
 
     def readable(self) -> bool:
         return True
+
+    @property
+    def caching(self) -> bool:
+        """A cache copy of the shard is being written (the reader began at byte 0)."""
+        return self._tmp is not None
 
     def readinto(self, b: Any) -> int:
         if not self._buf:
