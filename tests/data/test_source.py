@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import socket
 import subprocess
@@ -15,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from indexes import index_doc
 
 from gpufeed.data.augment import Augment
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.loader import Loader
 from gpufeed.data.packing import PackError, pack
 from gpufeed.data.plan import BatchPlan, Position
-from gpufeed.data.shards import ShardError
+from gpufeed.data.shards import INDEX_NAME, ShardError
 from gpufeed.data.source import Destination, Source, filesystem
 from gpufeed.errors import OptionError
 
@@ -181,6 +183,20 @@ def test_a_reader_asks_for_no_byte_past_its_end_unless_it_keeps_a_cache_copy(
     with cached.open(entry, 0, upto) as f:
         Source.finish(f)
     assert [p.stat().st_size for p in (tmp_path / "cache").rglob("*.tar")] == [entry.bytes]
+
+
+def test_a_run_that_stops_before_a_bad_offset_reads_its_own_samples(s3_shards: str):
+    # the reader's end is the run's last image, not the next sample's offset in the index
+    fs = filesystem(s3_shards)
+    doc = index_doc(fs.cat_file(f"{s3_shards}/{INDEX_NAME}"))
+    entry = doc["shards"][0]
+    entry["offsets"][3] = entry["image_offsets"][2] + 512  # inside sample 2's image
+    fs.pipe_file(f"{s3_shards}/{INDEX_NAME}", json.dumps(doc).encode())
+    plan = BatchPlan(ShardDataset(s3_shards, shuffle=False), 3, 2, drop_last=False)
+    at, samples = next(plan.worker_batches(0, Position(0, 0)))
+    assert at == Position(0, 0) and [s.key for s in samples] == entry["keys"][:3]
+    with pytest.raises(ShardError, match=r"shard-00000\.tar .*invalid header"):  # from sample 3
+        next(plan.worker_batches(1, Position(0, 0)))
 
 
 def test_a_cache_dir_that_cannot_be_written_streams_the_shards_uncached_saying_so_once(

@@ -254,8 +254,10 @@ class ShardDataset:
         entry = self.index.shards[shard_no]
         where = self.source.path(entry.name)
         count = end - pos + 1
-        last = first + count == entry.samples
-        upto = None if last or not entry.indexed else int(entry.offsets[first + count])
+        last = first + count - 1
+        upto = None  # the byte after the run's last image: read_indexed reads no further
+        if entry.indexed and last < entry.samples - 1:
+            upto = int(entry.image_offsets[last]) + int(entry.image_sizes[last])
         f = self.source.open(entry, int(entry.offsets[first]), upto)
         try:
             if entry.indexed:
