@@ -383,6 +383,10 @@ def test_shards_on_s3_are_indexed_and_streamed(
     result = index_shards(url, progress=False)
     assert result.index == f"s3://{bucket}/wds/{INDEX_NAME}" and result.samples == 48
     assert sorted(_labels(make(url, 5, num_workers=2, chunk_size=4096))) == list(range(48))
+    written = fs.cat_file(f"{bucket}/wds/{INDEX_NAME}")
+    res = CliRunner().invoke(app, ["index", url, "--timeout", "60"])  # the command line's deadline
+    assert res.exit_code == 0, res.output
+    assert fs.cat_file(f"{bucket}/wds/{INDEX_NAME}") == written
     local = Path(str(wds_dir) + "-copy")
     shutil.copytree(wds_dir, local)
     index_shards(str(local / PATTERN), progress=False)  # the same bytes give the same index
