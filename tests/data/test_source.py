@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.loader import Loader
 from gpufeed.data.packing import PackError, pack
 from gpufeed.data.plan import BatchPlan, Position
-from gpufeed.data.shards import INDEX_NAME, ShardError
+from gpufeed.data.shards import INDEX_NAME, ShardEntry, ShardError
 from gpufeed.data.source import Destination, Source, filesystem
 from gpufeed.errors import OptionError
 
@@ -197,6 +198,65 @@ def test_a_run_that_stops_before_a_bad_offset_reads_its_own_samples(s3_shards: s
     assert at == Position(0, 0) and [s.key for s in samples] == entry["keys"][:3]
     with pytest.raises(ShardError, match=r"shard-00000\.tar .*invalid header"):  # from sample 3
         next(plan.worker_batches(1, Position(0, 0)))
+
+
+def _flip_a_byte_of_an_image(data: bytes, entry: ShardEntry) -> bytes:
+    """The shard's bytes with one byte of its first image changed: only the SHA-256 can tell."""
+    raw = bytearray(data)
+    raw[int(entry.image_offsets[0]) + 100] ^= 0x55
+    return bytes(raw)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2, 3])
+def test_an_unshuffled_epoch_of_several_workers_still_checks_a_local_shards_checksum(
+    shards: Path, tmp_path: Path, num_workers: int
+):
+    # the worker whose run starts the shard reads on to its end (Source.finish)
+    data = tmp_path / "data"
+    shutil.copytree(shards, data)
+    entry = ShardDataset(data).index.shards[2]
+    shard = data / entry.name
+    shard.write_bytes(_flip_a_byte_of_an_image(shard.read_bytes(), entry))
+    loader = Loader(data, 3, num_workers=num_workers, shuffle=False, augment=SMALL, device="cpu")
+    with loader, pytest.raises(ShardError, match=rf"{entry.name}: its SHA-256 is"):
+        for _ in loader:
+            pass
+
+
+def test_an_unshuffled_epoch_of_several_workers_checks_a_remote_shard_it_caches(
+    s3_shards: str, tmp_path: Path
+):
+    fs = filesystem(s3_shards)
+    entry = ShardDataset(s3_shards).index.shards[2]
+    fs.pipe_file(
+        f"{s3_shards}/{entry.name}",
+        _flip_a_byte_of_an_image(fs.cat_file(f"{s3_shards}/{entry.name}"), entry),
+    )
+    plan = BatchPlan(ShardDataset(s3_shards, shuffle=False, cache_dir=tmp_path), 3, 2, False)
+    with pytest.raises(ShardError, match=rf"{entry.name}: its SHA-256 is"):
+        for w in range(2):
+            for at, _ in plan.worker_batches(w, Position(0, 0)):
+                if at.epoch:
+                    break
+    assert not [p for p in tmp_path.rglob("*") if entry.name in p.name]  # not cached
+
+
+def test_a_reader_whose_cache_cannot_be_written_reads_only_its_run(
+    s3_shards: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    (tmp_path / "afile").write_text("")
+    source = Source(s3_shards, cache_dir=tmp_path / "afile" / "cache")
+    asked: list[int] = []
+    fetch = source.fetch_range
+    monkeypatch.setattr(
+        source, "fetch_range", lambda e, a, b, *r: asked.append(b) or fetch(e, a, b, *r)
+    )
+    entry = source.read_index().shards[0]
+    upto = int(entry.image_offsets[1]) + int(entry.image_sizes[1])
+    with pytest.warns(RuntimeWarning, match="cannot write"), source.open(entry, 0, upto) as f:
+        assert len(f.read()) == upto
+        Source.finish(f)  # nothing to verify or cache: no read on to the end
+    assert max(asked) == upto
 
 
 def test_a_cache_dir_that_cannot_be_written_streams_the_shards_uncached_saying_so_once(

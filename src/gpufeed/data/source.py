@@ -6,7 +6,8 @@ idempotent range request retried with exponential backoff, so a retry can never 
 twice or skip one. A reader asks for nothing past the samples its caller reads (a worker's run of
 an unshuffled epoch is one batch). With `cache_dir`, a shard read from its start is read on to its
 end (`Source.finish`), verified against its index checksum and kept on local disk for later
-epochs and runs.
+epochs and runs. Without `cache_dir`, a remote shard whose runs several workers read (an
+unshuffled epoch) is not hashed: reading it whole for that would double what is downloaded.
 
 What the index (gpufeed-index.json) promises is checked on read. Every shard's size: a local one
 when it is opened, a remote one when its last chunk is fetched (one byte more is asked for). Its
@@ -385,7 +386,8 @@ class Source:
         """A file-like over shard `entry` from byte `start`; a missing, unreadable or wrong-sized
         shard raises ShardError, and a reader opened at 0 and read to its end checks the SHA-256.
         A remote reader asks for nothing past byte `end` (the caller reads no further), unless
-        it keeps a cache copy: that is the whole shard (see `finish`)."""
+        it keeps a cache copy: that is the whole shard (see `finish`). Local readers read on
+        demand and ignore `end`."""
         check_shard_name(entry.name)
         cached = self._cached(entry)
         if cached is not None:
@@ -404,18 +406,23 @@ class Source:
 
     @staticmethod
     def finish(f: BinaryIO) -> None:
-        """`f` (from `open`) was read as far as its caller needs: a remote reader that keeps a
-        cache copy reads on to the end of the shard, so that the copy is complete (a failure only
-        warns: what was read is good). Nothing for local or cached shards."""
+        """`f` (from `open`) was read as far as its caller needs. A reader that began at the
+        shard's first byte and hashes it (a local shard not yet verified by this process, a
+        remote one being cached) reads on to the shard's end: its SHA-256 is checked (a
+        ChecksumError if it differs) and a remote copy is cached. A read that fails on the way
+        only warns: what was delivered is good. Nothing for other readers."""
         raw = getattr(f, "raw", None)
-        if isinstance(raw, RangeReader) and raw.caching:
-            try:
-                while f.read(raw.source.chunk_size):
-                    pass
-            except Exception as e:
-                warnings.warn(
-                    f"shard {raw.entry.name} not cached: {e}", RuntimeWarning, stacklevel=2
-                )
+        if not getattr(raw, "verifying", False):
+            return
+        try:
+            while f.read(1 << 20):
+                pass
+        except ChecksumError:
+            raise
+        except Exception as e:
+            warnings.warn(
+                f"shard {raw.entry.name} not verified or cached: {e}", RuntimeWarning, stacklevel=2
+            )
 
     def _open_local(self, entry: ShardEntry, where: str, start: int) -> BinaryIO:
         root = os.path.abspath(self.url)
@@ -568,8 +575,12 @@ def _retrying(
             attempt += 1
 
 
-def _mismatch(where: str, got: str, want: str) -> ShardError:
-    return ShardError(
+class ChecksumError(ShardError):
+    """A shard's bytes do not have the SHA-256 its index records."""
+
+
+def _mismatch(where: str, got: str, want: str) -> ChecksumError:
+    return ChecksumError(
         f"shard {where}: its SHA-256 is {got}, the index says {want}: the shard was changed "
         "after packing or is corrupt; re-create it with `gpufeed pack` or restore it"
     )
@@ -587,9 +598,9 @@ class VerifyingReader(io.RawIOBase):
         return True
 
     @property
-    def caching(self) -> bool:
-        """A cache copy of the shard is being written (the reader began at byte 0)."""
-        return self._tmp is not None
+    def verifying(self) -> bool:
+        """Reading on to the shard's end checks its SHA-256 (see `Source.finish`)."""
+        return self._hash is not None
 
     def readinto(self, b: Any) -> int:
         n = self._f.readinto(b)
@@ -625,7 +636,8 @@ class RangeReader(io.RawIOBase):
         self.source, self.entry = source, entry
         self.pos = start
         self._next = start  # first byte not yet requested
-        self._end = entry.bytes if end is None or cache_to is not None else min(end, entry.bytes)
+        self._bound = entry.bytes if end is None else min(end, entry.bytes)  # the caller's end
+        self._end = entry.bytes if cache_to is not None else self._bound
         self._buf = memoryview(b"")
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-readahead")
         self._pending: deque[Future[bytes]] = deque()
@@ -664,9 +676,10 @@ class RangeReader(io.RawIOBase):
         return True
 
     @property
-    def caching(self) -> bool:
-        """A cache copy of the shard is being written (the reader began at byte 0)."""
-        return self._tmp is not None
+    def verifying(self) -> bool:
+        """Reading on to the shard's end checks its SHA-256 and keeps the cache copy (see
+        `Source.finish`): a reader from byte 0 that writes one, or that was opened to the end."""
+        return self._hash is not None
 
     def readinto(self, b: Any) -> int:
         if not self._buf:
@@ -703,6 +716,8 @@ class RangeReader(io.RawIOBase):
             with contextlib.suppress(OSError):
                 os.unlink(self._tmp_name)
         self._tmp, self._tmp_name, self._cache_to = None, "", None
+        if self._bound < self._end:  # read only what the caller reads: no copy, no whole shard
+            self._end, self._hash = self._bound, None
         if not self.source._cache_failed:
             self.source._cache_failed = True
             warnings.warn(
