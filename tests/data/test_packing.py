@@ -282,6 +282,22 @@ def test_broken_symlinks_fifos_and_stray_files_are_listed_with_their_reason_hidd
     assert res.samples == 2 and "gone.jpg: broken symbolic link" in res.summary()
 
 
+def test_classes_without_a_packed_image_keep_their_numbers_and_are_listed(image_folder, tmp_path):
+    src = _one_class(tmp_path, image_folder)
+    (src / "0_empty").mkdir()
+    (src / "b_unreadable").mkdir()
+    (src / "b_unreadable" / "empty.jpg").write_bytes(b"")
+    res = pack(src, tmp_path / "out", workers=1, progress=False)
+    assert _index(tmp_path / "out")["classes"] == ["0_empty", "a", "b_unreadable"]
+    assert {s.label for s in ShardDataset(tmp_path / "out", shuffle=False).iter_worker(0, 1)} == {1}
+    assert res.empty_classes == ["0_empty", "b_unreadable"]
+    assert "no image packed for 2 classes: 0_empty, b_unreadable" in res.summary()
+    again = pack(src, tmp_path / "out", workers=1, progress=False)
+    assert again.already_packed and again.empty_classes == ["0_empty", "b_unreadable"]
+    full = pack(image_folder, tmp_path / "full", workers=1, progress=False)
+    assert full.empty_classes == [] and "no image packed" not in full.summary()
+
+
 def test_a_fifo_in_a_list_file_is_skipped_not_waited_on(image_folder, tmp_path):
     src = _one_class(tmp_path, image_folder)
     os.mkfifo(tmp_path / "pipe.jpg")

@@ -7,6 +7,8 @@ the summary):
   other non-regular files, files outside a class folder: skipped;
 - hidden files and folders (`.DS_Store`, `.gpufeed-synth.json`, `.git/`): ignored, not listed;
 - unreadable folders: skipped, with a warning (their images are missing from the pack);
+- classes with no packed image (an empty folder, every file skipped): kept, so labels stay the
+  sorted folder names' numbers (as torchvision's `ImageFolder(allow_empty=True)`); listed;
 - PNG/other formats and grayscale/CMYK JPEGs: converted to RGB JPEG at `quality` (16-bit images
   are scaled to 8 bits, not clipped);
 - duplicate keys (two inputs mapping to the same key) and repeated list entries: the first
@@ -97,6 +99,7 @@ class PackResult:
     shards: int = 0
     bytes: int = 0
     classes: int = 0
+    empty_classes: list[str] = field(default_factory=list)  # classes no packed image has
     resumed_shards: int = 0
     already_packed: bool = False
     repacked: str = ""  # why a finished pack in DST was packed again ('' if it was not)
@@ -121,6 +124,15 @@ class PackResult:
         ]
         if self.repacked:
             lines.append(f"packed again: {printable(self.repacked)}")
+        if self.empty_classes:
+            names = ", ".join(printable(c) for c in self.empty_classes[:10])
+            more = len(self.empty_classes) - 10
+            lines.append(
+                f"no image packed for {count(len(self.empty_classes), 'class')}: {names}"
+                + (f" and {more} more" if more > 0 else "")
+                + " (an empty folder, every file skipped, or a label number no line has); "
+                "their label numbers are kept, so the others match the class list"
+            )
         for title, rows in (("converted", self.converted), ("skipped", self.skipped)):
             if rows:
                 lines.append(f"{title} {len(rows)}:")
@@ -602,7 +614,16 @@ def _pack_into(
     _drop_state(out)
     result.samples, result.shards = index.total, len(entries)
     result.bytes = sum(e.bytes for e in entries)
+    result.empty_classes = _empty_classes(index)
     return result
+
+
+def _empty_classes(index: Index) -> list[str]:
+    """The names of the classes in `index` that none of its samples has."""
+    used: set[int] = set()
+    for e in index.shards:
+        used.update(int(x) for x in e.labels)
+    return [c for i, c in enumerate(index.classes) if i not in used]
 
 
 class _OpenShard:
@@ -751,6 +772,7 @@ def _existing_index(out: Destination, sigs: tuple[str, ...]) -> PackResult | Non
         shards=len(index.shards),
         bytes=sum(e.bytes for e in index.shards),
         classes=len(index.classes),
+        empty_classes=_empty_classes(index),
         already_packed=not broken,
         repacked=(
             f"{out.url} held this pack, but shard {broken[0]}"
