@@ -4,9 +4,12 @@ While a training thread waits for data it either works (decodes the batch itself
 workers send) or sleeps (on workers, on storage). Working on a busy host means partly on a CPU and
 partly runnable, waiting for a free core; the CPU time alone then reads like sleep. Linux keeps both
 per thread in /proc/thread-self/schedstat (ns on a CPU, ns waiting on a run queue), read here with
-one `pread` of a file opened once per thread (about 1 us). Elsewhere only `time.thread_time()` is
-read and the wait for a core is unknown. A reading is kept raw, so the hot path only reads; `between`
-parses two of them later, on the flush thread.
+one `pread` of a file opened once per thread (about 1 us). Its CPU figure of a running thread is
+only brought up to date at scheduler ticks and switches (it lags by up to a tick, ~2 ms on average
+in a short wait), so the CPU time is `time.thread_time()`, which the kernel brings up to date, and
+only the wait for a core comes from schedstat (it changes only while the thread is off a core).
+Elsewhere the wait for a core is unknown. A reading is kept raw, so the hot path only reads;
+`between` parses two of them later, on the flush thread.
 """
 
 from __future__ import annotations
@@ -43,15 +46,15 @@ class _Stat:
                 os.close(self.fd)
 
 
-def reading() -> bytes | float:
-    """Now, for `between`: the thread's schedstat line, or `time.thread_time()` where there is
-    none."""
+def reading() -> tuple[float, bytes] | float:
+    """Now, for `between`: `time.thread_time()` and the thread's schedstat line, or the first
+    alone where there is no such line."""
     stat = getattr(_local, "stat", None)
     if stat is None:
         stat = _local.stat = _Stat()
     if stat.fd >= 0:
         try:
-            return os.pread(stat.fd, 64, 0)
+            return time.thread_time(), os.pread(stat.fd, 64, 0)
         except OSError:
             stat.fd = -1
     return time.thread_time()
@@ -66,15 +69,16 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget)
 
 
-def between(start: bytes | float, end: bytes | float) -> tuple[float, float]:
+def between(
+    start: tuple[float, bytes] | float, end: tuple[float, bytes] | float
+) -> tuple[float, float]:
     """(seconds on a CPU, seconds runnable but waiting for a core) from `start` to `end`, two
-    `reading`s of one thread; the second is NaN where only the CPU time was read."""
-    if isinstance(start, bytes) and isinstance(end, bytes):
-        (cpu0, ready0), (cpu1, ready1) = _parse(start), _parse(end)
-        return (cpu1 - cpu0) / 1e9, (ready1 - ready0) / 1e9
-    if isinstance(start, float) and isinstance(end, float):
-        return end - start, math.nan
-    return math.nan, math.nan  # the file vanished between the two readings
+    `reading`s of one thread; the second is NaN where schedstat was not read at both."""
+    if isinstance(start, tuple) and isinstance(end, tuple):
+        return end[0] - start[0], (_parse(end[1])[1] - _parse(start[1])[1]) / 1e9
+    cpu0 = start[0] if isinstance(start, tuple) else start
+    cpu1 = end[0] if isinstance(end, tuple) else end
+    return cpu1 - cpu0, math.nan  # the file vanished between the two readings
 
 
 def _parse(line: bytes) -> tuple[int, int]:

@@ -304,3 +304,18 @@ def test_on_a_full_host_of_several_ranks_the_cores_are_the_hosts_and_the_count_p
         "they keep 9.6 of the 16 cores busy (4 workers per training process at 60% CPU each)"
         in f.recommendation
     )
+
+
+def test_idle_workers_of_a_validation_loader_do_not_make_busy_training_workers_look_idle() -> None:
+    # 8 training workers at 95% and a persistent validation loader's 8 workers idle at 0.5%: the
+    # mean over all 16 (48%) read as "mostly idle, waiting on storage".
+    b = RunBuilder(interval=0.2, cpu_count=16).metric("cpu.util", 54.0)
+    b.steps([0.1] * 300, waits=0.05, wait_cpu=2.0)
+    b.ranks[-1]["loader_workers"] = 8  # what the hooks saw feeding training steps
+    b.process(1000, "main", 100.0)
+    for w in range(8):
+        b.process(2000 + w, "worker", 95.0).process(3000 + w, "worker", 0.5)
+    (f,) = fired(b.build())
+    assert "mostly idle" not in f.recommendation
+    assert "CPU-bound (8 workers at 95% CPU each" in f.recommendation
+    assert f.evidence["worker_cpu_pct"] == pytest.approx(95.5, abs=0.1)

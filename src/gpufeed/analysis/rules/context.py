@@ -241,12 +241,9 @@ class Context:
         """True when the loader workers on `host` are limited by CPU: one at `busy` % of a core,
         or, while the host is above `host_busy` % (starved, so each gets less than it wants), at
         half that or all of them together keeping half its cores busy."""
-        cpu = self.processes[
-            (self.processes["host"] == host) & (self.processes["role"] == "worker")
-        ]["cpu"]
-        if len(cpu) == 0:
+        one = self.worker_cpu_on(host)
+        if not math.isfinite(one):
             return False
-        one = float(cpu.mean())
         if one >= busy:
             return True
         if not self.host_full(host, host_busy):
@@ -329,9 +326,27 @@ class Context:
 
     @cached_property
     def worker_cpu(self) -> float:
-        """Mean CPU of one loader worker, % of a core (NaN without workers)."""
-        w = self.processes[self.processes["role"] == "worker"]["cpu"]
-        return float(w.mean()) if len(w) else float("nan")
+        """Mean CPU of one training loader worker, % of a core (NaN without workers): see
+        `worker_cpu_on`."""
+        return self.worker_cpu_on(None)
+
+    def worker_cpu_on(self, host: str | None) -> float:
+        """Mean CPU of one worker of the loaders that feed training (on `host`; None: on every
+        host), % of a core: all workers' CPU summed per sample time, shared by `worker_count` per
+        training process. So the idle workers of another loader (a persistent validation one)
+        do not dilute it. NaN without workers."""
+        p = self.processes
+        workers = p[(p["role"] == "worker") & ((p["host"] == host) if host else True)]
+        if len(workers) == 0:
+            return float("nan")
+        hosts = [host] if host else list(self.role_cores)
+        ranks = sum(self.rank_hosts.get(h, 0) for h in hosts)
+        if not ranks:  # no judged steps: the workers seen, each as itself
+            return float(workers["cpu"].mean())
+        feeding = self.worker_count * ranks
+        if feeding < 0.5:
+            return float("nan")
+        return 100.0 * sum(self.role_cores.get(h, {}).get("worker", 0.0) for h in hosts) / feeding
 
     def main_cpu(self, host: str | None = None) -> float:
         """Mean CPU of one training process (on `host`; None: on any host), % of a core (NaN
