@@ -42,6 +42,22 @@ def test_batch_size_stays_quiet_when_input_bound_or_memory_full(builder: RunBuil
     assert "BatchSize" not in rules(b1.build()) and "BatchSize" not in rules(b2.build())
 
 
+def test_an_unmeasured_data_wait_is_not_read_as_little_wait() -> None:
+    # A generator feeding gpufeed.step(): no step measured its wait. Read as 0 it said "data
+    # wait is small: raise the batch size" and CPUBottleneck blamed kernel launches.
+    b = RunBuilder(cpu_count=16).steps([0.1] * 200, waits=np.nan).metric("cpu.util", 20.0)
+    found = rules(b.process(1000, "main", 100.0).gpu(35.0, mem_used=10e9).build())
+    low = found["LowGPUUtilization"]
+    assert low.evidence["data_wait_share"] == "unknown"
+    assert (
+        "was not measured" in low.recommendation and "data wait is small" not in low.recommendation
+    )
+    assert "BatchSize" not in found and "CPUBottleneck" not in found
+    measured = RunBuilder(cpu_count=16).steps([0.1] * 200).metric("cpu.util", 20.0)
+    found = rules(measured.process(1000, "main", 100.0).gpu(35.0, mem_used=10e9).build())
+    assert {"BatchSize", "CPUBottleneck"} <= set(found)  # the same run, its wait measured as 0
+
+
 def test_gpu_rules_are_silent_on_cpu_only_runs() -> None:
     run = RunBuilder().steps([0.05] * 200).build(gpu_unavailable="NVML not found")
     found = rules(run)

@@ -18,6 +18,18 @@ def test_high_iowait_while_waiting(builder: RunBuilder) -> None:
     assert f.evidence["iowait_mean_pct"] == 35.0 and "faster local storage" in f.recommendation
 
 
+def test_iowait_counts_in_cores_so_one_blocked_loader_is_seen_on_many_cores() -> None:
+    # One loader blocked on the disk 60% of the time idles 0.6 of a core in iowait: a mean of
+    # 30% over 2 cores but 3.75% over 16, below any fixed percentage that suits 2 cores.
+    for cores in (2, 16):
+        b = RunBuilder(cpu_count=cores).steps([0.2] * 100, waits=0.12)
+        (f,) = fired(b.metric("cpu.iowait", 60.0 / cores).build())
+        assert f.evidence["iowait_cores"] == 0.6, cores
+        assert f"(0.6 of {cores} cores idle, waiting on reads)" in f.title
+    quiet = RunBuilder(cpu_count=16).steps([0.2] * 100, waits=0.12).metric("cpu.iowait", 0.5)
+    assert not fired(quiet.build())  # 0.08 of a core: noise
+
+
 def test_disk_reads_at_a_plateau(builder: RunBuilder) -> None:
     rng = np.random.default_rng(1)
     builder.steps([0.1] * 100, waits=0.05)

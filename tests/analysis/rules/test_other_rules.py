@@ -64,3 +64,30 @@ def test_balanced_ranks_are_quiet(builder: RunBuilder) -> None:
     healthy(builder)
     builder.steps(np.full(200, 0.1), waits=0.002, rank=1)
     assert "LoadBalancing" not in rules(builder.build())
+
+
+def test_the_busiest_gpu_is_the_rank_whose_local_rank_maps_to_it() -> None:
+    # CUDA_VISIBLE_DEVICES=2,3: local rank 1 computes on cuda:1, NVML's GPU 3.
+    b = RunBuilder(cpu_count=16)
+    for rank in range(2):
+        b.steps([0.1] * 200, waits=0.001, rank=rank)
+    b.gpu(60.0, device="2").gpu(95.0, device="3")
+    f = rules(b.build(env={"CUDA_VISIBLE_DEVICES": "2,3"}))["LoadBalancing"]
+    assert f.evidence["slow_rank"] == 1
+    assert f.recommendation.startswith("Rank 1's GPU is 95% busy while another is 60%.")
+
+
+def test_on_several_hosts_the_busiest_gpu_is_matched_on_its_host() -> None:
+    from gpufeed.analysis.combine import combine
+
+    parts = []
+    for h, host in enumerate(["node0", "node1"]):
+        b = RunBuilder(cpu_count=16, host=host)
+        for local in range(2):
+            b.steps([0.1] * 200, waits=0.001, rank=2 * h + local)
+            b.gpu(95.0 if (h, local) == (1, 1) else 60.0, device=str(local))
+        run = b.build(hosts=[host])
+        run.steps["local_rank"] = run.steps["rank"] % 2
+        parts.append(run)
+    f = rules(combine(parts))["LoadBalancing"]
+    assert f.evidence["slow_rank"] == 3  # node1's GPU 1, not node0's local rank 1

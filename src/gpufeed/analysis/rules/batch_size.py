@@ -12,7 +12,7 @@ from gpufeed.analysis.rules.context import Context, pct, wait_share
 
 
 class BatchSize(Rule):
-    """GPU utilization and GPU memory both low while steps do not wait on data: the batch is too small.
+    """GPU utilization and GPU memory both low while steps are measured not to wait on data: the batch is too small.
 
     Suggests a batch grown by the factor the free memory allows (power of two), with the linear
     learning-rate scaling note, or a smaller GPU.
@@ -33,7 +33,7 @@ class BatchSize(Rule):
         if not ctx.has_gpu or len(ctx.steps) == 0:
             return
         share = wait_share(ctx.steps)
-        if share >= p["wait_share"]:
+        if share >= p["wait_share"] or not ctx.wait_known:  # the input may be what starves it
             return
         util = ctx.per_device("gpu.util")
         used = ctx.per_device("gpu.mem_used")

@@ -79,6 +79,13 @@ class Context:
         out["data_wait"] = np.minimum(out["data_wait"], out["duration"])
         return out
 
+    @cached_property
+    def wait_known(self) -> bool:
+        """False when no step measured its data wait (batches that came through no hooked
+        DataLoader: a generator feeding `gpufeed.step()`): `steps` then reads it as 0, which
+        the rules must not take for "little data wait"."""
+        return bool(self.all_steps["data_wait"].notna().any())
+
     def steady_wait(self) -> tuple[int, float] | None:
         """(warm-up steps left out, at most of any rank; the data wait's share of the steps judged
         after them), or None where no step is judged: what `show` and the report set beside the
@@ -126,13 +133,19 @@ class Context:
     def used_gpus(self) -> set[str] | None:
         """NVML indices of the GPUs the job used; None: all that NVML reported (cannot tell).
 
-        No GPU when no training process initialized CUDA (ranks' "cuda" flag) or
-        CUDA_VISIBLE_DEVICES hides them all; else the indices CUDA_VISIBLE_DEVICES lists (up to the
-        first entry that is not a number, as CUDA reads it; UUIDs cannot be mapped: all).
+        No GPU when no training process initialized CUDA (ranks' "cuda" flag); else those
+        `visible_gpus` lists.
         """
         flags = [r.get("cuda") for r in self.meta.get("ranks") or [] if r.get("cuda") is not None]
         if flags and not any(flags):
             return set()
+        return None if self.visible_gpus is None else set(self.visible_gpus)
+
+    @cached_property
+    def visible_gpus(self) -> list[str] | None:
+        """The NVML indices CUDA_VISIBLE_DEVICES lists, in CUDA's order (cuda:i is the i-th), up
+        to the first entry that is not a number, as CUDA reads it; None where it is not set or
+        names UUIDs (which cannot be mapped)."""
         visible = (self.meta.get("env") or {}).get("CUDA_VISIBLE_DEVICES")
         if visible is None:
             return None
@@ -144,7 +157,14 @@ class Context:
                     return None  # GPU-… / MIG-… UUIDs
                 break
             out.append(str(int(part)))
-        return set(out)
+        return out
+
+    def gpu_of(self, local_rank: int) -> str | None:
+        """The NVML index of the GPU a training process of `local_rank` uses (cuda:local_rank),
+        None where CUDA_VISIBLE_DEVICES hides it."""
+        if self.visible_gpus is None:
+            return str(local_rank)
+        return self.visible_gpus[local_rank] if local_rank < len(self.visible_gpus) else None
 
     def per_device(self, name: str) -> dict[str, np.ndarray]:
         """Values of one metric per device label ("host:device" when several hosts), time-ordered."""

@@ -72,7 +72,7 @@ class CPUBottleneck(Rule):
             return np.isfinite(cpu) and (cpu >= p["busy"] or (starved and cpu >= p["busy"] / 2))
 
         evidence: dict[str, float | int | str] = {
-            "data_wait_share": round(share, 4),
+            "data_wait_share": round(share, 4) if ctx.wait_known else "unknown",
             "cpu_count": ctx.cpu_count,
             "host_cpu_p50": round(host_pct, 1) if np.isfinite(host_pct) else "n/a",
         }
@@ -178,7 +178,7 @@ class CPUBottleneck(Rule):
         if not ctx.has_gpu:
             return
         launching = _saturated_host(ctx, ctx.main_cpu, saturated)
-        if not waiting and launching is not None:
+        if not waiting and ctx.wait_known and launching is not None:
             main = ctx.main_cpu(launching)
             evidence |= {"role": "main", "main_cpu_pct": round(main, 1)}
             evidence |= _host_evidence(ctx, launching, several)

@@ -15,14 +15,19 @@ MB = 1e6
 class IOBottleneck(Rule):
     """High iowait, or disk/network throughput held at a plateau, while steps wait on data.
 
-    A plateau is a read rate whose median is close to its p95 (the device delivers what it can, all
+    iowait is judged in cores: the host's mean iowait % x its cores / 100 is about how many of
+    its tasks are blocked on storage while their core idles (the kernel charges each blocked
+    task's wait to one idle core), so one blocked loader reads 50% on 2 cores and 6% on 16. A
+    plateau is a read rate whose median is close to its p95 (the device delivers what it can, all
     the time) above a minimum rate.
     """
 
     id = "IOBottleneck"
     params: ClassVar[dict[str, Param]] = {
         "wait_share": Param(0.1, "data-wait share of step time needed before storage is blamed"),
-        "iowait": Param(10.0, "mean CPU iowait % that counts as high"),
+        "iowait_cores": Param(
+            0.2, "cores' worth of CPU iowait (mean iowait % x cores / 100) that counts as high"
+        ),
         "plateau": Param(0.7, "median / p95 read rate at or above which throughput is a plateau"),
         "min_rate_mb": Param(20.0, "MB/s a plateau must reach to count"),
     }
@@ -34,13 +39,21 @@ class IOBottleneck(Rule):
         share = wait_share(ctx.steps)
         if share < p["wait_share"]:
             return
-        iowait = ctx.metric("cpu.iowait")["value"]
-        iowait_mean = float(iowait.mean()) if len(iowait) else float("nan")
         evidence: dict[str, float | int | str] = {"data_wait_share": round(share, 4)}
         causes = []
-        if iowait_mean >= p["iowait"]:
-            causes.append(f"CPU iowait averages {iowait_mean:.0f}%")
-            evidence["iowait_mean_pct"] = round(iowait_mean, 1)
+        iowait = ctx.metric("cpu.iowait")
+        by_host = {str(h): float(g["value"].mean()) for h, g in iowait.groupby("host", sort=True)}
+        if by_host:  # the host with the most cores' worth of iowait
+            host = max(by_host, key=lambda h: by_host[h] * ctx.cores_of(h))
+            mean, cores = by_host[host], ctx.cores_of(host)
+            blocked = mean * cores / 100
+            if blocked >= p["iowait_cores"]:
+                on = f" on {host}" if len(by_host) > 1 else ""
+                causes.append(
+                    f"CPU iowait averages {mean:.0f}%{on} ({blocked:.1f} of {cores} cores idle, "
+                    "waiting on reads)"
+                )
+                evidence |= {"iowait_mean_pct": round(mean, 1), "iowait_cores": round(blocked, 2)}
         for metric, what in (("disk.read", "disk reads"), ("net.rx", "network receive")):
             rate = ctx.metric(metric)["value"]
             p50, p95 = pct(rate, 50), pct(rate, 95)

@@ -75,7 +75,7 @@ class LoadBalancing(Rule):
             title=f"Load imbalance: rank {slow} is the straggler",
             evidence=evidence,
             recommendation=(
-                f"{why.capitalize()}. Give every rank the same work: equal shard counts and sample "
+                f"{why[:1].upper() + why[1:]}. Give every rank the same work: equal shard counts and sample "
                 "sizes per rank (drop_last), the same loader settings (num_workers) and the same "
                 f"hardware; check what else runs on rank {slow}'s host, cores or GPU."
             ),
@@ -86,18 +86,22 @@ class LoadBalancing(Rule):
 def _gpu_gap(
     ctx: Context, groups: dict[int, Any], util_gap: float
 ) -> tuple[int, float, float] | None:
-    """(rank of the busiest GPU, its mean util, the idlest GPU's) when they differ by util_gap points."""
+    """(rank of the busiest GPU, its mean util, the idlest GPU's) when they differ by util_gap
+    points: the rank on that GPU's host whose local rank's GPU (see `Context.gpu_of`) it is."""
     util = {g: float(np.mean(v)) for g, v in ctx.per_device("gpu.util").items() if len(v)}
     if len(util) < 2:
         return None
     busiest, idlest = max(util, key=util.get), min(util, key=util.get)
     if util[busiest] - util[idlest] < util_gap:
         return None
+    host, _, device = busiest.rpartition(":")  # "host:device" where there are several hosts
     rank = next(
         (
             r
             for r, g in groups.items()
-            if "local_rank" in g and str(int(g["local_rank"].iloc[0])) == busiest.split(":")[-1]
+            if "local_rank" in g
+            and (not host or str(g["host"].iloc[0]) == host)
+            and ctx.gpu_of(int(g["local_rank"].iloc[0])) == device
         ),
         None,
     )

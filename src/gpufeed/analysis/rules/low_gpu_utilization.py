@@ -50,8 +50,15 @@ class LowGPUUtilization(Rule):
         if not low and not dipping:
             return
         share = wait_share(ctx.steps) if len(ctx.steps) else 0.0
-        evidence["data_wait_share"] = round(share, 4)
-        if share >= 0.1:
+        evidence["data_wait_share"] = round(share, 4) if ctx.wait_known else "unknown"
+        if not ctx.wait_known:
+            cause = (
+                "whether its steps wait for data was not measured (the batches came through no "
+                "DataLoader gpufeed hooks), so time the loop on synthetic data to tell input from "
+                "compute; if the input keeps up, raise the batch size, use AMP and channels_last, "
+                "torch.compile, and avoid host syncs (.item(), .cpu()) inside the step"
+            )
+        elif share >= 0.1:
             cause = (
                 f"steps wait {fmt_pct(share)} of the time for data: fix the input pipeline first "
                 "(see DataLoaderBottleneck / CPUBottleneck / IOBottleneck)"

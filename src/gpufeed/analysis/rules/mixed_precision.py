@@ -49,7 +49,7 @@ class MixedPrecision(Rule):
                 "gpu": names[0],
                 "precision": "fp32",
                 "gpu_util_p50": round(util, 1),
-                "data_wait_share": round(share, 4),
+                "data_wait_share": round(share, 4) if ctx.wait_known else "unknown",
             },
             recommendation=(
                 "The steps are compute-bound in fp32 on a GPU with tensor cores: wrap forward and "
