@@ -32,6 +32,7 @@ def run_dir(make_run) -> Path:
             (1002.0, "gpu.util", "0", 30.0),
             (1001.0, "mem.used", "", 2e9),
             (1001.0, "net.rx", "", 5e6),
+            (1001.0, "gpu.mem_used", "0", 3e9),
         ],
         ranks={
             0: [(0, 1010.0, 1010.5, 0.25, 32.0, None), (1, 1010.5, 1010.75, 0.05, 32.0, None)],
@@ -73,6 +74,7 @@ def test_steps_and_system_metrics_read_back_with_tensorboards_reader(
     assert [v for _, v, _ in system["system/gpu.util/0"]] == [90.0, 30.0]
     assert [v for _, v, _ in system["system/mem.used_GB"]] == pytest.approx([2.0])
     assert [v for _, v, _ in system["system/net.rx_MBps"]] == pytest.approx([5.0])
+    assert [v for _, v, _ in system["system/gpu.mem_used_GB/0"]] == pytest.approx([3.0])
     assert [v for _, v, _ in system["processes/cpu_worker_percent"]] == pytest.approx([20.0])
 
 

@@ -56,7 +56,7 @@ def tensorboard_scalars(run: Run) -> dict[str, list[tuple[str, int, float, float
         for s in g.itertuples():
             if math.isfinite(s.value):
                 scale, unit = _unit(str(s.metric))
-                tag = f"system/{s.metric}" + (f"/{s.device}" if s.device else "") + unit
+                tag = f"system/{s.metric}{unit}" + (f"/{s.device}" if s.device else "")
                 rows.append((tag, index[float(s.time)], s.value * scale, float(s.time)))
     for host, g in run.processes.groupby("host", sort=True):
         rows = out.setdefault(f"{_safe(host)}/system", [])
