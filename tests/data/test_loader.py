@@ -268,6 +268,60 @@ def test_an_abandoned_iteration_is_fine_the_next_one_is_the_next_epoch(
     assert got == _epoch(fresh) and sorted(got) == list(range(48))
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_iteration_nothing_was_taken_from_is_not_an_epoch(
+    shards: Path, make: MakeLoader, num_workers: int
+):
+    # Lightning probes `iter(loader)` before fitting; that must not use up epoch 0
+    loader = make(shards, 4, num_workers=num_workers, seed=2)
+    iter(loader)
+    assert {k: loader.state_dict()[k] for k in ("epoch", "batch")} == {"epoch": 0, "batch": 0}
+    first, second = _epoch(loader), _epoch(loader)
+    for epoch, got in ((0, first), (1, second)):
+        fresh = make(shards, 4, num_workers=num_workers, seed=2)
+        fresh.set_epoch(epoch)
+        assert got == _epoch(fresh)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_set_epoch_right_after_iter_chooses_that_iterations_epoch(
+    shards: Path, make: MakeLoader, num_workers: int
+):
+    # Lightning's order: iter(loader), then loader.sampler.set_epoch(epoch), then batches
+    want = make(shards, 4, num_workers=num_workers, seed=2)
+    want.set_epoch(3)
+    whole = [y for _, y in _batches(want)]
+    loader = make(shards, 4, num_workers=num_workers, seed=2)
+    it = iter(loader)
+    loader.sampler.set_epoch(3)
+    got = [labels.tolist() for _, labels in it]
+    assert got == whole
+    assert {k: loader.state_dict()[k] for k in ("epoch", "batch")} == {"epoch": 4, "batch": 0}
+    # ... and on resume: probe, load_state_dict, iter, set_epoch of the state's epoch
+    cut = make(shards, 4, num_workers=num_workers, seed=2)
+    cut.set_epoch(3)
+    for i, _ in enumerate(cut):
+        if i == 4:
+            state = cut.state_dict()
+            break
+    resumed = make(shards, 4, num_workers=num_workers, seed=2)
+    iter(resumed)
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    resumed.sampler.set_epoch(3)
+    assert [next(it)[1].tolist() for _ in range(2)] == whole[5:7]
+    assert {k: resumed.state_dict()[k] for k in ("epoch", "batch")} == {"epoch": 3, "batch": 7}
+
+
+def test_an_iterator_of_a_closed_loader_says_so(shards: Path, make: MakeLoader):
+    loader = make(shards, 4, num_workers=2)
+    it = iter(loader)
+    next(it)
+    loader.close()
+    with pytest.raises(RuntimeError, match="this Loader was closed"):
+        next(it)
+
+
 def test_workers_persist_across_epochs(shards: Path, make: MakeLoader):
     loader = make(shards, 5, num_workers=2, seed=4)
     pids = []

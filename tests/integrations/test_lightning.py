@@ -63,3 +63,39 @@ def test_a_failing_fit_still_leaves_a_finished_run_marked_failed(tmp_path: Path)
     assert run.meta["finished"] and run.meta["exit_code"] == 1
     assert len(run.steps) == 5
     assert callback.report is not None and callback.report.exists()
+
+
+def test_a_fit_on_a_gpufeed_loader_trains_epochs_0_1_2_in_order(tmp_path: Path) -> None:
+    # Lightning probes iter(loader), then per epoch builds its iterator and only then calls
+    # loader.sampler.set_epoch(epoch): each trainer epoch must still get that Loader epoch.
+    from gpufeed.data.augment import Augment
+    from gpufeed.data.loader import Loader
+    from gpufeed.data.packing import pack
+    from gpufeed.demo.synth import make_image_folder
+
+    pack(make_image_folder(tmp_path / "img", 24, 2), tmp_path / "pack", workers=1, progress=False)
+    options = {"num_workers": 2, "augment": Augment(size=(8, 8)), "device": "cpu", "seed": 7}
+
+    class Seeing(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net, self.seen = nn.Linear(3 * 8 * 8, 2), {}
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            self.seen.setdefault(self.current_epoch, []).append(y.tolist())
+            return nn.functional.cross_entropy(self.net(x.flatten(1).float()), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    module = Seeing()
+    with Loader(tmp_path / "pack", 4, **options) as loader:
+        pl.Trainer(
+            max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False,
+        ).fit(module, loader)  # fmt: skip
+    for epoch in range(3):
+        with Loader(tmp_path / "pack", 4, **options) as want:
+            want.set_epoch(epoch)
+            assert module.seen[epoch] == [y.tolist() for _, y in want], epoch

@@ -132,8 +132,9 @@ class Loader:
     over the ranks). `len(loader)` does not depend on `num_workers`. Within an epoch every sample
     is delivered exactly once, also across `state_dict()` / `load_state_dict()`.
 
-    Each new iteration is the next epoch (0, 1, 2, ...) unless `set_epoch(n)` chose one; the
-    epoch seeds the shard order, the shuffle and the augmentations. Workers run on into the
+    Each new iteration is the next epoch (0, 1, 2, ...) unless `set_epoch(n)` chose one; an
+    iteration no batch was taken from does not count (a trainer probing `iter(loader)`), and
+    `set_epoch(n)` right after `iter()` still chooses that iteration's epoch. The epoch seeds the shard order, the shuffle and the augmentations. Workers run on into the
     next epoch while the loop finishes the current one, so the GPU does not wait at epoch
     boundaries. A corrupt image is left out of its batch and listed in `stats()`, with a
     warning at the first and at any batch left empty (or raises with `strict=True`). Host
@@ -249,6 +250,8 @@ class Loader:
         self._epoch = self.dataset.epoch
         self._next: Position | None = None  # set by set_epoch / load_state_dict
         self._iterated = False
+        self._fresh: Position | None = None  # where the iteration no batch was taken from starts
+        self._live: Any = None  # weakref to that iteration
         self._delivered = 0  # batches of the current epoch handed to the loop
         self._token = 0  # the iteration in progress
         self._feeder: Feeder | None = None
@@ -359,6 +362,13 @@ class Loader:
         Without it each iteration is the epoch after the previous one. After `load_state_dict`,
         the same epoch keeps the restored position (trainers call both on resume)."""
         epoch = whole("set_epoch's epoch", epoch)
+        if self._next is None and self._fresh is not None and self._feeder is not None:
+            if self._fresh.epoch != epoch:  # iter() came first (Lightning): aim it at `epoch`
+                self._begin(Position(epoch, 0))
+                live = self._live()
+                if live is not None and live._token == self._token:
+                    live._at = self._fresh
+            return
         if self._next is None or self._next.epoch != epoch:
             self._next = Position(epoch, 0)
 
@@ -371,18 +381,27 @@ class Loader:
         which epoch."""
         if self._next is not None:
             at = self._next
+        elif self._fresh is not None:  # nothing was taken from the last one: not an epoch
+            at = self._fresh
         elif self._iterated:
             at = Position(self._epoch + 1, 0)
         else:
             at = Position(self._epoch, 0)
         self._next, self._iterated = None, True
+        self._begin(at)
+        self._token += 1
+        it = _EpochIterator(self, at, self._token)
+        self._live = weakref.ref(it)
+        return it
+
+    def _begin(self, at: Position) -> None:
+        """Make `at` where the current iteration starts, and the feeder run from there."""
+        self._fresh = at if at.batch < self.plan.batches else None
         self._epoch, self._delivered = at.epoch, at.batch
         self.dataset.set_epoch(at.epoch)
         feeder = self._running_feeder()
         if not feeder.running or feeder.expected != at:
             feeder.start(at)
-        self._token += 1
-        return _EpochIterator(self, at, self._token)
 
     def _running_feeder(self) -> Feeder:
         if self._feeder is None:
@@ -428,9 +447,15 @@ class Loader:
         _OPEN[self] = os.getpid()
 
     def _take(self, token: int, at: Position, first: bool = False) -> tuple[Any, Any]:
-        if token != self._token or self._feeder is None:
+        if token != self._token:
             raise RuntimeError(
                 "another iteration over this Loader has started: a Loader serves one at a time"
+            )
+        if self._feeder is None:
+            raise RuntimeError(
+                "this Loader was closed: its iterators end there (iterating it again starts "
+                "its next epoch; `loader.load_state_dict(loader.state_dict())` first resumes "
+                "where it stopped)"
             )
         t0 = time.perf_counter()
         batch = self._feeder.take()
@@ -453,7 +478,7 @@ class Loader:
         if batch.corrupt:
             self._warn_corrupt(at, batch.corrupt, len(labels))
             self._corrupt += batch.corrupt
-        self._delivered = at.batch + 1
+        self._delivered, self._fresh = at.batch + 1, None
         return images, labels
 
     def _warn_corrupt(self, at: Position, corrupt: list[tuple[str, str, str]], kept: int) -> None:
