@@ -88,6 +88,15 @@ def _batches(loader: Loader) -> list[tuple[torch.Tensor, list[int]]]:
     return [(images, labels.tolist()) for images, labels in loader]
 
 
+def _state_after(loader: Loader, epoch: int, batches: int) -> dict[str, Any]:
+    """`loader`'s state after `batches` batches of `epoch` were taken."""
+    loader.set_epoch(epoch)
+    for i, _ in enumerate(loader):
+        if i == batches - 1:
+            return loader.state_dict()
+    raise AssertionError(f"epoch {epoch} has fewer than {batches} batches")
+
+
 def _planned(data: Path, epoch: int, batch_size: int, workers: int, **ds: Any) -> dict:
     """Batch index -> samples of `epoch`, from a plan of our own (planning sets the epoch of
     its dataset, so never the loader's)."""
@@ -298,12 +307,7 @@ def test_set_epoch_right_after_iter_chooses_that_iterations_epoch(
     assert got == whole
     assert {k: loader.state_dict()[k] for k in ("epoch", "batch")} == {"epoch": 4, "batch": 0}
     # ... and on resume: probe, load_state_dict, iter, set_epoch of the state's epoch
-    cut = make(shards, 4, num_workers=num_workers, seed=2)
-    cut.set_epoch(3)
-    for i, _ in enumerate(cut):
-        if i == 4:
-            state = cut.state_dict()
-            break
+    state = _state_after(make(shards, 4, num_workers=num_workers, seed=2), 3, 5)
     resumed = make(shards, 4, num_workers=num_workers, seed=2)
     iter(resumed)
     resumed.load_state_dict(state)
@@ -397,12 +401,7 @@ def test_set_epoch_after_load_state_dict_keeps_the_restored_position(
     loader = make(shards, 4, num_workers=num_workers, seed=3)
     loader.set_epoch(2)
     whole = _batches(loader)
-    cut = make(shards, 4, num_workers=num_workers, seed=3)
-    cut.set_epoch(2)
-    for i, _ in enumerate(cut):
-        if i == 4:
-            state = cut.state_dict()
-            break
+    state = _state_after(make(shards, 4, num_workers=num_workers, seed=3), 2, 5)
     resumed = make(shards, 4, num_workers=num_workers, seed=3)
     resumed.load_state_dict(state)
     (resumed if via == "loader" else resumed.sampler).set_epoch(2)
