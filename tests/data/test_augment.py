@@ -240,7 +240,8 @@ def test_a_warped_float_batch_is_rounded_into_uint8_in_either_memory_layout(chan
     x = torch.tensor([-3.0, 0.5, 1.5, 2.49, 254.5, 300.0]).repeat(2, 3, 4, 1)  # 2×3×4×6
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     out = torch.empty(x.shape, dtype=torch.uint8, memory_format=fmt)
-    Augment().finish(x.clone(), [], out, owned=True)
+    got = Augment().finish(x.clone(), [], out, owned=True)
+    assert got.shape == x.shape and got.data_ptr() == out.data_ptr()  # `out`, N×3×H×W
     assert out.is_contiguous(memory_format=fmt)
     assert out[1, 2, 3].tolist() == [0, 0, 2, 2, 254, 255]  # half to even, clamped
     assert torch.equal(out, x.round().clamp(0, 255).to(torch.uint8))

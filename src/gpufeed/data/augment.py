@@ -278,7 +278,8 @@ class Augment:
                 and not x.is_contiguous(memory_format=torch.channels_last)
             ):
                 # interleave the planes into N×H×W×3 memory: 0.1 ms instead of 0.17 per 224² image
-                return torch.stack(x.unbind(1), dim=-1, out=out.permute(0, 2, 3, 1))
+                torch.stack(x.unbind(1), dim=-1, out=out.permute(0, 2, 3, 1))
+                return out
             return out.copy_(x)
         if x.dtype == torch.uint8 and out.device.type == "cpu" and out.dtype == torch.float32:
             last = _pixels_last(out)
