@@ -468,10 +468,20 @@ def test_a_state_saved_without_the_shuffle_settings_still_resumes(shards: Path, 
     assert loader.state_dict()["batch"] == 3
 
 
-def test_resume_on_another_rank_or_data_set_is_refused(shards: Path, make: MakeLoader):
+def test_rank_0s_state_resumes_every_rank_at_its_own_batches(shards: Path, make: MakeLoader):
+    # DDP trainers (Lightning) save rank 0's loader state and load it on every rank
+    state = _state_after(make(shards, 4, num_workers=2, rank=0, world_size=2), 1, 2)
+    whole = make(shards, 4, num_workers=2, rank=1, world_size=2)
+    whole.set_epoch(1)
+    resumed = make(shards, 4, num_workers=2, rank=1, world_size=2)
+    resumed.load_state_dict(state)
+    assert [y for _, y in _batches(resumed)] == [y for _, y in _batches(whole)][2:]
+
+
+def test_resume_on_another_world_size_or_data_set_is_refused(shards: Path, make: MakeLoader):
     state = make(shards, 4, num_workers=0, rank=0, world_size=2).state_dict()
-    with pytest.raises(ValueError, match="resume with the same rank"):
-        make(shards, 4, num_workers=0, rank=1, world_size=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="resume with the same world_size"):
+        make(shards, 4, num_workers=0, rank=0, world_size=3).load_state_dict(state)
     with pytest.raises(ValueError, match="resume with the same samples"):
         make(shards, 4, num_workers=0, rank=0, world_size=2).load_state_dict(
             {**state, "samples": 50}

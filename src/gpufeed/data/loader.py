@@ -41,7 +41,9 @@ from gpufeed.present.numbers import count
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8)
 
 DEVICE_DEPTH = 2  # batches the feeder keeps ready on the device
-_STATE_KEYS = ("seed", "world_size", "rank", "num_workers", "batch_size", "samples", "drop_last")
+# what fixes the order a state's position counts in; not the rank: every rank has the same
+# batches per epoch, and DDP trainers (Lightning) save rank 0's state and load it on every rank
+_STATE_KEYS = ("seed", "world_size", "num_workers", "batch_size", "samples", "drop_last")
 _ORDER_KEYS = ("shuffle", "shuffle_buffer")  # checked where saved (older states lack them)
 
 try:  # the profiler measures data wait in DataLoader iterators' __next__: be one of them
