@@ -50,3 +50,15 @@ def test_a_trial_measures_a_real_loader_and_closes_it(shards: Path):
     loader = Loader(shards, 4, num_workers=1, device="cpu")
     assert trial_rate(loader) > 0
     assert loader._pool is None  # its worker processes are stopped
+
+
+def test_the_trial_of_a_mode_keeps_the_users_limits(shards: Path):
+    # a raised max_device_bytes held for the loader but not for its GPU trial, which then
+    # failed on the 8 GiB default the user never set
+    from gpufeed.data.augment import Augment
+
+    loader = Loader(
+        shards, 512, num_workers=0, device="cpu", augment=Augment(size=(512, 512)),
+        max_device_bytes=64 << 30, strict=True, worker_nice=0,
+    )  # fmt: skip
+    assert loader._trial_rate("gpu") > 0

@@ -340,7 +340,8 @@ class Loader:
         return ahead + decoded + 2 * CANVAS_ELEMENTS + grids
 
     def _trial_rate(self, mode: str) -> float:
-        """Images/s of a short trial of this Loader's settings with `mode` preprocessing."""
+        """Images/s of a short trial of this Loader's settings (all of them: a limit the user
+        raised holds for the trial too) with `mode` preprocessing."""
         return trial_rate(
             Loader(
                 self.dataset,
@@ -353,7 +354,12 @@ class Loader:
                 dtype=self.dtype,
                 channels_last=self.channels_last,
                 drop_last=self.drop_last,
+                strict=self.strict,
                 max_host_bytes=self.max_host_bytes,
+                max_device_bytes=self.max_device_bytes,
+                pin_memory=self.pin_memory,
+                non_blocking=self.non_blocking,
+                worker_nice=self.worker_nice,
             )
         )
 
