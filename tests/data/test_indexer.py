@@ -110,8 +110,9 @@ def test_upper_case_image_extensions_as_imagenet_names_them_are_read(
     assert sorted(_labels(make(tmp_path / "wds", 4, num_workers=0))) == list(range(12))
 
 
+@pytest.mark.parametrize("workers", [0, 2])
 def test_a_tar_with_folder_entries_as_gnu_tar_writes_is_indexed_and_read(
-    image_folder: Path, tmp_path: Path, make: Callable[..., Loader]
+    image_folder: Path, tmp_path: Path, make: Callable[..., Loader], workers: int
 ):
     tree = tmp_path / "tree" / "sub"
     tree.mkdir(parents=True)
@@ -124,7 +125,15 @@ def test_a_tar_with_folder_entries_as_gnu_tar_writes_is_indexed_and_read(
     with tarfile.open(tmp_path / "wds" / "h-0.tar") as tar:
         assert tar.getmembers()[0].isdir()
     index_shards(str(tmp_path / "wds"), progress=False)  # "member 'sub' is not a regular file"
-    assert sorted(_labels(make(tmp_path / "wds", 4, num_workers=0))) == list(range(6))
+    assert sorted(_labels(make(tmp_path / "wds", 4, num_workers=workers))) == list(range(6))
+    # its first sample starts past byte 0, yet the shard is still hashed: a changed byte is found
+    entry = ShardDataset(tmp_path / "wds").index.shards[0]
+    assert int(entry.offsets[0]) > 0
+    raw = bytearray((tmp_path / "wds" / "h-0.tar").read_bytes())
+    raw[int(entry.image_offsets[2]) + 100] ^= 0x55
+    (tmp_path / "wds" / "h-0.tar").write_bytes(bytes(raw))
+    with pytest.raises(ShardError, match=r"h-0\.tar: its SHA-256 is"):
+        _labels(make(tmp_path / "wds", 4, num_workers=workers))
 
 
 def test_a_brace_url_reads_only_the_shards_it_names(wds_dir: Path, make: Callable[..., Loader]):

@@ -258,8 +258,14 @@ class ShardDataset:
         upto = None  # the byte after the run's last image: read_indexed reads no further
         if entry.indexed and last < entry.samples - 1:
             upto = int(entry.image_offsets[last]) + int(entry.image_sizes[last])
-        f = self.source.open(entry, int(entry.offsets[first]), upto)
+        start = int(entry.offsets[first])
+        # a run from the first sample reads from byte 0, so the shard is hashed: bytes before its
+        # first sample (a folder entry of `tar cf x.tar dir/`) are read and dropped
+        head = start if first == 0 else 0
+        f = self.source.open(entry, start - head, upto)
         try:
+            if head and len(f.read(head)) != head:
+                raise ShardError(f"shard {where} is truncated: it ends before its first sample")
             if entry.indexed:
                 for got, (key, image) in enumerate(read_indexed(f, entry, first, count, where)):
                     if got == count - 1:  # before the yield: a plan closes its last run at it
