@@ -11,6 +11,7 @@ import gc
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -610,6 +611,27 @@ def test_gpu_preprocess_on_cpu_gives_the_batches_of_the_cpu_path(
     planned = _planned(shards, 2, 8, num_workers, seed=1)
     want, _, _ = _cpu_batch(planned[3], 2, 3, torch.float32)
     torch.testing.assert_close(out["gpu"][3][0], want, atol=1e-5, rtol=0)
+
+
+def test_gpu_preprocess_of_shards_indexed_without_image_sizes_keeps_every_image(
+    shards: Path, make: MakeLoader, tmp_path: Path
+):
+    # a version-1 index has no image sizes: its encoded slots were sized for 1 KiB images, and
+    # the larger ones were dropped as "unreadable image header"
+    from indexes import read_index_doc
+
+    from gpufeed.data.shards import INDEX_NAME, LEGACY_INDEX_NAME
+
+    d = tmp_path / "v1"
+    shutil.copytree(shards, d)
+    doc = read_index_doc(d)
+    for shard in doc["shards"]:
+        for column in ("image_offsets", "image_sizes", "image_exts"):
+            shard.pop(column, None)
+    (d / LEGACY_INDEX_NAME).write_text(json.dumps(doc))
+    (d / INDEX_NAME).unlink()
+    loader = make(d, 8, num_workers=2, preprocess="gpu")
+    assert sorted(_epoch(loader)) == list(range(48)) and loader.stats()["corrupt"] == 0
 
 
 # --- preprocess="gpu", decoder="workers": workers decode and crop, the device warps -------------

@@ -162,8 +162,14 @@ class ShardDataset:
         return n // w if self.drop_last else -(-n // w)
 
     def max_sample_bytes(self) -> int:
-        """The largest image in the data set (bounds buffer memory)."""
-        sizes = [int(np.max(s.image_sizes)) for s in self.index.shards if len(s.image_sizes)]
+        """The largest image in the data set (bounds buffer memory); for shards whose index
+        has no image sizes (a version-1 index), the largest sample."""
+        sizes = []
+        for s in self.index.shards:
+            if len(s.image_sizes):
+                sizes.append(int(np.max(s.image_sizes)))
+            elif len(s.offsets):
+                sizes.append(int(np.max(np.diff(np.append(s.offsets, s.bytes)))))
         return max(sizes, default=0) + 1024
 
     # --- the plan ---------------------------------------------------------------------------------

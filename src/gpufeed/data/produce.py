@@ -48,10 +48,15 @@ def fill_slot(
         buf, offsets = slots.images[index].numpy(), slots.offsets[index].numpy()
         pos = 0
         offsets[0] = 0
+        overflow: dict[int, str] = {}
         for i, s in enumerate(samples):
             data = s.data
             if pos + len(data) > len(buf):  # the index understated a size: never overflow
-                data = b""  # decoding it fails, so it is reported as corrupt
+                overflow[i] = (
+                    f"image of {len(data):,} bytes, more than the index bounds images to "
+                    f"({spec.max_sample_bytes:,}): index the shards again (`gpufeed index`)"
+                )
+                data = b""
             buf[pos : pos + len(data)] = np.frombuffer(data, dtype=np.uint8)
             pos += len(data)
             offsets[i + 1] = pos
@@ -60,7 +65,7 @@ def fill_slot(
         return {
             "n": len(samples),
             "corrupt": [],
-            "bad": bad,
+            "bad": bad | overflow,
             "keys": [(s.shard, s.key) for s in samples],
         }
     out = slots.images[index]
