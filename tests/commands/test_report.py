@@ -40,6 +40,10 @@ def test_an_output_that_is_a_folder_or_named_twice_is_refused(make_run, tmp_path
     res = runner.invoke(app, ["report", str(run_dir), "-o", str(same), "--json", str(same)])
     assert res.exit_code == 2 and f"--out and --json both name {same}" in res.stderr
     assert not same.exists() and not (run_dir / "report.html").exists()
+    default = run_dir / "report.html"  # --json naming the report's default file
+    res = runner.invoke(app, ["report", str(run_dir), "--json", str(default)])
+    assert res.exit_code == 2 and f"the report (--out) and --json both name {default}" in res.stderr
+    assert not default.exists()
 
 
 def test_json_findings_are_strict_json_also_without_a_system_store(make_run, tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpufeed.atomic import write_atomic
+from gpufeed.output_paths import check_distinct
 
 if TYPE_CHECKING:
     from gpufeed.analysis.finding import Finding
@@ -46,6 +47,9 @@ def write_report(
 
     overrides = resolve(config, sets)
     target = Path(out) if out is not None else run_paths(run_path)[0] / "report.html"
+    check_distinct(
+        ("--out" if out is not None else "the report (--out)", str(target)), ("--json", json_out)
+    )
     while True:
         run = load(run_path)
         findings = run_rules(run, **overrides)
