@@ -360,7 +360,7 @@ def pack_cmd(
     src: Annotated[
         str,
         typer.Argument(
-            help="Image folder (SRC/<class>/<image>) or list file (PATH LABEL per line)."
+            help="Image folder (SRC/<class>/<image>) or list file (PATH LABEL per line; tab, comma or spaces between, the label last)."
         ),
     ],
     dst: Annotated[str, typer.Argument(help="Output directory or s3://bucket/prefix.")],

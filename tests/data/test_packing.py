@@ -298,6 +298,31 @@ def test_classes_without_a_packed_image_keep_their_numbers_and_are_listed(image_
     assert full.empty_classes == [] and "no image packed" not in full.summary()
 
 
+def test_list_file_paths_may_hold_commas_and_spaces_the_label_is_the_last_field(
+    image_folder: Path, tmp_path: Path
+):
+    jpgs = sorted(image_folder.glob("*/*.jpg"))
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    names = ["a,b.jpg", "c d.jpg", "e.jpg", "f,g h.jpg", "i.jpg", "j k.jpg"]
+    for name, jpg in zip(names, jpgs, strict=False):
+        (odd / name).write_bytes(jpg.read_bytes())
+    lst = tmp_path / "list.txt"
+    lst.write_text(
+        "odd/a,b.jpg\tcat\nodd/c d.jpg\tcat\nodd/e.jpg, dog\nodd/f,g h.jpg dog\n"
+        "odd/i.jpg,golden retriever\nodd/j k.jpg,cat\n"
+    )
+    res = pack(lst, tmp_path / "out", workers=1, progress=False)
+    assert res.samples == 6 and not res.skipped
+    classes = _index(tmp_path / "out")["classes"]
+    assert classes == ["cat", "dog", "golden retriever"]
+    got = {s.key: classes[s.label] for s in ShardDataset(tmp_path / "out").iter_worker(0, 1)}
+    assert got == {
+        "a_b": "cat", "c_d": "cat", "e": "dog", "f_g_h": "dog", "i": "golden retriever",
+        "j_k": "cat",
+    }  # fmt: skip
+
+
 def test_a_fifo_in_a_list_file_is_skipped_not_waited_on(image_folder, tmp_path):
     src = _one_class(tmp_path, image_folder)
     os.mkfifo(tmp_path / "pipe.jpg")

@@ -252,6 +252,28 @@ def _list_labels(src: Path, labels: list[tuple[int, str]]) -> list[str]:
     return [str(i) for i in range(max(int(x) for _, x in labels) + 1)]
 
 
+def _split_line(line: str, base: Path) -> tuple[Path, str] | None:
+    """(path, label) of a list-file line: the label is the last field, after a tab, a comma or
+    spaces; paths may hold commas and spaces. A line with both a comma and spaces splits where
+    the path names a file (`a,b.jpg cat`, `c d.jpg,dog`), else at the last comma."""
+    if "\t" in line:
+        splits = [line.rpartition("\t")[::2]]
+    else:
+        splits = [line.rpartition(",")[::2]] if "," in line else []
+        spaced = re.fullmatch(r"(.*?\S)\s+(\S+)", line)
+        if spaced and not spaced[2].startswith(","):
+            splits.append((spaced[1].rstrip(","), spaced[2]))
+    found = []
+    for path, label in splits:
+        path, label = path.strip(), label.strip()
+        if path and label:
+            full = Path(path) if Path(path).is_absolute() else base / path
+            found.append((full, label))
+    if len(found) > 1:
+        return next((f for f in found if os.path.lexists(f[0])), found[0])
+    return found[0] if found else None
+
+
 def list_inputs(
     src: str | os.PathLike[str],
 ) -> tuple[list[_Item], list[str], list[tuple[str, str]]]:
@@ -281,12 +303,11 @@ def list_inputs(
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
-            parts = re.split(r"\s*[,\t]\s*|\s+(?=\S+$)", line, maxsplit=1)
-            if len(parts) != 2 or not parts[0] or not parts[1]:
+            parts = _split_line(line, src.parent)
+            if parts is None:
                 skipped.append((f"{src}:{n}", "malformed line: expected 'PATH LABEL'"))
                 continue
-            path = Path(parts[0]) if Path(parts[0]).is_absolute() else src.parent / parts[0]
-            rows.append((str(path), "", parts[1]))
+            rows.append((str(parts[0]), "", parts[1]))
             labels.append((n, parts[1]))
         if rows:  # keys: paths relative to the deepest folder holding all listed files
             common = os.path.commonpath([os.path.dirname(os.path.abspath(r[0])) for r in rows])
