@@ -62,7 +62,7 @@ from gpufeed.present.numbers import count
 
 STATE_NAME = ".pack-state.json"
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*((?:[kmgt]i?)?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
@@ -87,7 +87,10 @@ def parse_size(text: str | int) -> int:
         raise PackError(f"cannot read size {text!r}: use e.g. 64MB, 512KB or a number of bytes")
     unit = (m.group(2) or "").lower()
     factor = _UNITS[unit[:1]] if "i" not in unit else 1024 ** "bkmgt".index(unit[0])
-    return int(float(m.group(1)) * factor)
+    n = int(float(m.group(1)) * factor)
+    if float(m.group(1)) > 0 and n < 1:
+        raise PackError(f"size {text!r} is less than one byte: give e.g. 64MB")
+    return n
 
 
 @dataclass
