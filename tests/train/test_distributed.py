@@ -42,12 +42,7 @@ def free_port() -> int:
 def test_two_gloo_ranks_hold_identical_weights_after_a_step(tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), str(tmp_path),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    proc = _torchrun(script, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     w0, w1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     init = torch.load(tmp_path / "init0.pt")
@@ -55,6 +50,54 @@ def test_two_gloo_ranks_hold_identical_weights_after_a_step(tmp_path: Path) -> N
     for name in w0:
         assert torch.equal(w0[name], w1[name]), f"{name} differs between ranks"
     assert not torch.equal(w0["fc.weight"], init["fc.weight"]), "the step changed nothing"
+
+
+MAX_SECONDS_SCRIPT = textwrap.dedent(
+    """
+    import sys, time, torch
+    from torch import nn
+    from gpufeed.train import cleanup_distributed, fit, setup_distributed
+
+    info = setup_distributed()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 4))
+
+    class LateStep(torch.optim.SGD):  # rank 1's clock runs behind, as a CUDA rank's host does
+        def step(self, closure=None):
+            if info.rank == 1:
+                time.sleep(0.05)
+            return super().step(closure)
+
+    def endless():
+        while True:
+            yield torch.randn(4, 3, 8, 8), torch.randint(0, 4, (4,))
+
+    opt = LateStep(model.parameters(), lr=0.1)
+    result = fit(model, endless(), max_seconds=1.0, device="cpu", verbose=False, optimizer=opt)
+    open(f"{sys.argv[1]}/steps{info.rank}", "w").write(str(result.steps))
+    cleanup_distributed()
+    """
+)
+
+
+def _torchrun(script: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), str(tmp_path),
+    ]  # fmt: skip
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_max_seconds_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    # each rank judging its own clock stopped them apart: one rank's final all-reduce met the
+    # other's gradients ("collective mismatch")
+    script = tmp_path / "rank.py"
+    script.write_text(MAX_SECONDS_SCRIPT)
+    proc = _torchrun(script, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [int((tmp_path / f"steps{r}").read_text()) for r in (0, 1)]
+    assert steps[0] == steps[1] > 0 and steps[0] % 10 == 0, steps
 
 
 def test_a_single_process_needs_no_process_group(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -94,6 +94,27 @@ def test_steps_caps_training_across_epochs_and_set_epoch_is_called() -> None:
     assert loader.epochs == [0, 1, 2]
 
 
+def test_a_gpufeed_loader_goes_on_from_its_own_position(tmp_path) -> None:
+    # fit() set epochs 0, 1, ... on every loader: a restored Loader started over at epoch 0, and
+    # fit(epochs=1) called once per epoch trained the same order every time
+    from gpufeed.data.augment import Augment
+    from gpufeed.data.loader import Loader
+    from gpufeed.data.packing import pack
+    from gpufeed.demo.synth import make_image_folder
+
+    pack(make_image_folder(tmp_path / "img", 24, 2), tmp_path / "pack", workers=1, progress=False)
+    options = {"num_workers": 0, "augment": Augment(size=(16, 16)), "device": "cpu"}
+    with Loader(tmp_path / "pack", 4, **options) as loader:
+        state = {**loader.state_dict(), "epoch": 2, "batch": 3}
+        loader.load_state_dict(state)
+        fit(tiny_model(), loader, steps=1, device="cpu", verbose=False)
+        assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (2, 4)
+    with Loader(tmp_path / "pack", 4, **options) as loader:
+        for epoch in range(2):
+            fit(tiny_model(), loader, epochs=1, device="cpu", verbose=False)
+            assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (epoch + 1, 0)
+
+
 def test_data_wait_is_time_blocked_on_the_loader() -> None:
     def slow():
         for b in batches(4, size=16):

@@ -132,6 +132,22 @@ def _split_batch(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
+STOP_CHECK_EVERY = 10  # steps between the ranks' agreement on stopping for max_seconds
+
+
+def _any_rank(mine: bool, step: int, device: torch.device) -> bool:
+    """Under DDP: whether any rank's time is up, agreed on every `STOP_CHECK_EVERY` steps (the
+    ranks step together, so all check at the same step); False between checks. Ranks that
+    stopped at different steps would pair one's last all-reduce with another's gradients."""
+    if step % STOP_CHECK_EVERY:
+        return False
+    flag = torch.tensor([1.0 if mine else 0.0])
+    if dist.get_backend() == "nccl":
+        flag = flag.to(device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def fit(
     model: nn.Module,
     loader: Iterable[Any] | SyntheticData,
@@ -154,8 +170,11 @@ def fit(
 ) -> FitResult:
     """Train ``model`` on ``loader`` (``(images, labels)`` batches) and measure its throughput.
 
-    ``steps`` caps the total number of steps, ``max_seconds`` the wall time; under torchrun the model
+    ``steps`` caps the total number of steps, ``max_seconds`` the wall time (under DDP every rank
+    stops at the same step, the first check after any rank's time is up); under torchrun the model
     is wrapped in DDP (call `setup_distributed` first). Throughput counts the steps after ``warmup``.
+    A loader that keeps its own position (gpufeed's Loader: ``state_dict``) goes on from it, a
+    restored one resumes; another with ``set_epoch`` is given epochs 0, 1, ...
     """
     if amp is not None and amp not in AMP_DTYPES:
         raise ValueError(f"unknown amp mode {amp!r}: choose one of {', '.join(AMP_DTYPES)} or None")
@@ -197,8 +216,9 @@ def fit(
     t_begin = time.perf_counter()
     epoch = 0
     done = False
+    stateful = hasattr(data, "state_dict")  # its iterations are its next epochs already
     for epoch in range(epochs):
-        if hasattr(data, "set_epoch"):
+        if hasattr(data, "set_epoch") and not stateful:
             data.set_epoch(epoch)
         it = iter(data)
         while True:
@@ -237,9 +257,10 @@ def fit(
                 measured_samples += n
                 measured_steps += 1
             log.step(len(step_times), epoch, loss, step_times, data_waits, n)
-            if (steps is not None and len(step_times) >= steps) or (
-                max_seconds is not None and t2 - t_begin >= max_seconds
-            ):
+            out_of_time = max_seconds is not None and t2 - t_begin >= max_seconds
+            if distributed and max_seconds is not None:
+                out_of_time = _any_rank(out_of_time, len(step_times), device)
+            if (steps is not None and len(step_times) >= steps) or out_of_time:
                 done = True
                 break
         if done:
