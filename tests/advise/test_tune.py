@@ -268,3 +268,18 @@ def test_tuning_on_a_folder_names_the_sampled_images_it_left_out(tmp_path: Path)
     assert r.trials
     left_out = [n for n in r.notes if "left out" in n]
     assert len(left_out) == 1 and str(bad) in left_out[0] and "empty file" in left_out[0]
+    # the rates are those of pre-resized shards: the note says how to pack them
+    assert f"`gpufeed pack {images} DST --resize 37`" in " ".join(r.notes)
+
+
+def fixed_size_model() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 224 * 224, 10))
+
+
+def test_a_model_that_cannot_take_the_image_size_is_one_clear_error(shards: Path):
+    # it was a traceback from inside the first trial
+    with pytest.raises(MeasureError, match=r"the model failed on a 32x32 image: RuntimeError: "):
+        tune(
+            str(shards), model=f"{THIS}:fixed_size_model", batch_size=4, device="cpu",
+            image_size=32, out=None, seconds=0.3, repeats=1,
+        )  # fmt: skip

@@ -73,6 +73,12 @@ class Sample(NamedTuple):
         )
 
 
+def sample_resize(image_size: int) -> int:
+    """The short side a sample is pre-resized to for training at `image_size`: room for the
+    random-resized crop."""
+    return math.ceil(image_size * 1.15)
+
+
 def pack_sample(folder: str, dst: Path, image_size: int, n: int = SAMPLE_IMAGES) -> Sample:
     """Pack up to `n` images of an image folder (an even sample), pre-resized for `image_size`;
     sampled images that cannot be decoded are left out and listed, as `gpufeed pack` does."""
@@ -94,7 +100,7 @@ def pack_sample(folder: str, dst: Path, image_size: int, n: int = SAMPLE_IMAGES)
         as_given = {os.path.abspath(it.path): it.path for it in chosen}
         with warnings.catch_warnings():  # a sample is far below the 1-128 MB shard advice
             warnings.simplefilter("ignore")
-            done = pack(lst, dst / "shards", resize=math.ceil(image_size * 1.15), progress=False)
+            done = pack(lst, dst / "shards", resize=sample_resize(image_size), progress=False)
     except NothingPacked as e:
         eg = "".join(f" (e.g. {as_given.get(p, p)}: {why})" for p, why in e.skipped[:1])
         raise MeasureError(

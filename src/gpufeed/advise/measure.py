@@ -169,14 +169,21 @@ class TrainSettings:
 
 
 def model_classes(model: Any, h: int, w: int, device: str) -> int:
-    """How many classes `model` predicts (one forward of a blank image, in eval mode, no grad)."""
+    """How many classes `model` predicts (one forward of a blank image, in eval mode, no grad);
+    a MeasureError naming the image size where the model cannot take it."""
     import torch
 
-    with torch.no_grad():
-        was = model.training
-        classes = int(model.eval()(torch.zeros(1, 3, h, w, device=device)).shape[-1])
+    was = model.training
+    try:
+        with torch.no_grad():
+            return int(model.eval()(torch.zeros(1, 3, h, w, device=device)).shape[-1])
+    except Exception as e:
+        raise MeasureError(
+            f"the model failed on a {h}x{w} image: {type(e).__name__}: {e}; give the image size "
+            "it was built for (--image-size) or another --model"
+        ) from None
+    finally:
         model.train(was)
-    return classes
 
 
 def _labels(batch: Any) -> Any:

@@ -165,7 +165,7 @@ def tune(
     """Run the trials, each loader augmenting by `recipe(image_size, augment_load)`, and write the
     winner to `out` (None: don't write); return them all. It prints nothing but, with
     `progress`, each trial as it starts (on stderr)."""
-    from gpufeed.advise.inputs import pack_sample, resolve_data
+    from gpufeed.advise.inputs import pack_sample, resolve_data, sample_resize
     from gpufeed.cores import usable_cores
 
     note = progress_notes(progress)
@@ -187,6 +187,8 @@ def tune(
         raise MeasureError(f"--out {out}: the folder {Path(out).parent} does not exist")
     spec = resolve_data(data)
     net = build_model(model) if model else None
+    if net is not None:  # a model that cannot take the images fails once, here, not per trial
+        model_classes(net.to(device), image_size, image_size, device)
     with tempfile.TemporaryDirectory(prefix="gpufeed-tune-") as tmp:
         shards = spec.where
         notes = []
@@ -194,7 +196,10 @@ def tune(
             note("an image folder: packing a pre-resized sample to tune on …")
             sample = pack_sample(spec.where, Path(tmp), image_size)
             shards = str(sample.shards)
-            notes.append("tuned on a pre-resized sample of the image folder; pack it to use them")
+            notes.append(
+                "tuned on a pre-resized sample of the image folder: its rates hold for shards "
+                f"packed as `gpufeed pack {spec.where} DST --resize {sample_resize(image_size)}`"
+            )
             if sample.skipped:
                 notes.append(sample.left_out())
         result = TuneResult(
