@@ -106,7 +106,12 @@ class TuneResult:
 
     @property
     def best(self) -> Trial:
-        return max(self.trials, key=lambda t: t.images_per_s)
+        """The fastest trial that beats the default by more than their noise (half the larger
+        spread of their repeats), else the default: a lead within the noise is no reason to
+        change a setting."""
+        base = self.default
+        clear = [t for t in self.trials if t is base or _beats(t, base)]
+        return max(clear, key=lambda t: t.images_per_s)
 
     def to_json(self) -> str:
         from gpufeed.hardware import describe, hardware
@@ -306,6 +311,8 @@ def _search(
             return False
         rates, waits = [], []
         try:
+            if not result.trials:  # unrecorded: the default is not measured on a cold cache
+                measure_loader(loader, seconds=min(seconds, 1.0))
             for _ in range(repeats):
                 if net is None:
                     rates.append(measure_loader(loader, seconds=seconds).images_per_s)
@@ -357,7 +364,7 @@ def _search(
         if run(Trial(batch_size, n, 2, "cpu")):
             return
     best = result.best if result.trials else base
-    for depth in (4, 8):
+    for depth in (4, 8) if best.num_workers else ():  # no workers: nothing is made ahead
         if run(Trial(batch_size, best.num_workers, depth, "cpu")):
             return
     # CPU workers or the GPU: the Loader's own choice (data/choose.py), on trials measured here
@@ -390,6 +397,12 @@ def _search(
             )
             if b >= 1 and run(bigger):
                 return
+
+
+def _beats(trial: Trial, base: Trial) -> bool:
+    """`trial`'s median is above `base`'s by more than half the larger spread of the two."""
+    noise = max((x for x in (trial.spread, base.spread) if math.isfinite(x)), default=0.0)
+    return trial.images_per_s > base.images_per_s * (1 + noise / 2)
 
 
 def _described(trial: Trial) -> str:
