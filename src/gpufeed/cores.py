@@ -9,7 +9,7 @@ import math
 import os
 from pathlib import Path
 
-__all__ = ["allowed_cores", "cpu_quota", "usable_cores"]
+__all__ = ["allowed_cores", "cores_per_rank", "cpu_quota", "usable_cores"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -76,3 +76,13 @@ def usable_cores() -> int:
     cores = len(allowed_cores())
     quota = cpu_quota()
     return max(1, min(cores, quota) if quota else cores)
+
+
+def cores_per_rank() -> int:
+    """Usable cores per training process on this machine: shared by torchrun's local ranks
+    (LOCAL_WORLD_SIZE), at least one."""
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    except ValueError:
+        ranks = 1
+    return max(1, usable_cores() // ranks)

@@ -29,6 +29,28 @@ def test_a_file_written_before_the_decoder_setting_reads_back_with_the_default_d
     assert load_settings(path) == {**GOOD, "decoder": "auto"}
 
 
+def test_workers_tuned_for_more_cores_per_rank_than_here_become_the_default_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from gpufeed.cores import cores_per_rank
+    from gpufeed.data.loader import default_workers
+
+    path = tmp_path / "s.json"
+    here = cores_per_rank()
+    path.write_text(json.dumps({"loader": {**GOOD, "num_workers": 15}, "cores_per_rank": 16}))
+    if here != 16:  # tuned on a 16-core machine: 15 workers would oversubscribe this one
+        with pytest.warns(RuntimeWarning, match="tuned for 16 cores per training process"):
+            assert load_settings(path)["num_workers"] == default_workers()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # the same file under torchrun, 8 ranks here
+    with pytest.warns(RuntimeWarning, match=f"this one has {cores_per_rank()}"):
+        assert load_settings(path)["num_workers"] == default_workers()
+    mine = tmp_path / "mine.json"  # tuned here for this many ranks: kept, whatever it is
+    mine.write_text(
+        json.dumps({"loader": {**GOOD, "num_workers": 40}, "cores_per_rank": cores_per_rank()})
+    )
+    assert load_settings(mine)["num_workers"] == 40
+
+
 def test_the_old_import_path_still_works_and_says_where_it_moved(tmp_path: Path):
     from gpufeed.bench.tune import load_settings as old
 

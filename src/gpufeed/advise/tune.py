@@ -114,6 +114,7 @@ class TuneResult:
         return max(clear, key=lambda t: t.images_per_s)
 
     def to_json(self) -> str:
+        from gpufeed.cores import cores_per_rank
         from gpufeed.hardware import describe, hardware
         from gpufeed.present.numbers import finite
 
@@ -130,6 +131,7 @@ class TuneResult:
                 "image_size": self.image_size,
                 "augment_load": self.augment_load,
                 "hardware": describe(hardware()),
+                "cores_per_rank": cores_per_rank(),  # what num_workers was tuned for
                 # strict JSON: a figure not measured (NaN) is null
                 "trials": [
                     {k: finite(v) if isinstance(v, float) else v for k, v in asdict(t).items()}

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from gpufeed.cores import usable_cores
+from gpufeed.cores import cores_per_rank
 from gpufeed.data.augment import Augment
 from gpufeed.data.budget import default_max_host_bytes, host_bytes, machine_memory
 from gpufeed.data.choose import PREPROCESS_MODES, choose_preprocess, trial_rate
@@ -91,8 +91,7 @@ def _close_open_loaders() -> None:
 
 def default_workers() -> int:
     """Cores per local rank (torchrun's LOCAL_WORLD_SIZE), less one for the training loop."""
-    per_rank = usable_cores() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    return max(1, per_rank - 1)
+    return max(1, cores_per_rank() - 1)
 
 
 def _device(device: Any) -> torch.device:

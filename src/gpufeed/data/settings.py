@@ -62,4 +62,26 @@ def load_settings(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise SettingsError(
             f"{p}: loader.decoder = {loader['decoder']!r}: use one of " + ", ".join(DECODERS)
         )
-    return {k: loader[k] for k in SETTING_KEYS}
+    return {k: loader[k] for k in SETTING_KEYS} | {"num_workers": _workers_here(p, doc, loader)}
+
+
+def _workers_here(p: Path, doc: dict[str, Any], loader: dict[str, Any]) -> int:
+    """The file's num_workers, or this machine's default where the file was tuned for more
+    cores per training process than this one has (another machine, or more local ranks), with
+    a warning: 15 workers tuned on 16 cores, under torchrun with 8 ranks, would be 120."""
+    import warnings
+
+    from gpufeed.cores import cores_per_rank
+    from gpufeed.data.loader import default_workers
+
+    n, there, here = loader["num_workers"], doc.get("cores_per_rank"), cores_per_rank()
+    if n <= default_workers() or there == here:
+        return n
+    tuned = f"{there} cores per training process" if there else "another machine"
+    warnings.warn(
+        f"{p}: num_workers={n} was tuned for {tuned}; this one has {here}: using "
+        f"num_workers={default_workers()}. Run `gpufeed tune` here for settings of its own",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return default_workers()
