@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpufeed import cores
-from gpufeed.cores import allowed_cores, cpu_quota, usable_cores
+from gpufeed.cores import allowed_cores, cpu_quota, memory_limit, usable_cores
 from gpufeed.profiler.session import machine_meta
 
 
@@ -71,6 +71,37 @@ def test_a_container_limit_caps_the_usable_cores(
     assert usable_cores() == 1
     monkeypatch.setattr(cores, "CGROUP_ROOT", _cgroup(tmp_path / "big", {"cpu.max": "max 100000"}))
     assert usable_cores() == len(allowed_cores())
+
+
+@pytest.mark.parametrize(
+    ("files", "membership", "limit"),
+    [
+        ({"memory.max": "68719476736\n"}, "0::/\n", 64 << 30),
+        ({"memory.max": "max\n"}, "0::/\n", None),
+        ({"memory.max": "max\n", "job/memory.max": "1073741824\n"}, "0::/job\n", 1 << 30),
+        ({"memory/memory.limit_in_bytes": "9223372036854771712\n"}, "5:memory:/\n", None),
+        ({"memory/k8s/memory.limit_in_bytes": "2147483648\n"}, "5:memory:/k8s\n", 2 << 30),
+        ({"memory.max": "garbage\n"}, "0::/\n", None),
+        ({}, "0::/\n", None),
+    ],
+)
+def test_the_container_memory_limit_is_read_from_cgroup_v2_or_v1(
+    tmp_path: Path, files: dict[str, str], membership: str, limit: int | None
+) -> None:
+    assert memory_limit(_cgroup(tmp_path, files), membership) == limit
+
+
+def test_a_container_memory_limit_caps_the_machines_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psutil
+
+    from gpufeed.data.budget import default_max_host_bytes, machine_memory
+
+    monkeypatch.setattr(cores, "CGROUP_ROOT", _cgroup(tmp_path, {"memory.max": "1073741824\n"}))
+    monkeypatch.setattr(cores, "memory_limit", lambda: memory_limit(membership="0::/\n"))
+    assert machine_memory() == min(1 << 30, psutil.virtual_memory().total)
+    assert default_max_host_bytes() == machine_memory() // 4
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")

@@ -9,7 +9,7 @@ import math
 import os
 from pathlib import Path
 
-__all__ = ["allowed_cores", "cores_per_rank", "cpu_quota", "usable_cores"]
+__all__ = ["allowed_cores", "cores_per_rank", "cpu_quota", "memory_limit", "usable_cores"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -34,21 +34,37 @@ def cpu_quota(root: Path | None = None, membership: str | None = None) -> int | 
             membership = Path("/proc/self/cgroup").read_text()
         except OSError:
             membership = ""
-    quotas = [q for d in _own_cgroups(root, membership) if (q := _quota(d)) is not None]
+    quotas = [q for d in _own_cgroups(root, membership, "cpu") if (q := _quota(d)) is not None]
     return min(quotas, default=None)
 
 
-def _own_cgroups(root: Path, membership: str) -> list[Path]:
-    """The cgroup folders that limit this process's CPU: its own and each parent, to the root."""
+def memory_limit(root: Path | None = None, membership: str | None = None) -> int | None:
+    """This process's memory limit in bytes: the tightest `memory.max` (cgroup v2) or
+    `memory.limit_in_bytes` (v1) from its own cgroup up to the root, as `cpu_quota`; None where
+    there is none or none can be read."""
+    root = root or CGROUP_ROOT
+    if membership is None:
+        try:
+            membership = Path("/proc/self/cgroup").read_text()
+        except OSError:
+            membership = ""
+    found = _own_cgroups(root, membership, "memory")
+    limits = [n for d in found if (n := _memory(d)) is not None]
+    return min(limits, default=None)
+
+
+def _own_cgroups(root: Path, membership: str, controller: str) -> list[Path]:
+    """The cgroup folders that limit this process's `controller` ("cpu", "memory"): its own
+    and each parent, to the root."""
     v2, v1 = "/", "/"
     for line in membership.splitlines():
         _, controllers, path = [*line.split(":", 2), "", ""][:3]
         if controllers == "":
             v2 = path or "/"
-        elif "cpu" in controllers.split(","):
+        elif controller in controllers.split(","):
             v1 = path or "/"
     found = []
-    for base, path in ((root, v2), (root / "cpu", v1)):
+    for base, path in ((root, v2), (root / controller, v1)):
         parts = Path(path.strip()).parts[1:] if path.strip().startswith("/") else ()
         if ".." in parts:  # a cgroup outside this namespace: only the root is ours to read
             parts = ()
@@ -68,6 +84,18 @@ def _quota(folder: Path) -> int | None:
         return max(1, math.ceil(int(quota) / int(period)))
     except (OSError, ValueError):
         return None
+
+
+def _memory(folder: Path) -> int | None:
+    for name in ("memory.max", "memory.limit_in_bytes"):
+        try:
+            text = (folder / name).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < 1 << 60:  # v1 writes "no limit" as ~2**63
+            return int(text)
+        return None
+    return None
 
 
 def usable_cores() -> int:

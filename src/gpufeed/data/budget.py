@@ -12,13 +12,18 @@ DEFAULT_SHARE = 0.25  # of the machine's memory, when the user sets no cap
 
 
 def machine_memory() -> int:
-    """Total physical memory in bytes."""
+    """The memory this process may use in bytes: the machine's, capped by its container's limit
+    (a 64 GiB pod on a 1 TiB node has 64 GiB)."""
+    from gpufeed.cores import memory_limit
+
     try:
         import psutil
 
-        return int(psutil.virtual_memory().total)
+        total = int(psutil.virtual_memory().total)
     except Exception:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        total = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    limit = memory_limit()
+    return min(total, limit) if limit else total
 
 
 def default_max_host_bytes() -> int:
