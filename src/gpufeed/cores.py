@@ -28,13 +28,8 @@ def cpu_quota(root: Path | None = None, membership: str | None = None) -> int | 
     /proc/self/cgroup, or `membership`) up to the root; None where there is none or none can be
     read. Inside a container the root is usually the container's own cgroup; on a bare host a
     systemd slice or a batch job's cgroup sits below it."""
-    root = root or CGROUP_ROOT
-    if membership is None:
-        try:
-            membership = Path("/proc/self/cgroup").read_text()
-        except OSError:
-            membership = ""
-    quotas = [q for d in _own_cgroups(root, membership, "cpu") if (q := _quota(d)) is not None]
+    found = _own_cgroups(root or CGROUP_ROOT, _membership(membership), "cpu")
+    quotas = [q for d in found if (q := _quota(d)) is not None]
     return min(quotas, default=None)
 
 
@@ -42,15 +37,19 @@ def memory_limit(root: Path | None = None, membership: str | None = None) -> int
     """This process's memory limit in bytes: the tightest `memory.max` (cgroup v2) or
     `memory.limit_in_bytes` (v1) from its own cgroup up to the root, as `cpu_quota`; None where
     there is none or none can be read."""
-    root = root or CGROUP_ROOT
-    if membership is None:
-        try:
-            membership = Path("/proc/self/cgroup").read_text()
-        except OSError:
-            membership = ""
-    found = _own_cgroups(root, membership, "memory")
+    found = _own_cgroups(root or CGROUP_ROOT, _membership(membership), "memory")
     limits = [n for d in found if (n := _memory(d)) is not None]
     return min(limits, default=None)
+
+
+def _membership(given: str | None) -> str:
+    """/proc/self/cgroup (the cgroups this process is in) unless `given`; "" where unreadable."""
+    if given is not None:
+        return given
+    try:
+        return Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return ""
 
 
 def _own_cgroups(root: Path, membership: str, controller: str) -> list[Path]:
