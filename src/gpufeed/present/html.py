@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpufeed.analysis.stats import device_key
-from gpufeed.present.numbers import after_warmup, count, cpu_counts, number
+from gpufeed.present.numbers import after_warmup, count, cpu_counts, figure, number
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -230,13 +230,13 @@ def _summary(
         {"label": "Steps", "value": f"{s['steps']:,}", "detail": count(s["ranks"], "rank")},
         {
             "label": "Throughput",
-            "value": _num(s["samples_per_s"], " samples/s"),
-            "detail": _num(s["steps_per_s"], " steps/s per rank"),
+            "value": figure(s["samples_per_s"], " samples/s", missing="n/a"),
+            "detail": figure(s["steps_per_s"], " steps/s per rank", missing="n/a"),
         },
         {
             "label": "Step time p50",
-            "value": _num(1e3 * s["step_p50"], " ms"),
-            "detail": "p95 " + _num(1e3 * s["step_p95"], " ms"),
+            "value": figure(1e3 * s["step_p50"], " ms", missing="n/a"),
+            "detail": "p95 " + figure(1e3 * s["step_p95"], " ms", missing="n/a"),
         },
         {
             "label": "Data wait",
@@ -256,7 +256,7 @@ def _summary(
             {
                 "label": "Evaluation",
                 "value": _secs(s["eval_time"]),
-                "detail": f"{s['eval_passes']:,} passes, apart from the training steps "
+                "detail": f"{count(s['eval_passes'], 'pass')}, apart from the training steps "
                 f"({_secs(s['training_time'])})",
             },
         )
@@ -749,6 +749,8 @@ def _num(value: float, unit: str = "", digits: int = 0) -> str:
 def _secs(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "n/a"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
     if seconds < 120:
         return f"{seconds:.1f} s"
     if seconds < 7200:

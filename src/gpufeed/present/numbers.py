@@ -16,6 +16,15 @@ def number(value: float | None, digits: int = 0, unit: str = "", missing: str = 
     return f"{value:,.{digits}f}{unit}"
 
 
+def figure(value: float | None, unit: str = "", missing: str = MISSING) -> str:
+    """`value` with about three significant digits, whatever its size: "0.45", "11.3", "1,234"
+    (a rate of 0.45 steps/s is not "0")."""
+    if value is None or not math.isfinite(value):
+        return missing
+    size = abs(value)
+    return number(value, 2 if size < 10 else 1 if size < 100 else 0, unit)
+
+
 def count(n: int, noun: str) -> str:
     """`n` and `noun`, plural unless n is 1: "1 step", "3 steps", "2 classes"."""
     if n == 1:

@@ -15,7 +15,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from gpufeed.present.numbers import after_warmup, cpu_counts, finite, number
+from gpufeed.present.numbers import after_warmup, count, cpu_counts, finite, number
 
 if TYPE_CHECKING:
     from gpufeed.analysis.finding import Finding
@@ -132,7 +132,7 @@ def print_run(
             console.print(f"Data wait: {note}")
         if s["eval_passes"]:
             console.print(
-                f"Evaluation: {s['eval_passes']} passes, {_seconds(s['eval_time'])} "
+                f"Evaluation: {count(s['eval_passes'], 'pass')}, {_seconds(s['eval_time'])} "
                 "(not counted in the training steps above)"
             )
 
