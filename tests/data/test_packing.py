@@ -226,6 +226,18 @@ def test_cli_pack_prints_what_it_wrote(image_folder: Path, tmp_path: Path):
     assert "wrote 48 images in 1 shard (" in result.output
 
 
+def test_cli_pack_writes_only_its_summary_to_stdout_with_file_names_made_harmless(
+    image_folder: Path, tmp_path: Path
+):
+    src = _one_class(tmp_path, image_folder)
+    (src / "a" / "evil\x1b[2J\x1b[31mred\nline.txt").write_text("not an image")
+    cmd = [sys.executable, "-m", "gpufeed", "pack", str(src), str(tmp_path / "o"), "--workers", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("wrote 2 images in 1 shard")  # no progress bar on stdout
+    assert "\x1b" not in out.stdout and "evil\\x1b[2J\\x1b[31mred\\nline.txt:" in out.stdout
+
+
 def test_cli_pack_bad_input_exits_2_with_a_message(tmp_path: Path):
     result = CliRunner().invoke(app, ["pack", str(tmp_path / "missing"), str(tmp_path / "o")])
     assert result.exit_code == 2

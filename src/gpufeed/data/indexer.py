@@ -541,6 +541,7 @@ class _bytes_progress:
     def __enter__(self) -> Callable[[int], None]:
         if not self.enabled:
             return lambda n: None
+        from rich.console import Console
         from rich.progress import (
             BarColumn,
             DownloadColumn,
@@ -556,6 +557,7 @@ class _bytes_progress:
             TransferSpeedColumn(),
             TimeRemainingColumn(),
             transient=True,
+            console=Console(stderr=True),  # stdout keeps only the summary, e.g. for a file
         )
         self.bar.__enter__()
         task = self.bar.add_task(self.what, total=self.total)

@@ -110,15 +110,21 @@ class PackResult:
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
     def summary(self) -> str:
-        """What was written, converted and skipped, printable whatever the file names."""
+        """What was written, converted and skipped, printable whatever the file names (control
+        characters in them shown as escapes, not sent to the terminal)."""
+        from gpufeed.present.terminal import visible
+
+        def show(name: str) -> str:
+            return visible(printable(name))
+
         if self.already_packed:
             return (
-                f"{printable(self.dst)} already holds this pack: {count(self.samples, 'image')} in "
+                f"{show(self.dst)} already holds this pack: {count(self.samples, 'image')} in "
                 f"{count(self.shards, 'shard')}"
             )
         lines = [
             f"wrote {count(self.samples, 'image')} in {count(self.shards, 'shard')} "
-            f"({self.bytes / 1e6:.1f} MB, {count(self.classes, 'class')}) to {printable(self.dst)}"
+            f"({self.bytes / 1e6:.1f} MB, {count(self.classes, 'class')}) to {show(self.dst)}"
             + (
                 f"; resumed after {count(self.resumed_shards, 'finished shard')}"
                 if self.resumed_shards
@@ -126,9 +132,9 @@ class PackResult:
             )
         ]
         if self.repacked:
-            lines.append(f"packed again: {printable(self.repacked)}")
+            lines.append(f"packed again: {show(self.repacked)}")
         if self.empty_classes:
-            names = ", ".join(printable(c) for c in self.empty_classes[:10])
+            names = ", ".join(show(c) for c in self.empty_classes[:10])
             more = len(self.empty_classes) - 10
             lines.append(
                 f"no image packed for {count(len(self.empty_classes), 'class')}: {names}"
@@ -139,7 +145,7 @@ class PackResult:
         for title, rows in (("converted", self.converted), ("skipped", self.skipped)):
             if rows:
                 lines.append(f"{title} {len(rows)}:")
-                lines += [f"  {printable(p)}: {why}" for p, why in rows[:50]]
+                lines += [f"  {show(p)}: {visible(why)}" for p, why in rows[:50]]
                 if len(rows) > 50:
                     lines.append(f"  ... and {len(rows) - 50} more")
         return "\n".join(lines)
@@ -720,6 +726,7 @@ class _progress:
     def __enter__(self) -> Any:
         if not self.enabled:
             return lambda: None
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
         self.bar = Progress(
@@ -728,6 +735,7 @@ class _progress:
             MofNCompleteColumn(),
             TimeRemainingColumn(),
             transient=True,
+            console=Console(stderr=True),  # stdout keeps only the summary, e.g. for a file
         )
         self.bar.__enter__()
         task = self.bar.add_task("packing", total=self.total, completed=self.done)

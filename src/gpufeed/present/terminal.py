@@ -248,7 +248,7 @@ def print_runs(
                 Text(_clock(start, seconds=False)),  # the run's name has the seconds
                 Text(duration) if duration else Text(state, style="yellow"),
                 Text("" if code is None else str(code)),
-                _text(_visible(_command_line(meta))),
+                _text(visible(_command_line(meta))),
             )
         )
     heads = ("run", "started", "duration", "exit")
@@ -280,7 +280,7 @@ def _command_line(meta: dict[str, Any]) -> str:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 
 
-def _visible(value: Any, keep_newlines: bool = False) -> str:
+def visible(value: Any, keep_newlines: bool = False) -> str:
     """`value` as text with control characters shown as escapes (`\\x1b`) instead of sent to the
     terminal."""
 
@@ -293,12 +293,12 @@ def _visible(value: Any, keep_newlines: bool = False) -> str:
 
 def _m(value: Any, keep_newlines: bool = False) -> str:
     """A string from a run, safe to put into Rich markup: escaped, control characters visible."""
-    return escape(_visible(value, keep_newlines))
+    return escape(visible(value, keep_newlines))
 
 
 def _text(value: Any, style: str = "") -> Text:
     """A string from a run as a table cell: plain text (no markup, no emoji codes)."""
-    return Text(_visible(value), style=style)
+    return Text(visible(value), style=style)
 
 
 def _gpu_name(gpu: Any) -> str:
