@@ -24,6 +24,7 @@ from gpufeed.data.augment import Augment
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.indexer import MAX_SHARDS, brace_count, expand_urls, index_shards
 from gpufeed.data.loader import Loader
+from gpufeed.data.packing import pack
 from gpufeed.data.shards import INDEX_NAME, ShardError
 from gpufeed.data.source import filesystem
 
@@ -236,6 +237,18 @@ def test_train_and_val_indexed_in_one_directory_keep_both(
     index_shards(str(wds_dir / "wds-000003.tar"), progress=False)
     assert sorted(_labels(make(str(wds_dir / "wds-000003.tar"), 4))) == list(range(39, 48))
     assert sorted(_labels(make(str(wds_dir / PATTERN), 4))) == list(range(48))
+
+
+def test_a_pack_indexed_again_keeps_its_class_names(image_folder: Path, tmp_path: Path):
+    # pack writes integer .cls labels: indexing its shards again named the classes "0", "1", ...
+    with pytest.warns(UserWarning, match="outside 1-128 MB"):
+        pack(image_folder, tmp_path / "p", shard_size="64KB", workers=1, progress=False)
+    names = ShardDataset(tmp_path / "p").classes
+    index_shards(str(tmp_path / "p"), progress=False)
+    assert ShardDataset(tmp_path / "p").classes == names == [f"class_{i:03d}" for i in range(4)]
+    first = sorted(p.name for p in (tmp_path / "p").glob("*.tar"))[0]
+    index_shards(str(tmp_path / "p" / first), progress=False)  # one shard, beside the others
+    assert ShardDataset(tmp_path / "p").classes == names
 
 
 # --- bad input ----------------------------------------------------------------------------------

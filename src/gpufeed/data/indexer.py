@@ -59,7 +59,7 @@ class IndexResult:
         return (
             f"indexed {count(self.samples, 'sample')} of {count(self.classes, 'class')} in "
             f"{count(self.shards, 'shard')} "
-            f"({self.bytes / MB:.1f} MB) into {self.index}"
+            f"({self.bytes / 1e6:.1f} MB) into {self.index}"
         )
 
 
@@ -461,10 +461,14 @@ def _resolve_labels(
 
 
 def _merge(out: Destination, classes: list[str], entries: list[ShardEntry]) -> Index:
-    """The new entries, plus those of other shards already indexed in the same directory."""
+    """The new entries, plus those of other shards already indexed in the same directory.
+    Integer labels named by their numbers take the names the index there gives them (a
+    `gpufeed pack` folder indexed again keeps its class names)."""
     if not out.exists(INDEX_NAME):
         return Index(classes, entries)
     old = Index.from_bytes(out.read_bytes(INDEX_NAME), out.path(INDEX_NAME))
+    if classes == [str(i) for i in range(len(classes))] and len(old.classes) >= len(classes):
+        classes = list(old.classes)
     mine = {e.name for e in entries}
     kept = [e for e in old.shards if e.name not in mine]
     if not kept:
