@@ -106,6 +106,21 @@ def test_ls_in_80_columns_keeps_every_column_and_cuts_only_the_command(make_run,
     assert len(" ".join(argv)) > 60 and " ".join(argv) in _text(list_runs, tmp_path)
 
 
+def test_ls_never_cuts_a_run_name_it_drops_the_command_where_there_is_no_room(make_run, tmp_path):
+    # a default name from a script name of 11+ characters was cut ("train_small-2026…-1143…"),
+    # so it could not be copied into `gpufeed show`
+    run = make_run(meta={"command": ["python", "train_small.py"], "exit_code": 0})
+    long = run.rename(tmp_path / "train_small_resnet50-20261124-234606-11431")
+    shown = {}
+    for width in (200, 80, 60):
+        console = Console(record=True, width=width)
+        list_runs(tmp_path, console=console)
+        shown[width] = console.export_text()
+        assert f"│ {long.name} │" in shown[width], width
+    assert "python train_small.py" in shown[200]
+    assert "command" not in shown[60] and "python" not in shown[60]  # no room left for it
+
+
 def test_ls_of_an_empty_folder_says_how_to_make_a_run(tmp_path):
     assert "gpufeed profile" in _text(list_runs, tmp_path)
 

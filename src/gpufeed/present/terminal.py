@@ -252,16 +252,19 @@ def print_runs(
             )
         )
     heads = ("run", "started", "duration", "exit")
-    # every column but the command keeps its width; the command gets what is left of the line
-    fixed = sum(max(len(h), *(r[i].cell_len for r in rows)) + 3 for i, h in enumerate(heads))
+    # every column but the command keeps its whole width (a run's name is copied into `show`);
+    # the command gets what is left of the line, or is left out where nothing is
+    widths = [max(len(h), *(r[i].cell_len for r in rows)) for i, h in enumerate(heads)]
+    room = console.width - sum(w + 3 for w in widths) - 4  # 3: padding and rule per column
     table = Table(title=_text(f"Runs in {base}"), title_justify="left")
-    for head in heads:
+    for head, width in zip(heads, widths, strict=True):
         right = head in ("duration", "exit")
-        table.add_column(head, justify="right" if right else "left", no_wrap=True)
-    room = max(len("command"), console.width - fixed - 4)
-    table.add_column("command", overflow="ellipsis", no_wrap=True, max_width=room)
+        table.add_column(head, justify="right" if right else "left", no_wrap=True, min_width=width)
+    command = room >= len("command")
+    if command:
+        table.add_column("command", overflow="ellipsis", no_wrap=True, max_width=room)
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(row if command else row[:-1]))
     console.print(table)
 
 
