@@ -269,6 +269,11 @@ def test_a_lead_within_the_noise_of_the_repeats_keeps_the_default():
     clear = Trial(64, 12, 2, "cpu", images_per_s=1080.0, spread=0.04)  # +8%
     assert TuneResult("d", "cuda", 224, [default, noisy]).best == default
     assert TuneResult("d", "cuda", 224, [default, noisy, clear]).best == clear
+    # trained end to end: the trial that ends the default's data wait wins (the search stops
+    # there), though its lead is within the noise
+    waiting = Trial(64, 1, 2, "cpu", images_per_s=100.0, spread=0.4, data_wait_share=0.3)
+    fed = Trial(64, 8, 2, "cpu", images_per_s=115.0, spread=0.1, data_wait_share=0.05)
+    assert TuneResult("d", "cuda", 224, [waiting, fed]).best == fed
     once = Trial(64, 15, 4, "cpu", images_per_s=1001.0, spread=0.0)  # one repeat: no noise known
     assert (
         TuneResult("d", "cuda", 224, [Trial(64, 15, 2, "cpu", 1000.0, spread=0.0), once]).best

@@ -130,6 +130,18 @@ def test_encoded_slots_carry_the_bytes_and_the_random_parameters_of_the_cpu_path
     torch.testing.assert_close(params[:, 6 + 2 * reps :].T.float(), angle)
 
 
+def test_an_image_larger_than_the_index_says_is_the_one_left_out_of_an_encoded_slot(shards: Path):
+    from gpufeed.data.dataset import RawSample
+
+    samples = list(ShardDataset(shards, shuffle=False).iter_worker(0, 1))[:4]
+    bound = max(len(s.data) for s in samples)
+    big = RawSample(samples[0].shard, "big", 0, samples[0].data * 3)  # its size understated
+    slots = Slots(_spec("encoded", max_sample_bytes=bound), 1, 1)
+    meta = fill_slot([big, *samples[1:]], Position(0, 0), slots, 0, seed=0, rank=0)
+    assert list(meta["bad"]) == [0]  # not the later images it would have crowded out
+    assert f"more than the index bounds images to ({bound:,})" in meta["bad"][0]
+
+
 # --- resample_batch ---------------------------------------------------------------------------
 
 

@@ -44,6 +44,13 @@ def test_workers_tuned_for_more_cores_per_rank_than_here_become_the_default_with
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # the same file under torchrun, 8 ranks here
     with pytest.warns(RuntimeWarning, match=f"this one has {cores_per_rank()}"):
         assert load_settings(path)["num_workers"] == default_workers()
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    old = tmp_path / "old.json"  # written before tune recorded cores_per_rank
+    old.write_text(json.dumps({"loader": {**GOOD, "num_workers": cores_per_rank()}}))
+    assert load_settings(old)["num_workers"] == cores_per_rank()  # as many as the cores: kept
+    old.write_text(json.dumps({"loader": {**GOOD, "num_workers": cores_per_rank() + 1}}))
+    with pytest.warns(RuntimeWarning, match="is more than the"):
+        assert load_settings(old)["num_workers"] == default_workers()
     mine = tmp_path / "mine.json"  # tuned here for this many ranks: kept, whatever it is
     mine.write_text(
         json.dumps({"loader": {**GOOD, "num_workers": 40}, "cores_per_rank": cores_per_rank()})

@@ -109,6 +109,8 @@ def test_a_gpufeed_loader_goes_on_from_its_own_position(tmp_path) -> None:
         loader.load_state_dict(state)
         fit(tiny_model(), loader, steps=1, device="cpu", verbose=False)
         assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (2, 4)
+        fit(tiny_model(), loader, steps=1, device="cpu", verbose=False)  # in chunks: no gap
+        assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (2, 5)
     with Loader(tmp_path / "pack", 4, **options) as loader:
         for epoch in range(2):
             fit(tiny_model(), loader, epochs=1, device="cpu", verbose=False)

@@ -107,8 +107,8 @@ class TuneResult:
     @property
     def best(self) -> Trial:
         """The fastest trial that beats the default by more than their noise (half the larger
-        spread of their repeats), else the default: a lead within the noise is no reason to
-        change a setting."""
+        spread of their repeats) or ends its data wait, else the default: a lead within the
+        noise is no reason to change a setting."""
         base = self.default
         clear = [t for t in self.trials if t is base or _beats(t, base)]
         return max(clear, key=lambda t: t.images_per_s)
@@ -402,7 +402,10 @@ def _search(
 
 
 def _beats(trial: Trial, base: Trial) -> bool:
-    """`trial`'s median is above `base`'s by more than half the larger spread of the two."""
+    """`trial`'s median is above `base`'s by more than half the larger spread of the two, or,
+    trained end to end, it ends the data wait `base` has and is no slower."""
+    if trial.data_wait_share < WAITING <= base.data_wait_share:  # NaN (no model): never
+        return trial.images_per_s >= base.images_per_s
     noise = max((x for x in (trial.spread, base.spread) if math.isfinite(x)), default=0.0)
     return trial.images_per_s > base.images_per_s * (1 + noise / 2)
 

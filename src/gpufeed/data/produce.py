@@ -51,7 +51,8 @@ def fill_slot(
         overflow: dict[int, str] = {}
         for i, s in enumerate(samples):
             data = s.data
-            if pos + len(data) > len(buf):  # the index understated a size: never overflow
+            if len(data) > spec.max_sample_bytes or pos + len(data) > len(buf):
+                # the index understated its size: it would take another image's room
                 overflow[i] = (
                     f"image of {len(data):,} bytes, more than the index bounds images to "
                     f"({spec.max_sample_bytes:,}): index the shards again (`gpufeed index`)"

@@ -68,7 +68,8 @@ def load_settings(path: str | os.PathLike[str]) -> dict[str, Any]:
 def _workers_here(p: Path, doc: dict[str, Any], loader: dict[str, Any]) -> int:
     """The file's num_workers, or this machine's default where the file was tuned for more
     cores per training process than this one has (another machine, or more local ranks), with
-    a warning: 15 workers tuned on 16 cores, under torchrun with 8 ranks, would be 120."""
+    a warning: 15 workers tuned on 16 cores, under torchrun with 8 ranks, would be 120. A file
+    that does not say (written before tune recorded it) is only held to this one's cores."""
     import warnings
 
     from gpufeed.cores import cores_per_rank
@@ -77,10 +78,16 @@ def _workers_here(p: Path, doc: dict[str, Any], loader: dict[str, Any]) -> int:
     n, there, here = loader["num_workers"], doc.get("cores_per_rank"), cores_per_rank()
     if n <= default_workers() or there == here:
         return n
-    tuned = f"{there} cores per training process" if there else "another machine"
+    if there is None and n <= here:  # a file from before tune said: no more workers than cores
+        return n
+    why = (
+        f"was tuned for {there} cores per training process; this one has {here}"
+        if there
+        else f"is more than the {here} cores this training process has"
+    )
     warnings.warn(
-        f"{p}: num_workers={n} was tuned for {tuned}; this one has {here}: using "
-        f"num_workers={default_workers()}. Run `gpufeed tune` here for settings of its own",
+        f"{p}: num_workers={n} {why}: using num_workers={default_workers()}. Run "
+        "`gpufeed tune` here for settings of its own",
         RuntimeWarning,
         stacklevel=3,
     )

@@ -216,9 +216,11 @@ def fit(
     t_begin = time.perf_counter()
     epoch = 0
     done = False
-    stateful = hasattr(data, "state_dict")  # its iterations are its next epochs already
+    stateful = hasattr(data, "state_dict") and hasattr(data, "load_state_dict")
     for epoch in range(epochs):
-        if hasattr(data, "set_epoch") and not stateful:
+        if stateful:  # on from where it is, also mid-epoch (a fit(steps=N) before this one)
+            data.load_state_dict(data.state_dict())
+        elif hasattr(data, "set_epoch"):
             data.set_epoch(epoch)
         it = iter(data)
         while True:

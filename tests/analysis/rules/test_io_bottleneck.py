@@ -28,6 +28,15 @@ def test_iowait_counts_in_cores_so_one_blocked_loader_is_seen_on_many_cores() ->
         assert f"(0.6 of {cores} cores idle, waiting on reads)" in f.title
     quiet = RunBuilder(cpu_count=16).steps([0.2] * 100, waits=0.12).metric("cpu.iowait", 0.5)
     assert not fired(quiet.build())  # 0.08 of a core: noise
+    # a pod limited to 4 CPUs on a 64-core node: the sampler averaged over the 64 cores
+    pod = RunBuilder(cpu_count=4).steps([0.2] * 100, waits=0.12).metric("cpu.iowait", 60.0 / 64)
+    for core in range(64):
+        pod.metric("cpu.core", 10.0, str(core))
+    (f,) = fired(pod.build())
+    assert f.evidence["iowait_cores"] == 0.6 and "(0.6 of 64 cores idle" in f.title
+    # the parameter's older form, a percentage, still works
+    assert not fired(pod.build(), IOBottleneck={"iowait": 10.0})
+    assert fired(pod.build(), IOBottleneck={"iowait": 0.5})
 
 
 def test_disk_reads_at_a_plateau(builder: RunBuilder) -> None:

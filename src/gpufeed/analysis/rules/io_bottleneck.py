@@ -28,6 +28,9 @@ class IOBottleneck(Rule):
         "iowait_cores": Param(
             0.2, "cores' worth of CPU iowait (mean iowait % x cores / 100) that counts as high"
         ),
+        "iowait": Param(
+            0.0, "older form: mean CPU iowait % that counts as high (0: use iowait_cores)"
+        ),
         "plateau": Param(0.7, "median / p95 read rate at or above which throughput is a plateau"),
         "min_rate_mb": Param(20.0, "MB/s a plateau must reach to count"),
     }
@@ -43,11 +46,16 @@ class IOBottleneck(Rule):
         causes = []
         iowait = ctx.metric("cpu.iowait")
         by_host = {str(h): float(g["value"].mean()) for h, g in iowait.groupby("host", sort=True)}
+        # the cores the sampler averaged over: its per-core series (the affinity set), which a
+        # container's CPU limit (the run's cpu_count) does not shrink
+        per_core = ctx.metric("cpu.core").groupby("host")["device"].nunique()
+        averaged = {h: int(per_core.get(h, 0)) or ctx.cores_of(h) for h in by_host}
         if by_host:  # the host with the most cores' worth of iowait
-            host = max(by_host, key=lambda h: by_host[h] * ctx.cores_of(h))
-            mean, cores = by_host[host], ctx.cores_of(host)
+            host = max(by_host, key=lambda h: by_host[h] * averaged[h])
+            mean, cores = by_host[host], averaged[host]
             blocked = mean * cores / 100
-            if blocked >= p["iowait_cores"]:
+            high = blocked >= p["iowait_cores"] if not p["iowait"] else mean >= p["iowait"]
+            if high:
                 on = f" on {host}" if len(by_host) > 1 else ""
                 causes.append(
                     f"CPU iowait averages {mean:.0f}%{on} ({blocked:.1f} of {cores} cores idle, "
