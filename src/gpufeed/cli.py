@@ -252,7 +252,7 @@ def report_cmd(
 
     if watch is not None and not 0 < watch < math.inf:
         raise GpufeedError(f"--watch {watch:g}: give the seconds between rewrites, e.g. --watch 10")
-    check_output_file("--out", out, make_parents=True)
+    check_output_file("--out", out, make_parents=True, example="report.html")
     check_output_file("--json", json_out, make_parents=True)
     check_distinct(("--out", out), ("--json", json_out))
     try:
@@ -316,7 +316,7 @@ def trace_cmd(
                 f"{option} {value:g}: give seconds from the run's start, 0 or more, "
                 f"e.g. {option} 30"
             )
-    check_output_file("--out", out, make_parents=True)
+    check_output_file("--out", out, make_parents=True, example="trace.json")
     try:
         write_trace(runs, out, start=start, end=end, max_mb=max_mb, echo=typer.echo, merge=merge)
     except OSError as e:
@@ -682,7 +682,7 @@ def tune_cmd(
     check_count("--batch-size", batch_size, 1)
     check_count("--image-size", image_size, 1)
     check_count("--augment-load", augment_load, 0)
-    check_output_file("--out", out)
+    check_output_file("--out", out, example="gpufeed-tune.json")
 
     result = tune(
         data,

@@ -9,15 +9,18 @@ import os
 from gpufeed.errors import GpufeedError
 
 
-def check_output_file(option: str, path: str | None, make_parents: bool = False) -> None:
+def check_output_file(
+    option: str, path: str | None, make_parents: bool = False, example: str = ""
+) -> None:
     """Refuse, before any work or any other file is written, an output file that cannot be: an
-    existing folder, a path under a file, or (unless the command creates folders) a missing folder."""
+    existing folder, a path under a file, or (unless the command creates folders) a missing
+    folder. `example`: the file name to suggest in a folder (the command's default's name)."""
     if not path:
         return
     if os.path.isdir(path):
         raise GpufeedError(
             f"{option} {path} is a folder: give a file name in it, "
-            f"e.g. {option} {os.path.join(path, _example(option))}"
+            f"e.g. {option} {os.path.join(path, example or _example(option))}"
         )
     _check_ancestors(option, path)
     folder = os.path.dirname(os.path.abspath(path))

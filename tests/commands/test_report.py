@@ -35,7 +35,11 @@ def test_an_output_under_a_file_is_refused_before_any_file_is_written(make_run, 
 def test_an_output_that_is_a_folder_or_named_twice_is_refused(make_run, tmp_path):
     run_dir = make_run(ranks=STEPS)
     res = runner.invoke(app, ["report", str(run_dir), "-o", str(tmp_path)])
-    assert res.exit_code == 2 and f"--out {tmp_path} is a folder: give a file name" in res.stderr
+    assert res.exit_code == 2
+    assert (
+        f"--out {tmp_path} is a folder: give a file name in it, e.g. --out {tmp_path}/report.html"
+        in res.stderr
+    )
     same = tmp_path / "r.html"
     res = runner.invoke(app, ["report", str(run_dir), "-o", str(same), "--json", str(same)])
     assert res.exit_code == 2 and f"--out and --json both name {same}" in res.stderr
