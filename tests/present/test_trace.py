@@ -93,7 +93,7 @@ def test_a_window_keeps_only_what_overlaps_it() -> None:
     assert trace["otherData"]["window_start_s"] == 2.0
     with pytest.raises(TraceError, match="must be after"):
         build_trace(two_rank_run(), start=3.0, end=2.0)
-    with pytest.raises(TraceError, match=r"holds no data; the run spans 0-6\.0 s"):
+    with pytest.raises(TraceError, match=r"--start 100 s is past the run's end: it spans 0-6\.0 s"):
         build_trace(two_rank_run(), start=100.0)
 
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from gpufeed.analysis.run import Run
 
 MAX_MB = 200.0
-_BYTES_PER_EVENT = 150  # measured average of the events below, rounded up
+_BYTES_PER_EVENT = 110  # measured 96-100 bytes an event (2026-11-25), rounded up; the text is checked too
 _UNITS = {
     "disk.": 1e-6,
     "net.": 1e-6,
@@ -110,6 +110,10 @@ def build_trace(
     if estimate * _BYTES_PER_EVENT > max_mb * 1e6:
         raise TraceError(_too_big(run, estimate * _BYTES_PER_EVENT / 1e6, max_mb, info))
     if len(steps) == 0 and len(system) == 0 and (start is not None or end is not None):
+        if lo > t1:
+            raise TraceError(
+                f"--start {start:g} s is past the run's end: it spans 0-{t1 - t0:.1f} s"
+            )
         raise TraceError(
             f"the window {lo - t0:g}-{hi - t0:g} s holds no data; the run spans 0-{t1 - t0:.1f} s"
         )
