@@ -264,21 +264,35 @@ def test_a_decoder_that_varies_gets_its_column_and_still_fits_80_columns():
 
 
 def test_a_lead_within_the_noise_of_the_repeats_keeps_the_default():
-    default = Trial(64, 15, 2, "cpu", images_per_s=1000.0, spread=0.10)
+    default = Trial(64, 15, 2, "cpu", 1000.0, "default", spread=0.10)
     noisy = Trial(64, 15, 4, "cpu", images_per_s=1040.0, spread=0.06)  # +4%, within 5%
     clear = Trial(64, 12, 2, "cpu", images_per_s=1080.0, spread=0.04)  # +8%
     assert TuneResult("d", "cuda", 224, [default, noisy]).best == default
     assert TuneResult("d", "cuda", 224, [default, noisy, clear]).best == clear
     # trained end to end: the trial that ends the default's data wait wins (the search stops
     # there), though its lead is within the noise
-    waiting = Trial(64, 1, 2, "cpu", images_per_s=100.0, spread=0.4, data_wait_share=0.3)
+    waiting = Trial(64, 1, 2, "cpu", 100.0, "default", spread=0.4, data_wait_share=0.3)
     fed = Trial(64, 8, 2, "cpu", images_per_s=115.0, spread=0.1, data_wait_share=0.05)
     assert TuneResult("d", "cuda", 224, [waiting, fed]).best == fed
     once = Trial(64, 15, 4, "cpu", images_per_s=1001.0, spread=0.0)  # one repeat: no noise known
     assert (
-        TuneResult("d", "cuda", 224, [Trial(64, 15, 2, "cpu", 1000.0, spread=0.0), once]).best
+        TuneResult(
+            "d", "cuda", 224, [Trial(64, 15, 2, "cpu", 1000.0, "default", spread=0.0), once]
+        ).best
         == once
     )
+
+
+def test_a_refused_default_leaves_the_speedups_without_a_baseline_not_another_trials():
+    from rich.console import Console
+
+    trials = [Trial(64, 4, 2, "cpu", 300.0), Trial(64, 2, 2, "cpu", 200.0)]  # no "default"
+    r = TuneResult("d", "cuda", 224, trials, notes=["skipped 15 workers: max_host_bytes"])
+    assert r.default is None and r.best == trials[0]
+    assert json.loads(r.to_json())["default_images_per_s"] is None
+    console = Console(record=True, width=120)
+    console.print(r)
+    assert "×" not in console.export_text()  # no speedup against a trial that was not the default
 
 
 def test_tuning_on_a_folder_names_the_sampled_images_it_left_out(tmp_path: Path):

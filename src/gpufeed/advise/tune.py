@@ -101,8 +101,10 @@ class TuneResult:
         return _render(self)
 
     @property
-    def default(self) -> Trial:
-        return self.trials[0]
+    def default(self) -> Trial | None:
+        """The trial of the Loader's defaults; None where a limit refused it (the speedups then
+        have no baseline, rather than another trial's)."""
+        return next((t for t in self.trials if t.note == "default"), None)
 
     @property
     def best(self) -> Trial:
@@ -110,6 +112,8 @@ class TuneResult:
         spread of their repeats) or ends its data wait, else the default: a lead within the
         noise is no reason to change a setting."""
         base = self.default
+        if base is None:
+            return max(self.trials, key=lambda t: t.images_per_s)
         clear = [t for t in self.trials if t is base or _beats(t, base)]
         return max(clear, key=lambda t: t.images_per_s)
 
@@ -122,7 +126,7 @@ class TuneResult:
             {
                 "loader": self.best.settings(),
                 "images_per_s": self.best.images_per_s,
-                "default_images_per_s": self.default.images_per_s,
+                "default_images_per_s": self.default.images_per_s if self.default else None,
                 "model": self.model,
                 "model_images_per_s": self.model_images_per_s,
                 "stopped_early": self.stopped_early,
@@ -429,7 +433,7 @@ def _render(result: TuneResult) -> Group:
 
     parts: list[Any] = []
 
-    best = result.best
+    best, base = result.best, result.default
     trials = result.trials
     # a setting no trial changed goes in the title, so the table fits an 80-column terminal
     fixed = {
@@ -466,7 +470,7 @@ def _render(result: TuneResult) -> Group:
             "batch": str(t.batch_size),
             "images/s": f"{t.images_per_s:,.0f}",
             "±": f"±{t.spread / 2:.0%}" if math.isfinite(t.spread) else "–",
-            "speedup": f"×{t.images_per_s / result.default.images_per_s:.2f}",
+            "speedup": f"×{t.images_per_s / base.images_per_s:.2f}" if base else "–",
         }
         table.add_row(
             *(cells[c] for c in cols),
