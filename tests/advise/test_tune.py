@@ -295,6 +295,40 @@ def test_a_refused_default_leaves_the_speedups_without_a_baseline_not_another_tr
     assert "×" not in console.export_text()  # no speedup against a trial that was not the default
 
 
+SEEN_BATCHES: list[int] = []
+
+
+class _Recording(nn.Module):
+    """A tiny model that records the batch sizes it trains on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        SEEN_BATCHES.append(int(x.shape[0]))
+        return self.fc(x.mean((2, 3)))
+
+
+def recording_model() -> nn.Module:
+    return _Recording()
+
+
+def test_a_data_set_smaller_than_a_batch_measures_the_model_at_the_batch_it_gives(tmp_path):
+    # the model alone was measured on --batch-size images, a shape the loader never delivers
+    images = make_image_folder(tmp_path / "img", 12, 2, short_side=(40, 64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pack(images, tmp_path / "shards", progress=False, workers=1)
+    SEEN_BATCHES.clear()
+    r = tune(
+        str(tmp_path / "shards"), model=f"{THIS}:recording_model", batch_size=64, device="cpu",
+        image_size=16, out=None, seconds=0.3, repeats=1,
+    )  # fmt: skip
+    assert r.model_images_per_s is not None
+    assert max(SEEN_BATCHES) == 12  # the whole data set, never 64
+
+
 def test_tuning_on_a_folder_names_the_sampled_images_it_left_out(tmp_path: Path):
     images = make_image_folder(tmp_path / "imgs", 16, 2, short_side=(64, 96))
     bad = sorted(images.glob("*/*.jpg"))[-1]

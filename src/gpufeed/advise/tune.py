@@ -230,7 +230,11 @@ def tune(
             with cpu_threads_beside(best.num_workers, device) as threads:
                 where = f"{device}, {count(threads, 'thread')}" if device == "cpu" else device
                 note(f"measuring the model alone: {model} on {where} …")
-                shape = (best.batch_size, 3, image_size, image_size)
+                # the batches the data gives: a data set smaller than a batch gives it whole
+                from gpufeed.data.dataset import ShardDataset
+
+                n = min(best.batch_size, ShardDataset(shards, world_size=1, rank=0).index.total)
+                shape = (n, 3, image_size, image_size)
                 result.model_images_per_s = measure_model(
                     net, shape, device, seconds, settings=TrainSettings.for_device(device)
                 ).images_per_s
