@@ -135,9 +135,9 @@ class Loader:
 
     Each new iteration is the next epoch (0, 1, 2, ...) unless `set_epoch(n)` chose one; an
     iteration no batch was taken from does not count (a trainer probing `iter(loader)`), and
-    `set_epoch(n)` right after `iter()` still chooses that iteration's epoch. The epoch seeds the shard order, the shuffle and the augmentations. Workers run on into the
-    next epoch while the loop finishes the current one, so the GPU does not wait at epoch
-    boundaries. A corrupt image is left out of its batch and listed in `stats()`, with a
+    `set_epoch(n)` right after `iter()` still chooses that iteration's epoch. The epoch seeds
+    the shard order, the shuffle and the augmentations. Workers run on into the next epoch
+    while the loop finishes the current one, so the GPU does not wait at epoch boundaries. A corrupt image is left out of its batch and listed in `stats()`, with a
     warning at the first and at any batch left empty (or raises with `strict=True`). Host
     buffers are shared, reused and (on CUDA) page-locked once; they are capped by
     `max_host_bytes` (default: a quarter of the machine's memory).

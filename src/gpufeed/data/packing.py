@@ -650,9 +650,8 @@ def _pack_into(
 
 def _empty_classes(index: Index) -> list[str]:
     """The names of the classes in `index` that none of its samples has."""
-    used: set[int] = set()
-    for e in index.shards:
-        used.update(int(x) for x in e.labels)
+    labels = [np.asarray(e.labels) for e in index.shards]
+    used = set(np.unique(np.concatenate(labels)).tolist()) if labels else set()
     return [c for i, c in enumerate(index.classes) if i not in used]
 
 

@@ -23,9 +23,8 @@ if TYPE_CHECKING:
     from gpufeed.analysis.run import Run
 
 MAX_MB = 200.0
-_BYTES_PER_EVENT = (
-    110  # measured 96-100 bytes an event (2026-11-25), rounded up; the text is checked too
-)
+# measured 96-100 bytes an event (2026-11-25), rounded up; the written text is checked too
+_BYTES_PER_EVENT = 110
 _UNITS = {
     "disk.": 1e-6,
     "net.": 1e-6,

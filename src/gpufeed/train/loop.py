@@ -135,15 +135,18 @@ def _split_batch(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
 STOP_CHECK_EVERY = 10  # steps between the ranks' agreement on stopping for max_seconds
 
 
+def _for_collectives(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` where the process group's collectives take it: on the device under NCCL."""
+    return t.to(device) if dist.get_backend() == "nccl" else t
+
+
 def _any_rank(mine: bool, step: int, device: torch.device) -> bool:
     """Under DDP: whether any rank's time is up, agreed on every `STOP_CHECK_EVERY` steps (the
     ranks step together, so all check at the same step); False between checks. Ranks that
     stopped at different steps would pair one's last all-reduce with another's gradients."""
     if step % STOP_CHECK_EVERY:
         return False
-    flag = torch.tensor([1.0 if mine else 0.0])
-    if dist.get_backend() == "nccl":
-        flag = flag.to(device)
+    flag = _for_collectives(torch.tensor([1.0 if mine else 0.0]), device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
 
@@ -276,8 +279,7 @@ def fit(
     total_rate = rate
     if distributed:
         totals = torch.tensor([float(measured_samples), elapsed], dtype=torch.float64)
-        if dist.get_backend() == "nccl":
-            totals = totals.to(device)
+        totals = _for_collectives(totals, device)
         dist.all_reduce(totals[:1])
         slowest = totals[1:].clone()
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)

@@ -75,9 +75,9 @@ class LoadBalancing(Rule):
             title=f"Load imbalance: rank {slow} is the straggler",
             evidence=evidence,
             recommendation=(
-                f"{why[:1].upper() + why[1:]}. Give every rank the same work: equal shard counts and sample "
-                "sizes per rank (drop_last), the same loader settings (num_workers) and the same "
-                f"hardware; check what else runs on rank {slow}'s host, cores or GPU."
+                f"{why[:1].upper() + why[1:]}. Give every rank the same work: equal shard counts "
+                "and sample sizes per rank (drop_last), the same loader settings (num_workers) and "
+                f"the same hardware; check what else runs on rank {slow}'s host, cores or GPU."
             ),
             est_speedup=None if speedup is None else round(max(1.0, speedup), 3),
         )
