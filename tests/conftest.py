@@ -121,3 +121,37 @@ def make_run(tmp_path: Path) -> Callable[..., Path]:
         return run_dir
 
     return make
+
+
+@pytest.fixture
+def jittered_hosts() -> Callable[..., object]:
+    """`jittered_hosts(hosts=2, seconds=10.0, interval=0.2) -> Run`: an in-memory run whose hosts
+    sample every `interval` with the sampler's jitter (gaps of 0.7-1.35 intervals) and never at
+    the same moments; on each host one training process at 95% CPU and 2 GB RSS, 4 cores at 50%,
+    and 8 GB of host memory used."""
+    import numpy as np
+    import pandas as pd
+
+    from gpufeed.analysis.run import PROCESS_COLUMNS, STEP_COLUMNS, SYSTEM_COLUMNS, Run
+
+    def make(hosts: int = 2, seconds: float = 10.0, interval: float = 0.2) -> Run:
+        rng = np.random.default_rng(1)
+        t0 = 1_700_000_000.0
+        system, processes = [], []
+        for h in range(hosts):
+            gaps = interval * rng.uniform(0.7, 1.35, int(2 * seconds / interval))
+            times = t0 + interval * h / hosts + np.cumsum(gaps)
+            times = times[times < t0 + seconds]
+            for t in times:
+                system += [(t, f"node{h}", "cpu.core", str(c), 50.0) for c in range(4)]
+                system += [(t, f"node{h}", "mem.used", "", 8e9)]
+                processes.append((t, f"node{h}", 1000 + h, "main", 95.0, 2e9))
+        meta = {"name": "hosts", "command": ["python", "t.py"], "start_time": t0,
+                "end_time": t0 + seconds, "exit_code": 0, "interval": interval, "finished": True,
+                "hosts": [f"node{h}" for h in range(hosts)], "cpu_count": 4 * hosts, "ranks": []}  # fmt: skip
+        system_df = pd.DataFrame(system, columns=SYSTEM_COLUMNS)
+        process_df = pd.DataFrame(processes, columns=PROCESS_COLUMNS)
+        steps = pd.DataFrame(columns=STEP_COLUMNS)
+        return Run(Path("hosts"), meta, system_df, steps, process_df)
+
+    return make

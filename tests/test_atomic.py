@@ -4,6 +4,8 @@ a symlink keeps pointing at its (rewritten) target, a FIFO or device is written 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -43,3 +45,35 @@ def test_dev_null_stays_a_device():
         pytest.skip("no /dev/null")
     write_atomic(os.devnull, "x")
     assert not Path(os.devnull).is_file()
+
+
+def test_dev_stdout_on_a_pipe_is_written_into():
+    code = "from gpufeed.atomic import write_atomic; write_atomic('/dev/stdout', 'findings')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "findings"
+
+
+def test_dev_stdout_redirected_to_a_file_is_written_at_its_offset_never_replaced(tmp_path: Path):
+    log = tmp_path / "findings.log"
+    log.write_text("earlier\n")
+    code = (
+        "from gpufeed.atomic import write_atomic\n"
+        "print('before', flush=True)\n"
+        "write_atomic('/dev/stdout', 'findings\\n')\n"
+        "print('after')\n"
+    )
+    with open(log, "a") as out:  # the shell's `>> findings.log`
+        subprocess.run([sys.executable, "-c", code], stdout=out, check=True, timeout=120)
+    assert log.read_text() == "earlier\nbefore\nfindings\nafter\n"
+
+
+def test_a_pipe_whose_reader_left_is_an_error_naming_the_path_given():
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        with pytest.raises(BrokenPipeError) as error:
+            write_atomic(f"/dev/fd/{write_end}", "findings")
+        assert error.value.filename == f"/dev/fd/{write_end}"
+    finally:
+        os.close(write_end)

@@ -20,6 +20,19 @@ def test_records_cpu_cores_memory_gpus_and_versions() -> None:
         assert "gpu_unavailable" in info
 
 
+def test_records_the_containers_memory_limit_below_the_machines_memory(monkeypatch) -> None:
+    import gpufeed.hardware as hw
+
+    monkeypatch.setattr(hw, "memory_limit", lambda: 1 << 30)
+    assert hardware()["memory_limit"] == 1 << 30
+    monkeypatch.setattr(hw, "memory_limit", lambda: None)
+    assert "memory_limit" not in hardware()
+    monkeypatch.setattr(
+        hw, "memory_limit", lambda: 1 << 62
+    )  # "max" is no limit below the machine's
+    assert "memory_limit" not in hardware()
+
+
 def test_describe_names_cores_cpu_gpu_and_torch() -> None:
     info = {
         "cpu_cores": 2,

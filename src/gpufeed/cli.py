@@ -89,12 +89,25 @@ def written(error: OSError, *targets: str | None) -> str:
     return named[0] if named else where
 
 
-def echo_result(result: object) -> None:
-    """Print what a command returned (it renders itself: `__rich__`) on stdout; long lines of
-    evidence stay whole for the terminal to wrap."""
+def echo_result(result: object, err: bool = False) -> None:
+    """Print what a command returned (it renders itself: `__rich__`) on stdout (stderr with
+    `err`); long lines of evidence stay whole for the terminal to wrap."""
     from rich.console import Console
 
-    Console().print(result, crop=False)
+    Console(stderr=err).print(result, crop=False)
+
+
+def onto_stdout(*outputs: str | None) -> bool:
+    """Whether one of the output files given is this process's stdout (`--json /dev/stdout`):
+    then what the command says goes to stderr, leaving stdout to the data."""
+    from gpufeed.atomic import descriptor
+
+    return any(o is not None and descriptor(o) == 1 for o in outputs)
+
+
+def say(err: bool) -> Callable[[str], None]:
+    """typer.echo, on stderr with `err` (see `onto_stdout`)."""
+    return lambda message: typer.echo(message, err=err)
 
 
 def check_seconds(option: str, value: float | None) -> None:
@@ -248,13 +261,14 @@ def report_cmd(
 ) -> None:
     """Write a self-contained HTML report: summary, findings with evidence and fixes, charts."""
     from gpufeed.commands.report import write_report
-    from gpufeed.present.terminal import print_findings
+    from gpufeed.present.terminal import findings_view
 
     if watch is not None and not 0 < watch < math.inf:
         raise GpufeedError(f"--watch {watch:g}: give the seconds between rewrites, e.g. --watch 10")
     check_output_file("--out", out, make_parents=True, example="report.html")
     check_output_file("--json", json_out, make_parents=True)
     check_distinct(("--out", out), ("--json", json_out))
+    err = onto_stdout(out, json_out)
     try:
         write_report(
             runs,
@@ -263,8 +277,8 @@ def report_cmd(
             config=config,
             sets=sets or (),
             watch=watch,
-            echo=typer.echo,
-            on_findings=print_findings,
+            echo=say(err),
+            on_findings=lambda findings: echo_result(findings_view(findings), err),
         )
     except OSError as e:
         raise GpufeedError(f"cannot write {written(e, out, json_out)}: {e.strerror}") from None
@@ -318,7 +332,8 @@ def trace_cmd(
             )
     check_output_file("--out", out, make_parents=True, example="trace.json")
     try:
-        write_trace(runs, out, start=start, end=end, max_mb=max_mb, echo=typer.echo, merge=merge)
+        echo = say(onto_stdout(out))
+        write_trace(runs, out, start=start, end=end, max_mb=max_mb, echo=echo, merge=merge)
     except OSError as e:
         raise GpufeedError(f"cannot write {written(e, out)}: {e.strerror}") from None
 
@@ -480,7 +495,12 @@ def bench_cmd(
         int | None, typer.Option("--batch-size", help="Batch size (augload, workers).")
     ] = None,
     workers: Annotated[
-        int | None, typer.Option("--workers", help="Loader workers (default cores-1).")
+        int | None,
+        typer.Option(
+            "--workers",
+            help="Loader workers, 1 or more (default cores-1); for `workers` the count "
+            "compared with 1 worker, 2 or more.",
+        ),
     ] = None,
     cache: Annotated[
         str | None,
@@ -494,19 +514,25 @@ def bench_cmd(
 
     Experiments: augload, workers, batch. Partial results are written after every configuration.
     """
+    import warnings
+
     from gpufeed.bench.experiments import run_bench
 
     check_seconds("--budget", budget)
-    check_count("--workers", workers, 0)
     for option, value in (("--steps", steps), ("--repeats", repeats), ("--images", images)):
         check_count(option, value, 1)
     check_count("--batch-size", batch_size, 1)
+    check_count("--workers", workers, 1)  # as `default_config` requires
 
-    path = run_bench(
-        name, out, full=full, data=data, budget_s=budget, steps=steps, repeats=repeats,
-        images=images, batch_size=batch_size, workers=workers, cache=cache,
-    )  # fmt: skip
-    typer.echo(f"gpufeed: wrote {path}/results.md (+ .csv, .json, .png)")
+    with warnings.catch_warnings(record=True) as caught:  # e.g. files of --data skipped, no chart
+        path = run_bench(
+            name, out, full=full, data=data, budget_s=budget, steps=steps, repeats=repeats,
+            images=images, batch_size=batch_size, workers=workers, cache=cache,
+        )  # fmt: skip
+    for message in dict.fromkeys(str(w.message) for w in caught):
+        typer.secho(f"gpufeed: warning: {message}", err=True, fg=typer.colors.YELLOW)
+    chart = ", .png" if (path / "results.png").is_file() else ""
+    typer.echo(f"gpufeed: wrote {path}/results.md (+ .csv, .json{chart})")
 
 
 # demo, diagnose, tune (the main job)
@@ -550,6 +576,7 @@ def demo_cmd(
     """Profile a naive training pipeline, show its bottleneck, then fix it with the gpufeed loader."""
     from gpufeed.demo.compare import demo_config, run_demo
 
+    check_utf8("--out", out)
     check_output_dir("--out", out)
     echo_result(run_demo(demo_config(tiny, images, steps, model, batch_size, image_size), out))
 
@@ -631,7 +658,7 @@ def diagnose_cmd(
         compile=compile,
         augment_load=augment_load,
     )
-    echo_result(result)
+    echo_result(result, onto_stdout(json_out))
     if json_out:
         from gpufeed.atomic import write_atomic
         from gpufeed.present.html import strict_json
@@ -696,7 +723,7 @@ def tune_cmd(
         repeats=repeats,
         augment_load=augment_load,
     )
-    echo_result(result)
+    echo_result(result, onto_stdout(out))
 
 
 def main() -> None:

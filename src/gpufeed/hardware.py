@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
-from gpufeed.cores import usable_cores
+from gpufeed.cores import memory_limit, usable_cores
 from gpufeed.profiler.session import machine_meta
 
 __all__ = ["describe", "hardware"]
@@ -24,13 +24,17 @@ _EXTRA_LIBRARIES = (
 
 
 def hardware() -> dict[str, Any]:
-    """CPU, memory, GPUs and library versions as a JSON-ready dict."""
+    """CPU, memory, GPUs and library versions as a JSON-ready dict; `memory_limit` is the
+    container's (cgroup) memory limit where one is set below the machine's memory."""
     import psutil
     import torch
 
     info: dict[str, Any] = machine_meta()
     info["cpu_cores"] = usable_cores()
     info["memory_total"] = psutil.virtual_memory().total
+    limit = memory_limit()
+    if limit is not None and limit < info["memory_total"]:
+        info["memory_limit"] = limit
     info["gpus"] = []
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):

@@ -3,6 +3,9 @@ cores and how much network would (that `gpufeed diagnose` prints it: tests/test_
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from gpufeed.advise.offload import offload_advice
@@ -26,6 +29,15 @@ def test_a_host_short_of_cores_is_told_how_many_remote_cores_and_how_much_networ
     share = 24 / (32 * 1.2)
     assert advice.network_bytes_per_s == pytest.approx(share * 4000 * 224 * 224 * 3)
     assert "add ~24 remote cores" in advice.text() and "Gbit/s" in advice.text()
+
+
+def test_the_advice_names_a_readme_section_that_exists():
+    # it said README 'Ray cluster', a heading the README does not have
+    text = offload_advice(250, 2, 4000, host_cores=15).text()
+    named = re.search(r'README "([^"]+)"', text)
+    assert named, text
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    assert f"### {named.group(1)}" in readme.read_text().splitlines()
 
 
 def test_more_workers_than_cores_keep_only_the_cores_busy():

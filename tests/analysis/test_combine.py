@@ -60,6 +60,19 @@ def test_the_same_run_twice_is_refused(two_hosts, tmp_path):
         gpufeed.load([a, copy])
 
 
+def test_one_run_directory_given_in_two_spellings_is_read_once(make_run, monkeypatch):
+    run_dir = make_run(ranks={0: [(0, 1010.0, 1011.0, 0.1, 8.0, None)]})
+    monkeypatch.chdir(run_dir.parent)
+    run = gpufeed.load([run_dir, run_dir.name, f"./{run_dir.name}/"])
+    assert len(run.steps) == 1 and "parts" not in run.meta
+
+
+def test_hosts_sampled_at_different_intervals_are_binned_at_the_longest(make_run):
+    a = make_run(meta={"interval": 0.2, "hosts": ["h1"]}, host="h1")
+    b = make_run(meta={"interval": 1.0, "hosts": ["h2"]}, host="h2")
+    assert gpufeed.load([a, b]).meta["interval"] == 1.0
+
+
 def test_two_runs_of_one_host_at_different_times_are_refused(make_run):
     steps = {0: [(i, 1010.0 + i, 1011.0 + i, 0.1, 16.0, None) for i in range(5)]}
     trained = make_run(meta={"start_time": 1000.0, "end_time": 1100.0}, ranks=steps)

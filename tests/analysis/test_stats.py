@@ -130,3 +130,43 @@ def test_step_phases_take_the_gpu_clock_where_cuda_events_timed_the_model():
     assert parts["other"].tolist() == pytest.approx([0.001, 0.0, 0.003])
     unmeasured = gpu.assign(gpu_forward=np.nan, gpu_backward=np.nan, gpu_optimizer=np.nan)
     assert step_phases(unmeasured)[1] == "host"
+
+
+def test_time_bins_leave_no_bin_empty_when_samples_jitter_and_hosts_sample_apart(jittered_hosts):
+    from gpufeed.analysis.stats import bin_index, run_span, time_bins
+
+    for hosts in (1, 2, 8):
+        run = jittered_hosts(hosts=hosts)
+        edges = time_bins(run, *run_span(run), most=1200)
+        for _, g in run.system.groupby("host"):
+            filled = np.unique(bin_index(g["time"], edges))
+            # every bin after the host's first sample holds one of its samples
+            assert filled.tolist() == list(range(filled[0], len(edges) - 1)), hosts
+        assert len(edges) - 1 <= 10.0 / (1.5 * 0.2)  # not one bin per sample time of all hosts
+
+
+def test_role_totals_add_up_hosts_that_sample_at_different_moments(jittered_hosts):
+    from gpufeed.analysis.stats import role_totals, run_span, time_bins
+
+    run = jittered_hosts(hosts=8)
+    edges = time_bins(run, *run_span(run), most=1200)
+    cpu = role_totals(run, edges, "cpu")["main"].dropna()
+    rss = role_totals(run, edges, "rss", how="max")["main"]
+    # 8 training processes at 95% of a core and 2 GB each: 760% and 16 GB once every host sampled
+    assert cpu.quantile(0.5) == pytest.approx(8 * 95.0)
+    assert rss.max() == pytest.approx(8 * 2e9)
+
+
+def test_role_totals_of_a_role_that_lives_part_of_the_run_are_unknown_not_0_elsewhere(make_run):
+    from gpufeed.analysis.stats import role_totals, run_span, time_bins
+
+    # a loader worker at 50% of a core during the second half of the run only
+    procs = [(1000.0 + 0.2 * i, 100, "main", 100.0, 1e9) for i in range(100)]
+    procs += [(1000.0 + 0.2 * i, 200, "worker", 50.0, 1e9) for i in range(50, 100)]
+    run = gpufeed.load(make_run(processes=procs, meta={"end_time": 1020.0}))
+    edges = time_bins(run, *run_span(run), most=1200)
+    cpu = role_totals(run, edges, "cpu")
+    assert cpu["worker"].dropna().median() == pytest.approx(50.0)
+    assert cpu["worker"].isna().sum() > 10  # where it did not exist
+    charted = role_totals(run, edges, "cpu", absent=0.0)  # a stacked chart draws it as 0 there
+    assert charted["worker"].isna().sum() == 0 and (charted["worker"] == 0).sum() > 10

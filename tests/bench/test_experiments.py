@@ -160,3 +160,141 @@ def test_an_out_that_is_or_lies_under_a_file_is_refused_before_anything_runs(
     out = result.output.replace("\n", "")
     assert f"--out {tmp_path / where}" in out and "not a folder" in out
     assert (tmp_path / "file").read_text() == "keep me"
+
+
+TINY_ARGS = ["--images", "32", "--steps", "2", "--batch-size", "8", "--repeats", "1"]
+
+
+def tiny_images(folder: Path, n: int = 8) -> Path:
+    from gpufeed.demo.synth import make_image_folder
+
+    return make_image_folder(folder, n, 2, short_side=(64, 80))
+
+
+@pytest.mark.parametrize("data", ["an empty folder", "shards"])
+def test_a_rerun_refused_for_bad_input_keeps_the_earlier_results(
+    tmp_path: Path, cache: Path, data: str
+) -> None:
+    from gpufeed.data.packing import pack
+    from gpufeed.errors import GpufeedError
+
+    bad = tmp_path / "data"
+    if data == "shards":  # `workers` packs images itself, resized and not
+        pack(tiny_images(tmp_path / "images"), bad, progress=False)
+    else:
+        bad.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    earlier = {name: f"earlier {name}\n" for name in ("results.csv", "results.json", "results.md")}
+    for name, text in earlier.items():
+        (out / name).write_text(text)
+    with pytest.raises(GpufeedError):
+        run_bench("workers", out, full=False, cache=cache, data=bad, **TINY)
+    assert {p.name: p.read_text() for p in out.iterdir()} == earlier
+
+
+@pytest.mark.parametrize(
+    ("option", "path", "says"),
+    [
+        ("--cache", "{tmp}/file", "is a file, not a folder"),
+        ("--cache", "/proc/nope", "cannot write there"),
+        ("--out", "/proc/nope", "cannot write there"),
+    ],
+)
+def test_an_unusable_out_or_cache_is_one_line_naming_the_option(
+    tmp_path: Path, cache: Path, option: str, path: str, says: str
+) -> None:
+    if path.startswith("/proc") and not Path("/proc/self").is_dir():
+        pytest.skip("needs Linux /proc, a folder nothing can be created in")
+    (tmp_path / "file").write_text("keep me")
+    path = path.format(tmp=tmp_path)
+    paths = {"--out": str(tmp_path / "out"), "--cache": str(cache), option: path}
+    args = ["bench", "batch", *TINY_ARGS, "--out", paths["--out"], "--cache", paths["--cache"]]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"gpufeed: error: {option} {path}")
+    assert says in lines[0]
+    assert (tmp_path / "file").read_text() == "keep me"
+
+
+def test_files_of_data_that_are_not_images_are_named_in_the_results_and_on_screen(
+    tmp_path: Path, cache: Path
+) -> None:
+    images = tiny_images(tmp_path / "mine", 32)
+    good = images / "class_000" / "img_000000.jpg"
+    (images / "class_000" / "broken.jpg").write_bytes(good.read_bytes()[:500])
+    (images / "class_001" / "notes.txt").write_text("hi")
+    args = ["bench", "batch", "--steps", "2", "--data", str(images), "--cache", str(cache)]
+    for out in (tmp_path / "first", tmp_path / "again"):  # the second run reuses the pack
+        result = CliRunner().invoke(app, [*args, "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        warning = next(line for line in result.output.splitlines() if "gpufeed: warning" in line)
+        assert "2 files skipped" in warning and "broken.jpg" in warning and "notes.txt" in warning
+        doc = json.loads((out / "results.json").read_text())
+        assert doc["params"]["images"] == 32  # what --data holds, not the default to generate
+        assert any("broken.jpg" in n and "notes.txt" in n for n in doc["notes"])
+        assert "broken.jpg" in (out / "results.md").read_text()
+
+
+def test_a_data_folder_that_changed_since_its_cached_pack_is_packed_again(
+    tmp_path: Path, cache: Path
+) -> None:
+    images = tiny_images(tmp_path / "mine", 32)
+    args = ["bench", "batch", "--steps", "2", "--data", str(images), "--cache", str(cache)]
+    first = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "first")])
+    assert first.exit_code == 0, first.output
+    extra = images / "class_000" / "img_extra.jpg"
+    extra.write_bytes((images / "class_000" / "img_000000.jpg").read_bytes())
+    again = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "again")])
+    assert again.exit_code == 0, again.output  # was: "exists from a different pack; use a new DST"
+    assert json.loads((tmp_path / "again" / "results.json").read_text())["params"]["images"] == 33
+
+
+def test_bench_workers_compares_one_worker_with_the_workers_option(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpufeed.bench import experiments
+
+    used: list[int] = []
+
+    def loader(cfg, data, *, workers=None, **kw):
+        used.append(workers)
+
+    def profiled(cfg, res, name, model, data, steps, batch_size):  # no training: only the grid
+        return {"images_per_s": 1.0, "util_of": "cpu", "util_mean": 50.0, "rules_fired": "none"}
+
+    monkeypatch.setattr(experiments, "make_loader", loader)
+    monkeypatch.setattr(experiments, "_profiled", profiled)
+    out = run_bench("workers", tmp_path / "w", full=False, cache=cache, **{**TINY, "workers": 3})
+    assert used == [1, 3, 1, 3]
+    assert [r["workers"] for r in read_rows(out)] == ["1", "3", "1", "3"]
+
+    r = CliRunner().invoke(app, ["bench", "workers", "--workers", "1", "-o", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "--workers 1: `bench workers` compares 1 loader worker" in r.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_workers_below_one_is_refused_by_the_command_line_with_its_minimum(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["bench", "augload", "--workers", "0"])
+    assert r.exit_code == 2 and "--workers 0: must be 1 or more" in r.output
+
+
+def test_without_matplotlib_the_summary_names_only_the_files_written_and_drops_a_stale_chart(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.png").write_bytes(b"\x89PNG of an earlier run")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as without gpufeed[bench]
+    args = ["bench", "batch", *TINY_ARGS, "--out", str(out), "--cache", str(cache)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "gpufeed: warning: no chart" in result.output
+    assert f"gpufeed: wrote {out}/results.md (+ .csv, .json)" in result.output
+    assert ".png" not in result.output and not (out / "results.png").exists()

@@ -145,3 +145,18 @@ def test_a_folder_name_that_is_not_utf8_is_refused_before_writing(run_dir, tmp_p
     res = CliRunner().invoke(app, ["export", str(run_dir), "--tensorboard", target])
     assert res.exit_code == 2 and "--tensorboard" in res.stderr and "r\\xffuns" in res.stderr
     assert "not valid UTF-8" in res.stderr and not os.path.exists(target)
+
+
+def test_system_and_process_scalars_of_one_sample_time_share_its_step(jittered_hosts):
+    import gpufeed
+    from gpufeed.present.tensorboard import tensorboard_scalars
+
+    run = jittered_hosts(hosts=1)
+    run = gpufeed.analysis.run.Run(
+        run.path, run.meta, run.system, run.steps, run.processes.iloc[1:]
+    )  # the process sampler missed the first sample
+    rows = tensorboard_scalars(run)["node0/system"]
+    step_at = {wall: step for tag, step, _, wall in rows if tag.startswith("system/")}
+    cpu = [(step, wall) for tag, step, _, wall in rows if tag == "processes/cpu_main_percent"]
+    assert len(cpu) == run.processes["time"].nunique() > 10
+    assert all(step == step_at[wall] for step, wall in cpu)

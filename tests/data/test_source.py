@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from indexes import index_doc
+from processes import wait_until
 
 from gpufeed.data.augment import Augment
 from gpufeed.data.dataset import ShardDataset
@@ -480,3 +484,153 @@ def test_cache_dir_is_a_folder_with_home_expanded(shards: Path, monkeypatch):
         Source(shards, cache_dir="")
     monkeypatch.setenv("HOME", str(shards.parent))
     assert Source(shards, cache_dir="~/cache").cache_dir == shards.parent / "cache"
+
+
+# --- refused access, a failing endpoint, bad storage_options, per-Loader retries, partial files --
+
+
+@pytest.fixture
+def refusing_endpoint() -> Iterator[Callable[[int, str], str]]:
+    """`refusing_endpoint(status, code)`: the URL of an endpoint on 127.0.0.1 that answers every
+    request with that S3 error, as S3 answers credentials without access or an expired token."""
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(status: int, code: str) -> str:
+        body = f"<Error><Code>{code}</Code><Message>refused</Message></Error>".encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _refuse(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(status)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _refuse
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(("status", "code"), [(403, "AccessDenied"), (400, "ExpiredToken")])
+def test_refused_access_to_a_shard_is_one_error_naming_the_url_and_the_endpoint(
+    s3_shards: str, refusing_endpoint: Callable[[int, str], str], status: int, code: str
+):
+    # it was a bare PermissionError
+    entry = Source(s3_shards).read_index().shards[0]
+    endpoint = refusing_endpoint(status, code)
+    denied = Source(s3_shards, storage_options={"client_kwargs": {"endpoint_url": endpoint}})
+    with pytest.raises(ShardError, match=rf"access denied \({status} {code}\)") as err:
+        denied.open(entry).read()
+    assert f"cannot read {s3_shards}/{entry.name} at {endpoint}: " in str(err.value)
+    assert denied.retried == 0  # not transient: never retried
+
+
+def test_refused_access_to_the_index_names_the_endpoint(
+    s3_shards: str, refusing_endpoint: Callable[[int, str], str]
+):
+    endpoint = refusing_endpoint(403, "AccessDenied")
+    denied = Source(s3_shards, storage_options={"client_kwargs": {"endpoint_url": endpoint}})
+    with pytest.raises(ShardError, match=r"access denied \(403") as err:
+        denied.read_index()
+    assert f"cannot read {s3_shards}/{INDEX_NAME} at {endpoint}: " in str(err.value)
+
+
+def test_an_endpoint_failing_until_the_deadline_is_reported_by_its_last_answer(
+    s3_shards: str, faulty_proxy, monkeypatch: pytest.MonkeyPatch
+):
+    # the deadline cut the last try short, so 503s read "no answer; check that it is up"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", faulty_proxy.url)
+    faulty_proxy.every = 10**9  # no other faults
+    opts = {"config_kwargs": {"retries": {"total_max_attempts": 1}}, "timeout": 4}
+    source = Source(s3_shards, storage_options=opts)
+    entry = source.read_index().shards[0]  # the endpoint answers
+    faulty_proxy.down_until = math.inf  # then answers 503 to every shard read
+    with pytest.raises(ShardError) as err:
+        source.open(entry).read()
+    msg = str(err.value)
+    assert f"{s3_shards}/{entry.name} at {faulty_proxy.url}: " in msg
+    assert "still failing at the 4 s deadline (last answer: 503 InternalError" in msg
+    assert "no answer" not in msg and source.retried > 0
+
+
+@pytest.mark.parametrize(
+    "options", ["timeout=5", ["timeout", 5], {"client_kwargs": "x"}, {"config_kwargs": 3}]
+)
+def test_storage_options_that_are_not_dicts_are_refused_naming_them(options: Any):
+    # an AttributeError, a ValueError from deep inside, or an error only at the first read
+    with pytest.raises(OptionError, match=r"^storage_options.*: give a dict"):
+        Source("s3://bucket/train", storage_options=options)
+
+
+def test_an_option_the_filesystem_does_not_take_is_named_at_once(s3_env: str):
+    # a TypeError counted as transient: retried for seconds, then reported raw
+    source = Source("s3://bucket/train", storage_options={"endpoint": "http://127.0.0.1:1"})
+    with pytest.raises(ShardError, match=r"does not take these storage_options .*'endpoint'"):
+        source.read_index()
+    assert source.retried == 0
+
+
+def test_retries_are_counted_by_the_loader_whose_reads_made_them(
+    s3_shards: str, faulty_proxy, monkeypatch: pytest.MonkeyPatch, make: Callable[..., Loader]
+):
+    # Loaders of one process share an S3 filesystem: each counted all of its retries
+    monkeypatch.setenv("AWS_ENDPOINT_URL", faulty_proxy.url)
+    faulty = make(s3_shards, 5, num_workers=0, chunk_size=4096)
+    assert sorted(_labels(faulty)) == list(range(48))
+    assert faulty.stats()["retried"] > 0
+    faulty.close()
+    faulty_proxy.every = 10**9  # no more faults
+    clean = make(s3_shards, 5, num_workers=0, chunk_size=4096)
+    assert sorted(_labels(clean)) == list(range(48))
+    assert clean.stats()["retried"] == 0
+
+
+def test_a_killed_readers_partial_cache_file_is_removed_by_the_next_run(
+    s3_shards: str, tmp_path: Path
+):
+    # only a reader's close() removed its partial copy: every SIGKILL or OOM mid-shard left one
+    cache = tmp_path / "cache"
+    script = f"""
+import time
+from gpufeed.data.source import Source
+source = Source({s3_shards!r}, cache_dir={str(cache)!r})
+f = source.open(source.read_index().shards[0])
+f.read(1000)
+time.sleep(600)
+"""
+    child = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        assert wait_until(lambda: list(cache.rglob("*.tmp-*")), timeout=120)
+    finally:
+        child.kill()
+        child.wait(timeout=60)
+    (killed,) = cache.rglob("*.tmp-*")
+    source = Source(s3_shards, cache_dir=cache)
+    entries = source.read_index().shards
+    live = source.open(entries[1])  # a live reader's partial copy...
+    live.read(1000)
+    beside = Source(s3_shards, cache_dir=cache)  # ...is kept by another run's first read
+    with beside.open(entries[2]) as f:
+        Source.finish(f)
+    partial = list(cache.rglob("*.tmp-*"))
+    assert not killed.exists() and len(partial) == 1
+    Source.finish(live)
+    live.close()
+    assert not list(cache.rglob("*.tmp-*"))
+    assert len(list(cache.rglob("*.tar"))) == 2

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpufeed.data.shards import INDEX_NAME
-from gpufeed.demo.compare import DemoResult, PipelineResult, demo_config, next_step
+from gpufeed.demo.compare import DemoConfig, DemoResult, PipelineResult, demo_config, next_step
 
 
 @pytest.mark.slow
@@ -126,3 +126,121 @@ def test_a_demo_result_prints_itself_with_rich():
     assert "data_wait_share=0.7" in out and "Set num_workers=7." in out
     assert "Before / after (measured)" in out and "speedup ×3.00" in out
     assert "no longer input-bound" in out and "naive.html" in out and "gpufeed.html" in out
+
+
+def _tiny() -> DemoConfig:
+    return replace(demo_config(tiny=True), images=8, classes=2, short_side=(64, 80), batch_size=2)
+
+
+def test_a_renamed_work_dir_reuses_its_images_and_packs_its_shards_again(tmp_path: Path):
+    from gpufeed.data.dataset import ShardDataset
+    from gpufeed.demo.compare import demo_images, demo_shards
+
+    cfg = _tiny()
+    demo_shards(demo_images(tmp_path / "before", cfg), cfg)
+    (tmp_path / "before").rename(tmp_path / "after")  # the pack still names the old paths
+    shards = demo_shards(demo_images(tmp_path / "after", cfg), cfg)
+    assert shards.parent.parent == tmp_path / "after"
+    assert len(ShardDataset(str(shards), shuffle=False)) == 8
+
+
+def test_an_out_that_is_not_valid_utf8_is_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from typer.testing import CliRunner
+
+    from gpufeed.cli import app
+    from gpufeed.demo import compare
+
+    ran: list[object] = []
+    monkeypatch.setattr(compare, "run_demo", lambda *a, **k: ran.append(a))
+    result = CliRunner().invoke(app, ["demo", "--tiny", "--out", f"{tmp_path}/work\udcff"])
+    assert result.exit_code == 2
+    assert f"--out {tmp_path}/work\\xff: not valid UTF-8" in result.output
+    assert ran == [] and list(tmp_path.iterdir()) == []
+
+
+def _no_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpufeed.demo import compare
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the demo started its work")
+
+    monkeypatch.setattr(compare, "demo_images", fail)
+    monkeypatch.setattr(compare, "profile_training", fail)
+
+
+def test_a_non_empty_out_the_demo_did_not_make_is_refused_and_left_untouched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from gpufeed.demo.compare import run_demo
+
+    _no_training(monkeypatch)
+    work = tmp_path / "project"
+    (work / "logs").mkdir(parents=True)
+    (work / "logs" / "naive.log").write_text("my training log")
+    with pytest.raises(ValueError, match="holds files gpufeed demo does not make: give an"):
+        run_demo(_tiny(), work, progress=False)
+    assert [p.name for p in work.rglob("*")] == ["logs", "naive.log"]
+    assert (work / "logs" / "naive.log").read_text() == "my training log"
+
+
+def test_the_demo_runs_again_in_its_own_work_dir_and_in_one_it_finished_before_its_marker(
+    tmp_path: Path,
+):
+    from gpufeed.demo.compare import claim_work_dir
+
+    work = tmp_path / "gpufeed-demo"
+    claim_work_dir(work)  # a new folder (`make demo`, the first time)
+    for name in ("logs/naive.log", "runs/naive-1/meta.json", "data/images-8x2-64-80/a.jpg"):
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text("made by the demo")
+    claim_work_dir(work)  # `make demo` again
+    former = tmp_path / "older"  # a demo finished in it before the marker was written
+    for name in ("logs/naive.log", "demo-result.json"):
+        (former / name).parent.mkdir(parents=True, exist_ok=True)
+        (former / name).write_text("{}")
+    claim_work_dir(former)
+    stopped = tmp_path / "stopped"  # one stopped (out of memory) before it wrote its result
+    for name in ("data/images-8x2-64-80/a.jpg", "logs/naive.log"):
+        (stopped / name).parent.mkdir(parents=True, exist_ok=True)
+        (stopped / name).write_text("made by the demo")
+    claim_work_dir(stopped)
+    (tmp_path / "empty").mkdir()
+    claim_work_dir(tmp_path / "empty")
+
+
+def test_an_image_size_that_cannot_fit_in_memory_is_refused_up_front():
+    with pytest.raises(ValueError, match="--batch-size 128 --image-size 60000: one batch"):
+        demo_config(tiny=True, image_size=60000)
+
+
+def test_a_training_run_killed_by_the_system_is_said_to_be_probably_out_of_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import sys
+
+    from gpufeed.demo import compare
+
+    suicide = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"  # as the OOM killer does
+    monkeypatch.setattr(compare, "train_command", lambda *a: [sys.executable, "-c", suicide])
+    with pytest.raises(compare.DemoError) as e:
+        compare.profile_training("naive", tmp_path, _tiny(), tmp_path / "work")
+    assert "exit code 137 - it was killed, probably out of memory" in str(e.value)
+    assert "use a smaller --image-size or --batch-size" in str(e.value)
+
+
+def test_report_paths_stay_whole_on_one_line_when_output_is_a_pipe(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    from gpufeed.cli import echo_result
+
+    monkeypatch.delenv("COLUMNS", raising=False)  # not a terminal: rich makes lines 80 wide
+    result = _result(0.03, [])
+    deep = Path("/home/someone/a-rather-long-project-folder-name/experiments/gpufeed-demo/runs")
+    result.naive.report = deep / "naive-20261125-015839-c086d6" / "report.html"
+    result.gpufeed.report = deep / "gpufeed-20261125-015901-a33322" / "report.html"
+    echo_result(result)
+    lines = capsys.readouterr().out.splitlines()
+    for report in (result.naive.report, result.gpufeed.report):
+        assert any(str(report) in line for line in lines), lines

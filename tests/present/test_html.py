@@ -254,6 +254,31 @@ def test_a_gpu_report_says_what_utilization_means_and_lists_every_rule(tmp_path:
     shutil.copyfile(shot, ARTIFACTS / shot.name)
 
 
+def test_charts_of_hosts_that_sample_at_different_moments_have_no_holes(jittered_hosts) -> None:
+    run = jittered_hosts(hosts=2)
+    html = render_html(run, [])
+    figures = json.loads(re.search(r'id="chart-data">(.*?)</script>', html, re.S).group(1))
+    cores = figures["chart-cpu-cores"]["data"][0]["z"]
+    memory = figures["chart-memory"]["data"]
+    (main,) = figures["chart-roles"]["data"]
+    for series in [*cores, *(m["y"] for m in memory), main["y"]]:
+        assert None not in series[1:]  # the first bin may come before a host's first sample
+    # the two hosts' training processes add up: 2 × 95% of a core
+    assert np.median(main["y"][1:]) == pytest.approx(1.9)
+    assert main["stackgaps"] == "interpolate"  # an empty bin is never drawn as 0 cores
+
+
+def test_every_core_of_every_host_has_its_own_row_label(jittered_hosts) -> None:
+    run = jittered_hosts(hosts=8)
+    figure = json.loads(
+        re.search(r'id="chart-data">(.*?)</script>', render_html(run, []), re.S).group(1)
+    )
+    layout = figure["chart-cpu-cores"]["layout"]
+    assert len(figure["chart-cpu-cores"]["data"][0]["y"]) == 32
+    assert layout["yaxis"]["dtick"] == 1 and layout["yaxis"]["automargin"] is True
+    assert layout["height"] >= 18 * 32
+
+
 def test_a_run_of_hosts_with_different_cores_names_each_hosts_cores() -> None:
     run = big_run(hours=0.05)
     run.meta |= {

@@ -79,3 +79,45 @@ def test_chart_data_is_strict_json(make_run):
     )
     figures = re.search(r'id="chart-data">(.*?)</script>', render_html(run, []), re.S).group(1)
     json.loads(figures, parse_constant=lambda c: pytest.fail(f"{c} in the chart data"))
+
+
+def test_the_report_of_a_killed_run_says_it_did_not_finish_not_that_it_is_in_progress(
+    make_run, tmp_path
+):
+    from gpufeed.commands.report import write_report
+
+    steps = {0: [(i, 1010.0 + i, 1011.0 + i, 0.1, 8.0, None) for i in range(5)]}
+    run_dir = make_run(meta={"end_time": None}, ranks=steps)  # nothing recorded since 1970
+    page = write_report(run_dir, tmp_path / "r.html", echo=lambda _: None).read_text()
+    header = re.search(r"<header>(.*?)</header>", page, re.S).group(1)
+    assert "in progress" not in header
+    assert "not finished" in header and "its profiler was killed or stopped" in header
+
+
+def test_dropped_profiler_events_are_said_in_the_report_and_the_findings_json(make_run, tmp_path):
+    from gpufeed.commands.report import write_report
+
+    run_dir = make_run(meta={"dropped_events": 4242})
+    out = tmp_path / "f.json"
+    page = write_report(run_dir, tmp_path / "r.html", json_out=out, echo=lambda _: None)
+    assert "4242 profiler events were dropped" in page.read_text()
+    assert json.loads(out.read_text())["dropped_events"] == 4242
+    write_report(make_run(), tmp_path / "r.html", json_out=out, echo=lambda _: None)
+    assert json.loads(out.read_text())["dropped_events"] == 0
+
+
+def test_json_and_traces_written_to_stdout_are_all_that_stdout_holds(
+    make_run, gpufeed_cli, tmp_path
+):
+    import subprocess
+
+    steps = {0: [(i, 1010.0 + i, 1011.0 + i, 0.5, 8.0, None) for i in range(20)]}  # input-bound
+    run_dir = make_run(ranks=steps)
+    for args in (
+        ["report", str(run_dir), "--json", "/dev/stdout", "-o", str(tmp_path / "r.html")],
+        ["trace", str(run_dir), "-o", "/dev/stdout"],
+    ):
+        cp = subprocess.run(gpufeed_cli(*args), capture_output=True, text=True, timeout=180)
+        assert cp.returncode == 0, cp.stderr
+        json.loads(cp.stdout)  # the status lines and findings went to stderr
+        assert "written to" in cp.stderr

@@ -62,15 +62,31 @@ def test_show_sums_cpu_and_memory_per_process_role(make_run):
 PROCS = [(100, "main", 180.0), (201, "worker", 60.0), (202, "worker", 40.0)]
 
 
+def test_show_adds_up_processes_of_hosts_that_sample_at_different_moments(jittered_hosts):
+    from gpufeed.present.terminal import print_run
+
+    out = _text(lambda run, console: print_run(run, [], console), jittered_hosts(hosts=8))
+    (main,) = [line for line in out.splitlines() if line.startswith("│ main")]
+    # 8 hosts, each with one training process at 95% of a core and 2 GB (1.86 GiB)
+    assert [c.strip() for c in main.split("│")[2:6]] == ["8", "760%", "760%", "14.90 GiB"]
+
+
 def test_show_lists_gpu_rows_where_gpus_were_read(make_run):
     gpu = [(1000.0 + i, "gpu.util", "0", 90.0) for i in range(5)]
     out = _text(show, make_run(system=CPU + gpu, meta={"gpus": [{"index": 0, "name": "H100"}]}))
     assert "gpu.util" in out and "H100" in out
 
 
-def test_show_a_run_with_zero_steps_says_so(make_run):
-    out = _text(show, make_run(system=CPU))
-    assert "No training steps were recorded" in out
+def test_show_a_run_with_zero_steps_says_so_and_what_may_be_why(make_run):
+    out = " ".join(_text(show, make_run(system=CPU)).split())
+    assert "No training steps were recorded: no process recorded any" in out
+    assert "the profiler's hook was not loaded in it (a script that replaces PYTHONPATH" in out
+    out = " ".join(_text(show, make_run(system=CPU, ranks={0: []})).split())
+    assert "its training processes did no optimizer step" in out
+    out = " ".join(_text(show, make_run(system=CPU, meta={"exit_code": 137})).split())
+    assert (
+        "No training steps were recorded: it was killed before its first steps were written" in out
+    )
 
 
 def test_show_an_unfinished_run_says_so(make_run):

@@ -97,6 +97,16 @@ def test_a_window_keeps_only_what_overlaps_it() -> None:
         build_trace(two_rank_run(), start=100.0)
 
 
+def test_the_size_estimate_of_a_run_of_many_hosts_is_not_many_times_too_big(jittered_hosts):
+    run = jittered_hosts(hosts=8, seconds=60.0)
+    size = len(json.dumps(build_trace(run, max_mb=1000)).encode()) / 1e6
+    build_trace(
+        run, max_mb=2 * size
+    )  # hosts that sample apart are not counted as sampling together
+    with pytest.raises(TraceError, match="over the"):
+        build_trace(run, max_mb=size / 4)
+
+
 def test_a_trace_over_the_cap_is_refused_with_a_window_that_fits() -> None:
     with pytest.raises(TraceError) as err:
         build_trace(two_rank_run(), max_mb=0.01)

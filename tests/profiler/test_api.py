@@ -61,3 +61,72 @@ def test_profile_inside_gpufeed_profile_reuses_the_run(run_profiled):
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.split("RUN", 1)[1].strip() == str(run_dir.resolve())
     assert len(gpufeed.load(run_dir).steps) == 1
+
+
+ENDING = textwrap.dedent(
+    """
+    import sys
+    import gpufeed
+
+    with gpufeed.profile(out=sys.argv[1], name="ending", interval=0.1) as p:
+        print("RUN", p.run_dir, flush=True)
+        gpufeed.step(samples=1)
+        if sys.argv[2] == "exit3":
+            sys.exit(3)
+        if sys.argv[2] == "exit0":
+            sys.exit()
+        raise KeyboardInterrupt
+    """
+)
+
+
+def test_the_run_records_the_exit_code_the_process_ends_with(tmp_path):
+    script = tmp_path / "ending.py"
+    script.write_text(ENDING)
+    for how, code in (("exit3", 3), ("exit0", 0), ("ctrl-c", 130)):
+        cp = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / how), how],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        run_dir = cp.stdout.split("RUN", 1)[1].split()[0]
+        assert gpufeed.load(run_dir).meta["exit_code"] == code, how
+
+
+CTRL_C = textwrap.dedent(
+    """
+    import sys, time
+    import gpufeed
+
+    with gpufeed.profile(out=sys.argv[1], name="ctrlc", interval=0.1) as p:
+        print("ready", flush=True)
+        try:
+            time.sleep(120)
+        except KeyboardInterrupt:  # the script saves a checkpoint and goes on
+            deadline = time.monotonic() + 3
+            while p._sampler.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            print("sampler alive after Ctrl-C:", p._sampler.poll() is None, flush=True)
+    """
+)
+
+
+def test_a_ctrl_c_the_script_catches_leaves_the_system_sampler_running(tmp_path):
+    import os
+    import signal
+
+    script = tmp_path / "ctrlc.py"
+    script.write_text(CTRL_C)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "runs")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    assert proc.stdout.readline().strip() == "ready"
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches every process of the group
+    out, err = proc.communicate(timeout=120)
+    assert "sampler alive after Ctrl-C: True" in out, err
+    assert "Traceback" not in err

@@ -224,3 +224,36 @@ def test_unpickling_batches_shows_as_training_thread_cpu_inside_the_wait(run_pro
         per_batch[mode] = float(steps["data_wait_cpu"].mean())
     # 9.6 MB of NumPy unpickled per batch against a shared-memory handle: CPU time, whatever the load
     assert per_batch["numpy"] > 3 * per_batch["tensor"], per_batch
+
+
+FORKED_TRAINERS = """
+import multiprocessing as mp
+import torch
+
+def train(steps):
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(8, 4)).sum().backward()
+        opt.step()
+
+if __name__ == "__main__":
+    ctx = mp.get_context("fork")
+    children = [ctx.Process(target=train, args=(n,)) for n in (7, 11)]
+    for c in children:
+        c.start()
+    for c in children:
+        c.join()
+    print("exit codes", [c.exitcode for c in children])
+"""
+
+
+def test_a_forked_multiprocessing_child_records_every_step_and_its_end(run_profiled):
+    # multiprocessing children end with os._exit (no atexit): steps of the last half second too
+    cp, run_dir = run_profiled(FORKED_TRAINERS)
+    assert cp.returncode == 0 and "exit codes [0, 0]" in cp.stdout, cp.stderr
+    run = gpufeed.load(run_dir)
+    assert sorted(run.steps.groupby("pid").size()) == [7, 11]
+    ended = {r["pid"]: r.get("end") for r in run.meta["ranks"]}
+    assert len(ended) == 2 and all(ended.values())

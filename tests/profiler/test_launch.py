@@ -348,6 +348,17 @@ def test_signals_sent_to_gpufeed_reach_the_command(tmp_path, sig, gpufeed_cli, r
     assert gpufeed.load(run_dir_from(err)).meta["exit_code"] == 40 + sig
 
 
+def test_an_empty_pythonpath_entry_still_means_the_working_directory(run_profiled, tmp_path):
+    # `export PYTHONPATH=$PYTHONPATH:/opt/libs` with PYTHONPATH unset gives ":/opt/libs"
+    (tmp_path / "mylib.py").write_text("VALUE = 42\n")  # in the working directory
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "uses_lib.py"
+    script.write_text("import mylib\nprint('imported mylib', mylib.VALUE)\n")
+    cp, _ = run_profiled(script, extra_env={"PYTHONPATH": os.pathsep + str(tmp_path / "none")})
+    assert cp.returncode == 0, cp.stderr
+    assert "imported mylib 42" in cp.stdout
+
+
 def test_an_existing_sitecustomize_still_runs(run_profiled, tmp_path):
     site = tmp_path / "site"
     site.mkdir()

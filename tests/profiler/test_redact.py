@@ -29,6 +29,13 @@ from gpufeed.profiler.redact import (
         "DB_PWD",
         "--bearer",
         "X-Amz-Signature",
+        "--accesstoken",
+        "S3_SECRETKEY",
+        "--clientsecret",
+        "--APITOKEN",
+        "--privatekey",
+        "--creds",
+        "--hftoken",
     ],
 )
 def test_secret_names(name):
@@ -36,7 +43,22 @@ def test_secret_names(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["--lr", "--batch-size", "CUDA_VISIBLE_DEVICES", "PWD", "--workers"]
+    "name",
+    [
+        "--lr",
+        "--batch-size",
+        "CUDA_VISIBLE_DEVICES",
+        "PWD",
+        "--workers",
+        "--tokenizer",
+        "--bypass",
+        "--monkey",
+        "--hotkey",
+        "--sortkey",
+        "--maxtokens",
+        "--ntokens",
+        "--imagekey",
+    ],
 )
 def test_ordinary_names(name):
     assert not is_secret_name(name)
@@ -53,6 +75,11 @@ def test_redact_argv_hides_values_of_secret_options_in_every_form():
         "--lr",
         "0.1",
     ]
+
+
+def test_a_secret_named_flag_without_a_value_never_hides_the_next_option():
+    argv = ["t.py", "--token", "--epochs", "10", "--token", "abc"]
+    assert redact_argv(argv) == ["t.py", "--token", "--epochs", "10", "--token", "***"]
 
 
 def test_redact_argv_hides_secret_shapes_whatever_they_are_called():

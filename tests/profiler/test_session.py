@@ -22,6 +22,11 @@ from gpufeed.profiler.session import (
         (["torchrun", "--nproc_per_node", "2", "dir/ddp_train.py"], "ddp_train"),
         (["python", "-m", "pkg.trainer"], "trainer"),
         (["./run.sh"], "run.sh"),
+        (["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "ddp.py"], "ddp"),
+        # a shell string names the run by its script alone, never by what it sets (a secret)
+        (["bash", "-c", "HF_TOKEN=hf_abcdefghijklmnopqrstuvwx python train.py --lr 1"], "train"),
+        (["bash", "-c", "WANDB_API_KEY=s3cr3t make train"], "bash"),
+        (["python", "my script.py"], "my_script"),  # one argv word, a path with a space
     ],
 )
 def test_run_name_is_the_script_stem(command, name):

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from gpufeed.present.numbers import count
 
 HEADROOM = 1.2  # remote cores are sized 20% above the bare need: node jitter, network stalls
+# the README section on Loader(cluster=...), named as its heading reads
+README_SECTION = 'README "Outgrow one machine: preprocess on a Ray cluster\'s CPU nodes"'
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class OffloadAdvice:
         gbit = self.network_bytes_per_s * 8 / 1e9
         return (
             f"offload to CPU nodes: would help, {need}; add ~{self.remote_cores} remote cores "
-            f"(Loader(cluster=...), README 'Ray cluster') and ~{gbit:.1f} Gbit/s into this host"
+            f"(Loader(cluster=...), {README_SECTION}) and ~{gbit:.1f} Gbit/s into this host"
         )
 
 

@@ -38,7 +38,10 @@ def run_paths(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) 
             out.append(Path(text))
     if not out:
         raise RunError("no run directory given: pass one or more run directories")
-    return list(dict.fromkeys(out))
+    unique: dict[Path, Path] = {}
+    for path in out:  # one directory given twice (runs/x and /abs/runs/x) is read once
+        unique.setdefault(path.resolve(), path)
+    return list(unique.values())
 
 
 def combine(runs: list[Run]) -> Run:
@@ -91,6 +94,8 @@ def combine(runs: list[Run]) -> Run:
         if m.get("cpu_count")
         for h in m.get("hosts") or []
     }
+    intervals = [m["interval"] for m in metas if isinstance(m.get("interval"), (int, float))]
+    meta["interval"] = max(intervals, default=meta.get("interval"))  # the sparsest host's
     meta["dropped_events"] = sum(int(m.get("dropped_events") or 0) for m in metas)
     meta["parts"] = [str(r.path) for r in runs]
     precisions = {m["precision"] for m in metas if m.get("precision")}

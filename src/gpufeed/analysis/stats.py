@@ -92,6 +92,43 @@ def run_span(run: Run) -> tuple[float, float]:
     return float(start), float(end)
 
 
+def time_bins(run: Run, t0: float, t1: float, most: int) -> np.ndarray:
+    """Edges of the time bins of a per-time view from `t0` to `t1`: one bin per sample of the
+    most-sampled host, at most `most`, and each at least 1.5 sampling intervals wide, so that a
+    sample a little late (the sampler jitters) or hosts sampling at different moments leave no bin
+    empty."""
+    system = run.system
+    n = int(system.groupby("host")["time"].nunique().max()) if len(system) else most
+    interval = run.meta.get("interval")  # of several hosts' runs, the longest (combine)
+    if isinstance(interval, (int, float)) and interval > 0 and t1 > t0:
+        n = min(n, int((t1 - t0) / (1.5 * interval)))
+    return np.linspace(t0, t1, max(2, min(most, n)) + 1)
+
+
+def bin_index(times: Any, edges: np.ndarray) -> np.ndarray:
+    """The bin of `edges` each time falls in (times outside go to the first or last bin)."""
+    t = np.asarray(times, dtype=float)
+    return np.clip(np.searchsorted(edges, t, side="right") - 1, 0, len(edges) - 2)
+
+
+def role_totals(
+    run: Run, edges: np.ndarray, column: str, how: str = "mean", absent: float | None = None
+) -> pd.DataFrame:
+    """Per time bin (rows) and process role (columns): `column` ("cpu", % of one core, or "rss",
+    bytes) summed over a role's processes and over hosts; NaN where no host had a process of the
+    role, or `absent` (e.g. 0 for a chart) where a host was sampled without one. Each host's
+    samples within a bin are combined first (`how`: "mean" or "max"), so hosts that sample at
+    different moments still add up."""
+    p = run.processes
+    bins = range(len(edges) - 1)
+    if len(p) == 0:
+        return pd.DataFrame(index=bins)
+    per = p.groupby(["host", "time", "role"])[column].sum().unstack("role", fill_value=absent)
+    index = bin_index(per.index.get_level_values("time"), edges)
+    per_host = per.groupby([per.index.get_level_values("host"), index]).agg(how)
+    return per_host.groupby(level=1).sum(min_count=1).reindex(bins)
+
+
 def phases(run: Run) -> pd.DataFrame:
     """Rows (phase, start, end, duration) for initialization, training, evaluation, finalization.
 
@@ -245,6 +282,27 @@ def _finite_max(values: list[Any]) -> float:
 # below which it is asleep (on workers, storage or latency) and at or above which it loads or
 # unpacks the batches itself.
 WAIT_ASLEEP, WAIT_LOADING = 0.3, 0.7
+
+
+def no_steps_note(run: Run) -> str:
+    """Why a run holds no training steps, from what it does hold."""
+    code = run.meta.get("exit_code")
+    killed = (
+        "it was killed before its first steps were written"
+        if isinstance(code, int) and (code < 0 or code > 128)
+        else ""
+    )
+    if not run.meta.get("ranks"):
+        return killed or (
+            "no process recorded any: none trained with a torch optimizer or called "
+            "gpufeed.step(), or the profiler's hook was not loaded in it (a script that replaces "
+            "PYTHONPATH, python -I, -E or -S)"
+        )
+    return killed or (
+        "its training processes did no optimizer step and called no gpufeed.step(), or ended "
+        "before their first steps were written (killed with SIGKILL, or a multiprocessing Pool "
+        "terminated)"
+    )
 
 
 def wait_cpu_note(summary: dict[str, Any]) -> str | None:

@@ -12,6 +12,8 @@ import itertools
 import math
 import os
 import statistics
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +21,9 @@ from gpufeed.bench.results import Column, ResultSet
 from gpufeed.bench.workload import (
     BenchConfig,
     BenchError,
+    Shards,
     default_config,
     make_loader,
-    n_samples,
     over_budget,
     progress,
     shards,
@@ -50,17 +52,41 @@ def run_bench(
     """
     if name not in EXPERIMENTS:
         raise BenchError(f"unknown experiment {name!r}: choose one of {', '.join(EXPERIMENTS)}")
+    if name == "workers" and options.get("workers") == 1:
+        raise BenchError(
+            "--workers 1: `bench workers` compares 1 loader worker with --workers N; "
+            "give N of 2 or more (default cores-1)"
+        )
     cfg = default_config(full, **options)
     out_dir = Path(out) if out is not None else Path("gpufeed-runs") / f"bench-{name}"
     check_output_dir("--out", str(out_dir))
+    check_output_dir("--cache", str(cfg.cache))
     runner = {"augload": augload, "workers": workers, "batch": batch}[name]
     return runner(cfg, out_dir).out_dir
 
 
-def _start(cfg: BenchConfig, out_dir: Path, name: str, **params: Any) -> ResultSet:
+def _start(
+    cfg: BenchConfig, out_dir: Path, name: str, data: Sequence[Shards], **params: Any
+) -> ResultSet:
+    """The experiment's results, first saved here: called once its inputs are checked and its
+    ``data`` is packed, so that a run refused for bad input leaves an earlier results folder
+    untouched."""
     from gpufeed.hardware import hardware
 
-    res = ResultSet(out_dir, name, {**params, **cfg.params()}, hardware())
+    params = {**params, **cfg.params(), "images": data[0].images}  # the real count of --data
+    try:
+        res = ResultSet(out_dir, name, params, hardware())
+        res.save()
+    except OSError as e:
+        raise BenchError(
+            f"--out {out_dir}: cannot write there ({e.strerror or e}); "
+            "give a folder you can write to"
+        ) from None
+    skipped = list(dict.fromkeys(s for d in data for s in d.skipped))
+    if skipped:
+        note = _skipped_note(cfg, skipped)
+        res.note(note)
+        warnings.warn(note, stacklevel=3)
     if not cfg.full:
         res.note(
             f"Reduced grid (small {cfg.image_size}px images, {cfg.steps} steps per configuration): "
@@ -71,7 +97,7 @@ def _start(cfg: BenchConfig, out_dir: Path, name: str, **params: Any) -> ResultS
             "No GPU on this machine: the model trains on the CPU with "
             f"{count(cfg.threads, 'torch thread')}, leaving the other cores to the loader workers."
         )
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    load = cfg.load_at_start
     res.params["load_average_at_start"] = round(load, 2)
     if load > res.hardware["cpu_cores"]:
         res.note(
@@ -79,6 +105,19 @@ def _start(cfg: BenchConfig, out_dir: Path, name: str, **params: Any) -> ResultS
             "the start, so timings are noisy."
         )
     return res
+
+
+def _skipped_note(cfg: BenchConfig, skipped: list[tuple[str, str]]) -> str:
+    """The sentence naming the files of --data that were left out (the first few, and how many)."""
+    from gpufeed.data.packing import printable
+    from gpufeed.present.terminal import visible
+
+    shown = "; ".join(f"{visible(printable(path))}: {why}" for path, why in skipped[:5])
+    more = f"; and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+    return (
+        f"--data {visible(printable(str(cfg.data)))}: {count(len(skipped), 'file')} skipped, "
+        f"not readable images ({shown}{more})."
+    )
 
 
 def _finish(res: ResultSet, planned: int, cfg: BenchConfig) -> None:
@@ -115,14 +154,14 @@ def augload(cfg: BenchConfig, out_dir: Path) -> ResultSet:
     hits every configuration alike; the table reports medians.
     """
     models = ("resnet18", "resnet50", "resnet152") if cfg.full else ("resnet18",)
-    res = _start(cfg, out_dir, "augload", models=list(models), loads=list(AUG_LOADS))
+    packed = shards(cfg)
+    data, n_images = packed.path, packed.images
+    res = _start(cfg, out_dir, "augload", [packed], models=list(models), loads=list(AUG_LOADS))
     if cfg.device == "cpu":
         res.note(
             "The `gpu` path runs its batched decode + augmentation on the CPU here, in the training "
             "process, instead of in loader workers."
         )
-    data = shards(cfg)
-    n_images = n_samples(data)
     res.params["dataset_images"] = n_images
     steps = cfg.steps_for(cfg.batch_size)
     plan: list[tuple[int, str, str, int | None]] = []
@@ -342,21 +381,28 @@ def _profiled(
 
 
 def workers(cfg: BenchConfig, out_dir: Path) -> ResultSet:
-    """Images/s and utilization with 1 vs cores-1 loader workers, on full-size images resized on
-    every read vs images pre-resized at pack time."""
+    """Images/s and utilization with 1 vs ``cfg.workers`` loader workers (--workers, default
+    cores-1, at least 2), on full-size images resized on every read vs images pre-resized at
+    pack time."""
     from gpufeed.cores import usable_cores
 
-    many = max(2, usable_cores() - 1)
+    cores = usable_cores()
+    many = max(2, cfg.workers)
     model = "resnet50" if cfg.full else "resnet18"
     resize = round(cfg.image_size * 256 / 224)  # the usual 256-for-224 short side
-    res = _start(cfg, out_dir, "workers", model=model, worker_counts=[1, many], pre_resize=resize)
-    if usable_cores() - 1 < 2:
-        res.note(f"Only {usable_cores()} cores: 'many' workers is {many}, not cores-1.")
     sets = {"resize on read": shards(cfg), f"pre-resized to {resize}px": shards(cfg, resize)}
+    res = _start(
+        cfg, out_dir, "workers", list(sets.values()), model=model, worker_counts=[1, many],
+        pre_resize=resize,
+    )  # fmt: skip
+    if cores - 1 < 2 and many == 2:
+        res.note(f"Only {cores} cores: 'many' workers is {many}, not cores-1.")
+    elif many != cores - 1:
+        res.note(f"'many' workers is {many} (--workers), not cores-1 = {cores - 1}.")
     plan = [(kind, w) for kind in sets for w in (1, many)]
     steps = cfg.steps_for(cfg.batch_size)
     for kind, w in progress(cfg, plan, lambda it: f"{it[0]}, {count(it[1], 'worker')}", "workers"):
-        loader = make_loader(cfg, sets[kind], workers=w)
+        loader = make_loader(cfg, sets[kind].path, workers=w)
         row = {"data": kind, "workers": w, "model": model, "batch_size": cfg.batch_size}
         row |= _profiled(
             cfg,
@@ -399,8 +445,11 @@ def batch(cfg: BenchConfig, out_dir: Path) -> ResultSet:
     model = "resnet50" if cfg.full else "resnet18"
     sizes = (64, 512) if cfg.full else (4, 64)
     resize = round(cfg.image_size * 256 / 224)
-    res = _start(cfg, out_dir, "batch", model=model, batch_sizes=list(sizes), pre_resize=resize)
-    data = shards(cfg, resize)
+    packed = shards(cfg, resize)
+    data = packed.path
+    res = _start(
+        cfg, out_dir, "batch", [packed], model=model, batch_sizes=list(sizes), pre_resize=resize
+    )
     for b, kind in progress(
         cfg, list(zip(sizes, ("small", "large"), strict=True)), lambda it: f"batch {it[0]}", "batch"
     ):

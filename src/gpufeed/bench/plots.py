@@ -9,12 +9,14 @@ from pathlib import Path
 from gpufeed.extras import MissingExtra, require
 
 
-def _pyplot():
-    """pyplot (headless), or None with a warning naming the extra: the results are still saved."""
+def _pyplot(path: Path):
+    """pyplot (headless), or None with a warning naming the extra: the results are still saved,
+    and a chart an earlier run left at ``path`` is removed (it would show other results)."""
     try:
         matplotlib = require("bench")
     except MissingExtra as e:
         warnings.warn(f"no chart: {e}", RuntimeWarning, stacklevel=3)
+        path.unlink(missing_ok=True)
         return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -32,7 +34,7 @@ def line_panels(
 ) -> Path | None:
     """One panel per key of ``panels``, each with named (x, y) lines; ``hlines`` adds a dashed
     reference line per panel (e.g. the synthetic-data ceiling)."""
-    plt = _pyplot()
+    plt = _pyplot(path)
     if plt is None:
         return None
     n = max(1, len(panels))
@@ -62,7 +64,7 @@ def bars(
     series: Mapping[str, Sequence[float]],
 ) -> Path | None:
     """One panel per series (its name is the y label), one bar per configuration label."""
-    plt = _pyplot()
+    plt = _pyplot(path)
     if plt is None:
         return None
     n = max(1, len(series))

@@ -7,7 +7,9 @@ folder, packed once into shards under a cache directory and reused by later runs
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
@@ -15,6 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gpufeed.atomic import write_atomic
 from gpufeed.cores import usable_cores
 from gpufeed.data.shards import has_index
 from gpufeed.errors import GpufeedError
@@ -25,6 +28,10 @@ DEFAULT_CACHE = Path(".gpufeed-cache/bench")
 
 class BenchError(GpufeedError, ValueError):
     """Bad input to an experiment; the message names the option and what to do."""
+
+
+def _load_average() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
 @dataclass
@@ -51,12 +58,14 @@ class BenchConfig:
     budget_s: float | None = None
     progress: bool = True
     started: float = field(default_factory=time.monotonic, repr=False)
+    # read before the data is generated and packed, which loads the machine itself
+    load_at_start: float = field(default_factory=_load_average, repr=False)
 
     def params(self) -> dict[str, Any]:
         """The settings as recorded with the results."""
         out = asdict(self)
-        out.pop("started")
-        out.pop("progress")
+        for name in ("started", "progress", "load_at_start"):
+            out.pop(name)
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in out.items()}
 
     def steps_for(self, batch_size: int) -> int:
@@ -129,17 +138,51 @@ def image_folder(cfg: BenchConfig) -> Path:
     return make_image_folder(root, cfg.images, cfg.classes, short_side=(lo, hi))
 
 
-def shards(cfg: BenchConfig, resize: int | None = None) -> Path:
-    """Shards of the experiment's images, resized at pack time to short side ``resize`` if given."""
-    if cfg.data is not None and resize is None and _is_shards(cfg.data):
-        return cfg.data
-    from gpufeed.data.packing import pack
+@dataclass(frozen=True)
+class Shards:
+    """A shard set an experiment trains on: where it is, how many images it holds, and the input
+    files its pack skipped (path, why), which the results must mention."""
 
-    folder = image_folder(cfg)
-    tag = hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:8]
-    dst = cfg.cache / f"shards-{folder.name}-{tag}-{f'r{resize}' if resize else 'orig'}"
-    pack(folder, dst, resize=resize, progress=False)
-    return dst
+    path: Path
+    images: int
+    skipped: tuple[tuple[str, str], ...] = ()
+
+
+def shards(cfg: BenchConfig, resize: int | None = None) -> Shards:
+    """Shards of the experiment's images, resized at pack time to short side ``resize`` if given;
+    generated and packed under ``cfg.cache`` (BenchError naming --cache where it cannot be
+    written)."""
+    if cfg.data is not None and resize is None and _is_shards(cfg.data):
+        return Shards(cfg.data, n_samples(cfg.data))
+    from gpufeed.data.packing import pack_cache
+
+    try:
+        cfg.cache.mkdir(parents=True, exist_ok=True)
+        folder = image_folder(cfg)
+        tag = hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:8]
+        dst = cfg.cache / f"shards-{folder.name}-{tag}-{f'r{resize}' if resize else 'orig'}"
+        result = pack_cache(folder, dst, resize=resize, progress=False)
+        # a pack found already done does not say what it skipped: keep that next to it
+        record = dst.with_name(dst.name + "-skipped.json")
+        if result.already_packed:
+            skipped = _read_skipped(record)
+        else:
+            skipped = [tuple(s) for s in result.skipped]
+            write_atomic(record, json.dumps(skipped) + "\n")
+    except OSError as e:
+        raise BenchError(
+            f"--cache {cfg.cache}: cannot write there ({e.strerror or e}); "
+            "give a folder you can write to"
+        ) from None
+    return Shards(dst, result.samples, tuple(skipped))
+
+
+def _read_skipped(record: Path) -> list[tuple[str, str]]:
+    """The (path, why) list an earlier pack wrote to ``record``; empty if none was kept."""
+    try:
+        return [(str(path), str(why)) for path, why in json.loads(record.read_text())]
+    except (OSError, ValueError, TypeError):
+        return []
 
 
 def n_samples(path: Path) -> int:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from gpufeed.atomic import write_atomic
 from gpufeed.output_paths import check_distinct
+from gpufeed.processes import alive
 
 if TYPE_CHECKING:
     from gpufeed.analysis.finding import Finding
@@ -54,20 +55,21 @@ def write_report(
         run = load(run_path)
         findings = run_rules(run, **overrides)
         steady = Context(run, overrides.get("warmup")).steady_wait()
-        page = render_html(run, findings, checks=rule_checks(findings, overrides), steady=steady)
+        done = bool(run.meta.get("finished"))
+        stopped = None if done else recording_stopped(run, stale_s)
+        checks = rule_checks(findings, overrides)
+        page = render_html(run, findings, checks=checks, steady=steady, stopped=stopped)
         data = findings_json(run, findings) if json_out is not None else None
         write_atomic(target, page, make_parents=True)
         if data is not None:
             write_atomic(json_out, data, make_parents=True)  # type: ignore[arg-type]
-        done = bool(run.meta.get("finished"))
-        stopped = recording_stopped(run, stale_s) if watch and not done else None
         stamp = datetime.now().strftime("%H:%M:%S")
         echo(
             f"gpufeed: report written to {target}"
             + (f" and findings to {json_out}" if json_out is not None else "")
             + (f" ({stamp}, run still in progress)" if watch and not done and not stopped else "")
         )
-        if stopped:
+        if stopped and watch:
             echo(f"gpufeed: stopped watching: {stopped}")
         if not watch or done or stopped:
             break
@@ -98,7 +100,7 @@ def recording_stopped(run: Run, stale_s: float = STALE_S, now: float | None = No
     interval = float(interval) if isinstance(interval, (int, float)) else DEFAULT_INTERVAL
     here = run.steps[run.steps["host"].astype(str) == hostname()] if len(run.steps) else run.steps
     pids = {int(p) for p in here["pid"]} if len(here) else set()
-    if pids and not any(_alive(p) for p in pids) and idle > 3 * max(interval, FLUSH_INTERVAL) + 2:
+    if pids and not any(alive(p) for p in pids) and idle > 3 * max(interval, FLUSH_INTERVAL) + 2:
         return (
             f"{run.path} never finished: its training processes (pid "
             f"{', '.join(map(str, sorted(pids)))}) have exited and nothing was recorded for "
@@ -110,18 +112,3 @@ def recording_stopped(run: Run, stale_s: float = STALE_S, now: float | None = No
             "was killed or stopped; the report shows the run as far as it got"
         )
     return None
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` runs on this host (a zombie, exited but not yet reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return True

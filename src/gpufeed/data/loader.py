@@ -29,7 +29,7 @@ from gpufeed.data.device import CANVAS_ELEMENTS, DeviceStage, decoder_name
 from gpufeed.data.feeder import Feeder
 from gpufeed.data.options import known, whole
 from gpufeed.data.plan import BatchPlan, Position
-from gpufeed.data.remote import RayPool, cluster_option, default_remote_workers
+from gpufeed.data.remote import RayPool, cluster_option, default_remote_workers, release_cluster
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
 from gpufeed.data.workers import InlinePool, WorkerPool
@@ -516,6 +516,8 @@ class Loader:
     def close(self, wait: float = 1.0) -> None:
         """Stop the feeder thread and the worker processes (also done when the Loader is freed).
         Waits at most `wait` seconds for the feeder: one stuck in a read ends when it returns."""
+        if getattr(self, "cluster", None) is not None:  # also after a failed __init__
+            release_cluster()  # disconnect what cluster= connected, if no pool uses it
         if self._feeder is not None:
             self._feeder.stop(wait)
             for feeder in [f for f in _STOPPING if not f.ending]:  # ended since

@@ -70,6 +70,10 @@ class PackError(GpufeedError, ValueError):
     """Bad pack input or options; the message says which and what to do."""
 
 
+class OtherPackError(PackError):
+    """DST holds a pack of other inputs or options (`repack_cache` replaces it)."""
+
+
 class NothingPacked(PackError):
     """Every input was skipped; `skipped` lists them (path, why)."""
 
@@ -463,6 +467,18 @@ def _signatures(items: list[_Item], classes: list[str], options: dict[str, Any])
     return sigs[0], sigs[1]
 
 
+def pack_cache(src: str | os.PathLike[str], dst: Path, **options: Any) -> PackResult:
+    """`pack` into a local folder that gpufeed owns (the demo's or a benchmark's cache): a pack
+    of other inputs found there (its images were moved or changed) is removed and packed anew."""
+    import shutil
+
+    try:
+        return pack(src, dst, **options)
+    except OtherPackError:
+        shutil.rmtree(dst)
+        return pack(src, dst, **options)
+
+
 def pack(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -585,7 +601,7 @@ def _pack_into(
     if state is None and out.exists(INDEX_NAME):
         done = _existing_index(out, sigs)
         if done is None:
-            raise PackError(
+            raise OtherPackError(
                 f"{out.path(INDEX_NAME)} exists from a different pack (other inputs or options); "
                 "use a new DST or delete the old pack first"
             )

@@ -33,12 +33,17 @@ from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.produce import fill_slot
 from gpufeed.data.slots import Slots
 from gpufeed.data.workers import POLL_S, LoaderWorkerError, Stopped
-from gpufeed.errors import OptionError
+from gpufeed.errors import GpufeedError, OptionError
 from gpufeed.extras import require
 
 HEAD_CHECK_S = 2.0  # seconds: how often a waiting pool checks that the cluster's head answers
 START_TIMEOUT_S = 60.0  # how long new actors may take to start before the pool gives up on them
-_session: dict[str, Any] = {"ours": False, "open": set()}  # did a pool connect this process
+_session: dict[str, Any] = {"ours": False, "open": set()}  # did connect() connect us; open pools
+
+
+class ClusterError(GpufeedError, ConnectionError):
+    """The Ray cluster named by `cluster=` cannot be reached or does not answer (still a
+    ConnectionError, as it was)."""
 
 
 def import_ray() -> Any:
@@ -48,22 +53,78 @@ def import_ray() -> Any:
 
 def connect(address: str) -> bool:
     """Connect this process to the Ray cluster at `address` ("ray://HOST:PORT", "HOST:PORT" or
-    "auto") unless it is connected already; True if this call connected it (the last pool to
-    close then disconnects it)."""
+    "auto") unless it is connected already; connected to another cluster, an OptionError naming
+    `cluster=` (the actors would start there). True if this call connected it:
+    `release_cluster` disconnects it once no pool uses it."""
     ray = import_ray()
     _check_reachable(address)
     if ray.is_initialized():
+        _check_connected_to(address)
         return False
     try:
         ray.init(address=address, log_to_driver=False, namespace="gpufeed")
     except (ConnectionError, ValueError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConnectionError(
+        raise ClusterError(
             f"cluster={address!r}: no Ray cluster to connect to ({first}); start one with "
             "`ray start --head --port 6379` and pass cluster='HEAD_IP:6379' (see README)"
         ) from None
     _session["ours"] = True
     return True
+
+
+def release_cluster() -> None:
+    """Disconnect this process from the cluster if `connect` connected it and no pool uses it
+    (a Loader made with cluster= and closed without being iterated, or the last pool closed)."""
+    if _session["ours"] and not _session["open"]:
+        _session["ours"] = False
+        with contextlib.suppress(Exception):
+            import_ray().shutdown()
+
+
+def _check_connected_to(address: str) -> None:
+    """An OptionError naming `cluster=` where this process is connected to another Ray cluster
+    than `address` names. Only a GCS address HOST:PORT is compared ("auto": RAY_ADDRESS if set,
+    else whichever cluster is connected; a "ray://" client server has another port)."""
+    wanted = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
+    host, sep, port = wanted.rpartition(":")
+    if wanted.startswith("ray://") or not sep or not port.isdigit():
+        return
+    try:
+        connected = str(import_ray().get_runtime_context().gcs_address or "")
+    except Exception:  # a client connection may not say
+        return
+    c_host, _, c_port = connected.rpartition(":")
+    if not c_host:
+        return
+    same_host = _ips(host) & _ips(c_host) or (_on_this_machine(host) and _on_this_machine(c_host))
+    if c_port != port or not same_host:
+        raise OptionError(
+            f"cluster={address!r}: this process is connected to another Ray cluster already, at "
+            f"{connected}, where the loader actors would start; pass cluster={connected!r}, or "
+            "call ray.shutdown() before making the Loader"
+        )
+
+
+def _ips(host: str) -> set[str]:
+    """The addresses `host` resolves to (itself if it does not resolve)."""
+    try:
+        return {str(info[4][0]) for info in socket.getaddrinfo(host.strip("[]"), None)}
+    except OSError:
+        return {host.strip("[]")}
+
+
+def _on_this_machine(host: str) -> bool:
+    """Whether `host` is this machine (loopback or one of its addresses: Ray reports the
+    node's address for a cluster given as 127.0.0.1)."""
+    for ip in _ips(host):
+        try:
+            with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as s:
+                s.bind((ip, 0))
+            return True
+        except OSError:
+            continue
+    return False
 
 
 def _check_reachable(address: str) -> None:
@@ -74,13 +135,13 @@ def _check_reachable(address: str) -> None:
     try:
         conn = socket.create_connection((host.strip("[]"), int(port)), timeout=5)
     except OSError as e:
-        raise ConnectionError(
+        raise ClusterError(
             f"cluster={address!r}: nothing answers at {host}:{port} ({e.strerror or e}); start "
             "the head with `ray start --head --port PORT` and check the address (see README)"
         ) from None
     with conn:
         if not _answers_grpc(conn):  # Ray would retry it without end
-            raise ConnectionError(
+            raise ClusterError(
                 f"cluster={address!r}: {host}:{port} answers, but not as a Ray cluster (another "
                 "service, or a dashboard port such as 8265); give the head's GCS port "
                 "('HEAD_IP:6379', as `ray start --head` prints it) or 'ray://HEAD_IP:10001'"
@@ -110,16 +171,14 @@ def _answers_grpc(conn: socket.socket, timeout: float = 5.0) -> bool:
 
 
 def cluster_cpus(timeout: float = 10.0) -> int:
-    """CPUs of the live nodes of the connected cluster; ConnectionError where its head does not
+    """CPUs of the live nodes of the connected cluster; ClusterError where its head does not
     answer within `timeout` s (Ray would wait for it until its core ends the process)."""
     ray = import_ray()
     pool = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-ray-cpus")
     try:
         resources = pool.submit(ray.cluster_resources).result(timeout=timeout)
     except FutureTimeout:
-        raise ConnectionError(
-            f"the Ray cluster's head did not answer within {timeout:g} s"
-        ) from None
+        raise ClusterError(f"the Ray cluster's head did not answer within {timeout:g} s") from None
     finally:
         pool.shutdown(wait=False)
     return int(resources.get("CPU", 0))
@@ -415,7 +474,4 @@ class RayPool:
                     ray.kill(a)
             self._actors, self._queue = [], {}
             _session["open"].discard(id(self))
-            if _session["ours"] and not _session["open"]:
-                _session["ours"] = False
-                with contextlib.suppress(Exception):
-                    ray.shutdown()
+            release_cluster()

@@ -17,15 +17,17 @@ has no per-sample checksums). A local shard or cache file found intact is not ha
 same process while its size, inode and mtime stay the same. Cache files are only ever written inside
 `cache_dir` under names made of the index's checksum (64 hex digits, checked when the index is
 read), and a cache file is used only after its SHA-256 matched: a planted or damaged one is deleted
-and the shard fetched again.
+and the shard fetched again. A cache file being written is named after its writer (PID and host):
+one left behind by a killed writer is deleted when the cache is next used.
 
 Every remote operation has a deadline, `storage_options={"timeout": SECONDS}` (default 120 s,
 retries included; the key is gpufeed's, not passed to s3fs), and connect/read timeouts per HTTP
 attempt (10 s / 30 s, capped by the deadline; s3fs's `config_kwargs` override them). Retries
 happen in botocore (3 attempts, counted in `retried`) and here (whole requests, with backoff),
-never in s3fs's own loop. Missing buckets or keys, refused access and missing credentials are not
-retried, nor is an endpoint that cannot be reached before it ever answered; once it has answered,
-an outage is retried until the deadline. Every failure is one ShardError naming the URL and the
+never in s3fs's own loop. Missing buckets or keys, refused access, missing credentials and options
+the filesystem does not take are not retried, nor is an endpoint that cannot be reached before it
+ever answered; once it has answered, an outage is retried until the deadline (then its last answer,
+such as 503 SlowDown, is reported). Every failure is one ShardError naming the URL and the
 endpoint.
 """
 
@@ -36,12 +38,16 @@ import hashlib
 import io
 import os
 import random
+import re
+import socket
 import stat
 import tempfile
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -58,6 +64,7 @@ from gpufeed.data.shards import (
 )
 from gpufeed.errors import OptionError
 from gpufeed.extras import require
+from gpufeed.processes import alive
 
 MB = 1 << 20
 
@@ -88,11 +95,37 @@ MAX_PAUSE = 4.0  # seconds: the longest backoff between two tries of one remote 
 CONNECT_TIMEOUT, READ_TIMEOUT = 10.0, 30.0  # per HTTP attempt, each capped by the deadline
 
 
+_DICT_OPTIONS = {  # storage_options keys that must be dicts, with an example value
+    "client_kwargs": "{'endpoint_url': 'http://HOST:PORT'}",
+    "config_kwargs": "{'read_timeout': 60}",
+}
+
+
+def check_storage_options(storage_options: Any) -> dict[str, Any] | None:
+    """`storage_options` if it can be handed to the filesystem: None, or a dict whose
+    `client_kwargs` and `config_kwargs` (where given) are dicts; else an OptionError naming it
+    (such a value failed deep inside s3fs or botocore, at the first read)."""
+    if storage_options is None:
+        return None
+    if not isinstance(storage_options, dict):
+        raise OptionError(
+            f"storage_options={storage_options!r}: give a dict of the filesystem's options, "
+            "e.g. {'timeout': 60, 'anon': True} (s3fs.S3FileSystem's for s3://)"
+        )
+    for key, example in _DICT_OPTIONS.items():
+        value = storage_options.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise OptionError(
+                f"storage_options {key}={value!r}: give a dict, e.g. {{'{key}': {example}}}"
+            )
+    return storage_options
+
+
 def s3_options(storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """s3fs options: the endpoint from AWS_ENDPOINT_URL(_S3) unless given; credentials are s3fs's;
     connect/read timeouts (10 s / 30 s, capped by the deadline) and at most 3 HTTP attempts per
     request unless `config_kwargs` says otherwise. The deadline key `timeout` is not s3fs's."""
-    opts = dict(storage_options or {})
+    opts = dict(check_storage_options(storage_options) or {})
     deadline = remote_timeout(opts)
     opts.pop("timeout", None)
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -110,7 +143,7 @@ def s3_options(storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def remote_timeout(storage_options: dict[str, Any] | None) -> float:
     """The overall deadline in seconds of one remote operation: `storage_options["timeout"]`."""
-    value = (storage_options or {}).get("timeout", DEFAULT_TIMEOUT)
+    value = (check_storage_options(storage_options) or {}).get("timeout", DEFAULT_TIMEOUT)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
         raise ShardError(
             f"storage_options timeout={value!r}: give the seconds one remote read or write may "
@@ -150,10 +183,14 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> Any:
 
 
 _COUNTING_S3: Any = None
+# who counts the HTTP retries of the requests made in this context (a Source: several share
+# one filesystem); asyncio runs a call's coroutine in a copy of its caller's context
+_HTTP_RETRY: ContextVar[Callable[[], None] | None] = ContextVar("gpufeed_retry", default=None)
 
 
 def _counting_s3_class() -> Any:
-    """S3FileSystem that counts the HTTP retries botocore makes (its `retried` attribute)."""
+    """S3FileSystem that counts the HTTP retries botocore makes (its `retried` attribute, and
+    for the Source whose call made them, see `_HTTP_RETRY`)."""
     global _COUNTING_S3
     if _COUNTING_S3 is None:
         from s3fs import S3FileSystem
@@ -172,6 +209,9 @@ def _counting_s3_class() -> Any:
             def _count_retry(self, request: Any, **_: Any) -> None:
                 if (request.context.get("retries") or {}).get("attempt", 1) > 1:
                     self.retried += 1
+                    count = _HTTP_RETRY.get()  # the Source whose call made the request
+                    if count is not None:
+                        count()
 
         CountingS3FileSystem.__qualname__ = "CountingS3FileSystem"  # picklable: see __getattr__
         _COUNTING_S3 = CountingS3FileSystem
@@ -210,6 +250,7 @@ def call_remote(fs: Any, method: str, *args: Any, timeout: float, **kwargs: Any)
 
 _CREDENTIALS = frozenset({"NoCredentialsError", "PartialCredentialsError", "NoRegionError"})
 _UNREACHABLE = frozenset({"EndpointConnectionError", "ConnectTimeoutError", "ProxyConnectionError"})
+_TIMEOUTS = frozenset({"FSTimeoutError", "TimeoutError", "ReadTimeoutError", "ConnectTimeoutError"})
 
 
 def _names(exc: BaseException) -> set[str]:
@@ -217,9 +258,11 @@ def _names(exc: BaseException) -> set[str]:
 
 
 def _transient(exc: BaseException, reached: bool) -> bool:
-    """Worth retrying: not a missing file, a refusal, bad credentials or our own verdict; an
-    endpoint that cannot be reached only after it once answered (a restart, not a typo)."""
-    if isinstance(exc, (FileNotFoundError, PermissionError, ShardError, ValueError)):
+    """Worth retrying: not a missing file, a refusal, bad credentials, options the filesystem
+    does not take (TypeError, AttributeError) or our own verdict; an endpoint that cannot be
+    reached only after it once answered (a restart, not a typo)."""
+    final = (FileNotFoundError, PermissionError, ShardError, ValueError, TypeError, AttributeError)
+    if isinstance(exc, final):
         return False
     names = _names(exc)
     if names & _CREDENTIALS:
@@ -230,7 +273,6 @@ def _transient(exc: BaseException, reached: bool) -> bool:
 def _refused(endpoint: str) -> str:
     """Why a TCP connection to `endpoint` fails right now ('' when it connects): tells a dead
     endpoint from a silent one after a deadline passed."""
-    import socket
     from urllib.parse import urlsplit
 
     parts = urlsplit(endpoint)
@@ -244,8 +286,26 @@ def _refused(endpoint: str) -> str:
     return ""
 
 
-def remote_error(what: str, url: str, fs: Any, exc: BaseException, deadline: float) -> ShardError:
-    """One clear ShardError for a failed remote operation, naming the URL and the endpoint."""
+def _answer(exc: BaseException) -> str:
+    """What the endpoint answered to a failed request, e.g. '503 SlowDown (throttled)': the
+    HTTP status and S3 error code of the botocore error behind `exc` ('' if none)."""
+    for e in (exc, exc.__cause__):
+        response = getattr(e, "response", None)
+        if isinstance(response, dict) and isinstance(response.get("Error"), dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
+            code = response["Error"].get("Code", "")
+            hint = " (throttled)" if code == "SlowDown" else ""
+            hint = hint or (" (a server error)" if str(status).startswith("5") else "")
+            answer = str(code) if str(code) == str(status) else f"{status} {code}"  # HEAD: no code
+            return answer.strip() + hint
+    return ""
+
+
+def remote_error(
+    what: str, url: str, fs: Any, exc: BaseException, deadline: float, expired: bool = False
+) -> ShardError:
+    """One clear ShardError for a failed remote operation, naming the URL and the endpoint;
+    `expired`: `exc` is the last answer of an endpoint still failing when the deadline passed."""
     endpoint = endpoint_of(fs, url)
     names = _names(exc)
     if isinstance(exc, FileNotFoundError) and "bucket" in str(exc).lower():
@@ -255,7 +315,10 @@ def remote_error(what: str, url: str, fs: Any, exc: BaseException, deadline: flo
     elif isinstance(exc, FileNotFoundError):
         why = "not found; check the URL"
     elif isinstance(exc, PermissionError):
-        why = "access denied; check the credentials' permissions on this bucket"
+        why = (
+            f"access denied ({_answer(exc) or exc}); check the credentials (expired?) and their "
+            "permissions on this bucket"
+        )
     elif names & _CREDENTIALS:
         why = (
             f"no usable credentials ({type(exc).__name__}); set AWS_ACCESS_KEY_ID and "
@@ -264,14 +327,24 @@ def remote_error(what: str, url: str, fs: Any, exc: BaseException, deadline: flo
     elif names & _UNREACHABLE:
         detail = _refused(endpoint) or type(exc).__name__
         why = f"cannot connect ({detail}); check the endpoint (AWS_ENDPOINT_URL) and that it is up"
-    elif ("FSTimeoutError" in names or "TimeoutError" in names or "ReadTimeoutError" in names) and (
-        refused := _refused(endpoint)
-    ):
+    elif names & _TIMEOUTS and (refused := _refused(endpoint)):
         why = f"cannot connect ({refused}); check the endpoint (AWS_ENDPOINT_URL) and that it is up"
-    elif "FSTimeoutError" in names or "TimeoutError" in names or "ReadTimeoutError" in names:
+    elif names & _TIMEOUTS:
         why = (
             f"no answer within {deadline:g} s; check that the endpoint is up, or allow more time "
             "with storage_options={'timeout': SECONDS} (`--timeout SECONDS` on the command line)"
+        )
+    elif isinstance(exc, (TypeError, AttributeError)):
+        why = (
+            f"the filesystem does not take these storage_options ({type(exc).__name__}: {exc}); "
+            "pass only its options (s3fs.S3FileSystem's for s3://) and 'timeout'"
+        )
+    elif expired:
+        last = _answer(exc) or f"{type(exc).__name__}: {exc}"
+        why = (
+            f"still failing at the {deadline:g} s deadline (last answer: {last}); retry later, "
+            "or allow more time with storage_options={'timeout': SECONDS} (`--timeout SECONDS` "
+            "on the command line)"
         )
     else:
         why = f"{type(exc).__name__}: {exc}"
@@ -295,7 +368,7 @@ class Source:
     ) -> None:
         self.url = base_url(url)
         self.remote = is_remote(self.url)
-        self.storage_options = storage_options
+        self.storage_options = check_storage_options(storage_options)
         if cache_dir is not None and not str(cache_dir).strip():
             raise OptionError(
                 f"cache_dir={cache_dir!r}: give a folder for the shards read remotely, or leave "
@@ -303,10 +376,12 @@ class Source:
             )
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
         self._cache_failed = False  # said once: the cache cannot be written, shards stream
+        self._swept: set[Path] = set()  # cache folders cleared of killed writers' partial files
         self.retries, self.backoff = retries, backoff
         self.chunk_size, self.read_ahead = max(64 * 1024, chunk_size), max(0, read_ahead)
         self.timeout = remote_timeout(storage_options) if self.remote else DEFAULT_TIMEOUT
         self._retried = 0  # transient errors retried here, besides botocore's own retries
+        self._http_retried = 0  # botocore's retries of this Source's requests
         self._reached = False  # the endpoint answered once: connection errors may be transient
         self._reported = 0  # retries already handed to `new_retries`
         # local shards and cache files whose SHA-256 matched: (path, dev, inode, size, mtime_ns)
@@ -327,9 +402,9 @@ class Source:
 
     @property
     def retried(self) -> int:
-        """Retries made in this process: of whole requests here, of HTTP attempts in botocore."""
-        fs = filesystem(self.url, self.storage_options) if self.remote else None
-        return self._retried + int(getattr(fs, "retried", 0))
+        """Retries of this Source's requests in this process: of whole requests here, of HTTP
+        attempts in botocore (not those of other Sources sharing the filesystem)."""
+        return self._retried + self._http_retried
 
     def new_retries(self) -> int:
         """Retries since the last call: also those made by read-ahead threads in between."""
@@ -371,11 +446,9 @@ class Source:
                 if self.remote:
                     self._check_bucket(where)
                 continue
-            except PermissionError as e:
+            except PermissionError as e:  # a local file (a remote refusal is a ShardError)
                 raise ShardError(
                     f"cannot read {where}: permission denied ({e}); check its permissions"
-                    + (" and the storage credentials (AWS_* variables or storage_options)")
-                    * self.remote
                 ) from e
             except OSError as e:
                 raise ShardError(f"cannot read {where}: {e}") from e
@@ -400,6 +473,9 @@ class Source:
         cache_to = None
         if self.cache_dir is not None and start == 0:
             cache_to = self._cache_path(entry)
+            if cache_to is not None and cache_to.parent not in self._swept:
+                self._swept.add(cache_to.parent)
+                remove_partial_files(cache_to.parent)
         return io.BufferedReader(
             RangeReader(self, entry, start, cache_to=cache_to, end=end), buffer_size=256 * 1024
         )
@@ -534,45 +610,86 @@ class Source:
 
     def _retry(self, what: str, url: str, fn: Any, *args: Any) -> Any:
         """`fn(timeout)` (or `fs.fn(*args)` for a method name) retried with backoff while the
-        error is transient, all within the deadline; FileNotFoundError and PermissionError pass
-        through, any other failure is a ShardError naming `url` and the endpoint."""
+        error is transient, all within the deadline; FileNotFoundError passes through, any other
+        failure (access denied included) is a ShardError naming `url` and the endpoint."""
         fs = filesystem(self.url, self.storage_options)
         if isinstance(fn, str):
             method, fn = fn, lambda timeout: call_remote(fs, method, *args, timeout=timeout)
-        out, self._reached = _retrying(
-            fn, self.retries, self.backoff, self.timeout, self._reached, self._count
-        )
+        tally = _HTTP_RETRY.set(self._count_http)  # botocore's retries of these requests
+        try:
+            out, self._reached, expired = _retrying(
+                fn, self.retries, self.backoff, self.timeout, self._reached, self._count
+            )
+        finally:
+            _HTTP_RETRY.reset(tally)
         if isinstance(out, BaseException):
-            if isinstance(out, (FileNotFoundError, PermissionError, ShardError)):
+            if isinstance(out, (FileNotFoundError, ShardError)):
                 raise out
-            raise remote_error(what, url, fs, out, self.timeout) from out
+            raise remote_error(what, url, fs, out, self.timeout, expired) from out
         return out
 
     def _count(self) -> None:
         self._retried += 1
 
+    def _count_http(self) -> None:
+        self._http_retried += 1  # only ever on fsspec's one I/O thread
+
 
 def _retrying(
     fn: Any, retries: int, backoff: float, deadline: float, reached: bool, on_retry: Any
-) -> tuple[Any, bool]:
-    """(result or the last exception, whether the endpoint answered): `fn(seconds left)` tried
-    while its error is transient and the deadline has not passed: up to `retries + 1` times, or,
-    once the endpoint has answered (an outage, not a wrong address), until the deadline, with
-    pauses growing to at most `MAX_PAUSE` seconds."""
+) -> tuple[Any, bool, bool]:
+    """(result or the error to report, whether the endpoint answered, whether the deadline
+    passed): `fn(seconds left)` tried while its error is transient and the deadline has not
+    passed: up to `retries + 1` times, or, once the endpoint has answered (an outage, not a
+    wrong address), until the deadline, with pauses growing to at most `MAX_PAUSE` seconds. At
+    the deadline the error reported is the last one that was not a timeout (the deadline cuts
+    the last try short: an endpoint answering 503 would look silent)."""
     stop = time.monotonic() + deadline
     attempt = 0
+    answered: Exception | None = None
     while True:
         try:
-            return fn(stop - time.monotonic()), True
+            return fn(stop - time.monotonic()), True, False
         except Exception as e:
+            if not _names(e) & _TIMEOUTS:
+                answered = e
             if not _transient(e, reached) or (attempt >= retries and not reached):
-                return e, reached
+                return e, reached, False
             pause = min(MAX_PAUSE, backoff * (2**attempt)) * (0.5 + random.random())
             if time.monotonic() + pause >= stop:
-                return e, reached
+                return answered or e, reached, True
             on_retry()
             time.sleep(pause)
             attempt += 1
+
+
+STALE_PARTIAL_S = 24 * 3600  # a partial cache file untouched this long has no live writer
+_PARTIAL = re.compile(r"\.tmp-(\d+)@(.+)-[^-]*$")  # PID@HOST of its writer (see _partial_prefix)
+
+
+def _partial_prefix(name: str) -> str:
+    """The name prefix of cache file `name` while it is written: its writer's PID and host, so
+    a later run can tell a killed writer's partial file from a live one's."""
+    return f"{name}.tmp-{os.getpid()}@{socket.gethostname()}-"
+
+
+def remove_partial_files(folder: Path) -> None:
+    """Delete the partial cache files in `folder` that no live writer owns: those of a process
+    of this host that is gone (killed mid-shard: SIGKILL, out of memory), and any untouched for
+    `STALE_PARTIAL_S` (another host's, or an older gpufeed's). Only a writer's own `close`
+    removed them, so each crash left up to a shard per worker behind. Safe beside live writers
+    in other processes."""
+    host, now = socket.gethostname(), time.time()
+    try:
+        entries = [e for e in os.scandir(folder) if ".tmp-" in e.name]
+    except OSError:
+        return
+    for e in entries:
+        m = _PARTIAL.search(e.name)
+        with contextlib.suppress(OSError):
+            gone = m is not None and m[2] == host and not alive(int(m[1]))
+            if gone or now - e.stat(follow_symlinks=False).st_mtime > STALE_PARTIAL_S:
+                os.unlink(e.path)
 
 
 class ChecksumError(ShardError):
@@ -655,7 +772,7 @@ class RangeReader(io.RawIOBase):
             try:
                 self._cache_to.parent.mkdir(parents=True, exist_ok=True)
                 fd, self._tmp_name = tempfile.mkstemp(
-                    dir=self._cache_to.parent, prefix=f"{self._cache_to.name}.tmp-"
+                    dir=self._cache_to.parent, prefix=_partial_prefix(self._cache_to.name)
                 )
                 os.fchmod(fd, 0o644)  # as an ordinary file (mkstemp makes it private to its owner)
                 self._tmp = os.fdopen(fd, "wb")
@@ -744,7 +861,8 @@ class RangeReader(io.RawIOBase):
             try:
                 os.replace(self._tmp_name, self._cache_to)
             except OSError:  # e.g. a directory in the way: just not cached
-                os.unlink(self._tmp_name)
+                with contextlib.suppress(OSError):
+                    os.unlink(self._tmp_name)
 
     def close(self) -> None:
         if not self.closed:
@@ -762,7 +880,8 @@ class RangeReader(io.RawIOBase):
             self._pool.shutdown(wait=False, cancel_futures=True)
             if self._tmp is not None:  # stopped early: the partial copy is not a cache entry
                 self._tmp.close()
-                os.unlink(self._tmp_name)
+                with contextlib.suppress(OSError):  # removed as stale already?
+                    os.unlink(self._tmp_name)
                 self._tmp = None
         super().close()
 
@@ -774,7 +893,7 @@ class Destination:
     def __init__(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None):
         self.url = base_url(url)
         self.remote = is_remote(self.url)
-        self.storage_options = storage_options
+        self.storage_options = check_storage_options(storage_options)
         self.timeout = remote_timeout(storage_options) if self.remote else DEFAULT_TIMEOUT
         self._reached = False
         if not self.remote:
@@ -797,7 +916,7 @@ class Destination:
         """`fs.method(*args, **kwargs)` with retries within the deadline; failures are one
         ShardError."""
         fs = self._fs()
-        out, self._reached = _retrying(
+        out, self._reached, expired = _retrying(
             lambda timeout: call_remote(fs, method, *args, timeout=timeout, **kwargs),
             retries=4,
             backoff=0.1,
@@ -808,7 +927,7 @@ class Destination:
         if isinstance(out, BaseException):
             named = args and str(args[0]).startswith(f"{self.url}/")  # a file, not the bucket
             where = str(args[0]) if named else self.url
-            raise remote_error(what, where, fs, out, self.timeout) from out
+            raise remote_error(what, where, fs, out, self.timeout, expired) from out
         return out
 
     def check(self) -> None:

@@ -25,6 +25,7 @@ from gpufeed.errors import GpufeedError
 
 if TYPE_CHECKING:
     from rich.console import Group
+    from rich.text import Text
 
     from gpufeed.analysis.run import Run
 
@@ -173,6 +174,7 @@ def demo_config(
     ValueError) on bad ones."""
     import torch
 
+    from gpufeed.advise.measure import check_batch_memory
     from gpufeed.train.resnet import MODELS
 
     cfg = TINY if tiny else DemoConfig()
@@ -208,6 +210,7 @@ def demo_config(
             f"--images {cfg.images} is too few for --batch-size {cfg.batch_size}: "
             "give at least two batches of images"
         )
+    check_batch_memory(cfg.batch_size, cfg.image_size)  # before a run thrashes and is killed
     return cfg
 
 
@@ -242,15 +245,18 @@ def demo_images(
 
 
 def demo_shards(images: Path, cfg: DemoConfig) -> Path:
-    """The images packed into shards pre-resized for the training size, once (then reused)."""
+    """The images packed into shards pre-resized for the training size, once (then reused).
+
+    A pack there of other inputs is replaced: the demo made that folder, and a work dir that was
+    renamed or copied holds one (a pack is known by the absolute paths of its images)."""
     import warnings
 
-    from gpufeed.data.packing import pack
+    from gpufeed.data.packing import pack_cache
 
     shards = images.parent / f"{images.name.replace('images-', 'shards-')}-r{cfg.pack_resize}"
     with warnings.catch_warnings():  # the demo set is far below the 1-128 MB shard advice
         warnings.simplefilter("ignore")
-        pack(images, shards, resize=cfg.pack_resize, shard_size="8MB", progress=False)
+        pack_cache(images, shards, resize=cfg.pack_resize, shard_size="8MB", progress=False)
     return shards
 
 
@@ -292,8 +298,14 @@ def profile_training(
     m = re.search(r"gpufeed: profiling into (.+)", text)
     if code != 0 or m is None or not result.is_file():
         tail = "\n".join(text.strip().splitlines()[-15:])
+        killed = (
+            " - it was killed, probably out of memory: use a smaller --image-size or --batch-size"
+            if code in (-9, 128 + 9)  # SIGKILL, the kernel's answer when memory runs out
+            else ""
+        )
         raise DemoError(
-            f"the {pipeline} training run failed (exit code {code}); its log is {log}:\n{tail}"
+            f"the {pipeline} training run failed (exit code {code}{killed}); its log is {log}:"
+            f"\n{tail}"
         )
     return Path(m.group(1).strip()), json.loads(result.read_text())
 
@@ -354,11 +366,41 @@ def summarize(pipeline: str, run_dir: Path, figures: dict[str, Any]) -> Pipeline
     )
 
 
+WORK_MARKER = ".gpufeed-demo"  # in a work dir the demo made
+_DEMO_ENTRIES = {"data", "logs", "runs", "demo-result.json", WORK_MARKER}
+
+
+def claim_work_dir(work: Path) -> None:
+    """Create the work dir `work` and mark it as the demo's, or refuse (DemoOptionError) a folder
+    holding files the demo does not make: it rewrites logs/, runs/ and demo-result.json there. A
+    folder a demo ran in before the marker existed is known by its layout."""
+    from gpufeed.data.packing import printable
+
+    if work.is_dir() and not (work / WORK_MARKER).is_file():
+        names = {p.name for p in work.iterdir()}
+        made = "demo-result.json" in names or any((work / "data").glob("images-*"))
+        if names and not (names <= _DEMO_ENTRIES and made):
+            raise DemoOptionError(
+                f"--out {printable(str(work))} holds files gpufeed demo does not make: give an "
+                "empty or new folder, or a former demo work dir"
+            )
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        marker = work / WORK_MARKER
+        if not marker.is_file():
+            marker.write_text("made by `gpufeed demo`: its data, logs and runs are kept here\n")
+    except OSError as e:
+        raise DemoError(
+            f"cannot create the work dir {work}: {e.strerror or e}; use --out DIR"
+        ) from None
+
+
 def run_demo(
     cfg: DemoConfig, work: str | os.PathLike[str] = DEFAULT_WORK_DIR, progress: bool = True
 ) -> DemoResult:
-    """Run the whole demo and return both runs (the result prints itself). With `progress`, what
-    runs and its progress bars are shown on stderr; nothing is printed on stdout."""
+    """Run the whole demo in the work dir `work` (new, empty or the demo's own: see
+    `claim_work_dir`) and return both runs (the result prints itself). With `progress`, what runs
+    and its progress bars are shown on stderr; nothing is printed on stdout."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -373,12 +415,7 @@ def run_demo(
 
     console = Console(stderr=True, quiet=not progress)
     work = Path(work)
-    try:
-        work.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DemoError(
-            f"cannot create the work dir {work}: {e.strerror or e}; use --out DIR"
-        ) from None
+    claim_work_dir(work)
     hw = hardware()
     console.print(f"[bold]gpufeed demo[/] on {describe(hw)}")
     console.print(
@@ -431,7 +468,6 @@ def _render(result: DemoResult) -> Group:
     from rich.console import Group
     from rich.markup import escape
     from rich.table import Table
-    from rich.text import Text
 
     from gpufeed.present.terminal import findings_view
 
@@ -461,5 +497,14 @@ def _render(result: DemoResult) -> Group:
         "[dim]From the profiler: images/s and data wait over the steps after 3 warm-up steps, "
         "utilization over the training phase.[/]",
         f"[{color}]{escape(next_step(result))}[/]",
-        Text(f"reports: {result.naive.report}\n         {result.gpufeed.report}"),
+        _whole(f"reports: {result.naive.report}"),
+        _whole(f"         {result.gpufeed.report}"),
     )
+
+
+def _whole(line: str) -> Text:
+    """`line` kept on one line, never wrapped at the console's width (80 columns in a pipe), so
+    that a path in it can be copied whole."""
+    from rich.text import Text
+
+    return Text(line, no_wrap=True, overflow="ignore")

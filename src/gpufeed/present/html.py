@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufeed.analysis.stats import device_key
+from gpufeed.analysis.stats import bin_index, device_key, role_totals, time_bins
 from gpufeed.present.numbers import after_warmup, count, cpu_counts, figure, number
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ _PHASE_COLORS = {
 _WAIT_CPU_BAR = "data wait, training thread busy"
 _EVAL_COLOR = "rgba(236, 72, 153, 0.18)"
 _ROLE_COLORS = {"main": "#2563eb", "worker": "#f59e0b", "other": "#94a3b8"}
+_LABELLED_ROWS = 42  # rows of a heatmap that fit 900 px with a label each
 _LAYOUT = {
     "margin": {"l": 60, "r": 60, "t": 40, "b": 80},
     "height": 340,
@@ -90,13 +91,14 @@ def readable(text: str) -> str:
 
 
 def findings_json(run: Run, findings: list[Finding]) -> str:
-    """Findings for machines: run identity, `healthy` (no warning or worse) and each finding's dict;
-    strict JSON (a value that was not measured is null, never NaN)."""
+    """Findings for machines: run identity, `dropped_events` (profiler events lost: the figures
+    miss them), `healthy` (no warning or worse) and each finding's dict; strict JSON (a value that was not measured is null, never NaN)."""
     return strict_json(
         {
             "run": str(run.path),
             "name": run.meta.get("name"),
             "finished": bool(run.meta.get("finished")),
+            "dropped_events": int(run.meta.get("dropped_events") or 0),
             "healthy": not any(f.severity != "info" for f in findings),
             "findings": [f.to_dict() for f in findings],
         },
@@ -135,9 +137,12 @@ def render_html(
     max_points: int = MAX_POINTS,
     checks: list[dict[str, str]] | None = None,
     steady: tuple[int, float] | None = None,
+    stopped: str | None = None,
 ) -> str:
     """The report as one HTML string; `checks` (from `rule_checks`) defaults to the default rules';
-    `steady` (from `Context.steady_wait`) adds the data wait after warm-up to the summary."""
+    `steady` (from `Context.steady_wait`) adds the data wait after warm-up to the summary;
+    `stopped` (from `recording_stopped`) says why an unfinished run will never finish, which the
+    header then says instead of "run still in progress"."""
     import jinja2
     import plotly.offline
 
@@ -175,7 +180,10 @@ def render_html(
         gpus=", ".join(str(g.get("name")) for g in gpus)
         if gpus
         else f"no GPU data ({meta.get('gpu_unavailable') or 'none reported'})",
-        live=not meta.get("finished"),
+        finished=bool(meta.get("finished")),
+        unfinished=stopped or meta.get("not_finished") or "",
+        live=not meta.get("finished") and stopped is None,
+        dropped=int(meta.get("dropped_events") or 0),
         generated=datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
         summary=_summary(run, t0, t1, steady),
         step_phases=_step_phases(run),
@@ -283,13 +291,13 @@ def _summary(
 
 def _healthy_text(run: Run) -> str:
     from gpufeed.analysis.rules import RULES
-    from gpufeed.analysis.stats import step_summary
+    from gpufeed.analysis.stats import no_steps_note, step_summary
 
     s = step_summary(run)
     if not s["steps"]:
         return (
-            "No training steps were recorded, so the step-based rules had nothing to judge: "
-            "was the loop driven by a DataLoader, or marked with gpufeed.step()?"
+            f"No training steps were recorded ({no_steps_note(run)}), so the step-based rules had "
+            "nothing to judge."
         )
     wait = (
         f"{_num(100 * s['data_wait_share'], '%', 1)} of step time"
@@ -367,14 +375,14 @@ def _charts(
     figs: dict[str, Any] = {}
     notes: dict[str, str] = {}
     missing: list[str] = []
-    edges = np.linspace(t0, t1, max(2, min(max_points, _samples(run) or max_points)) + 1)
+    edges = time_bins(run, t0, t1, max_points)
 
     cores = _heatmap(run, "cpu.core", edges, t0, "core")
     if cores:
-        figs["chart-cpu-cores"] = _fig(cores, "CPU cores over time (% busy)", "seconds", "")
+        figs["chart-cpu-cores"] = _rows_fig(cores, "CPU cores over time (% busy)")
     gpus = _heatmap(run, "gpu.util", edges, t0, "GPU")
     if gpus:
-        figs["chart-gpus"] = _fig(gpus, "GPUs over time: busy, " + GPU_UTIL_MEANS, "seconds", "")
+        figs["chart-gpus"] = _rows_fig(gpus, "GPUs over time: busy, " + GPU_UTIL_MEANS)
     else:
         missing.append(
             f"No GPU heatmap: {run.meta.get('gpu_unavailable') or 'NVML reported no GPUs'}."
@@ -617,21 +625,20 @@ def _histogram(steps: pd.DataFrame) -> dict[str, Any]:
 
 
 def _roles(run: Run, edges: np.ndarray, t0: float) -> dict[str, Any] | None:
-    p = run.processes
-    if len(p) == 0:
+    cores = role_totals(run, edges, "cpu", absent=0.0) / 100.0
+    if len(cores.columns) == 0:
         return None
-    per_time = p.groupby(["time", "role"])["cpu"].sum().unstack(fill_value=0.0) / 100.0
-    times = per_time.index.to_numpy(dtype=float)
     traces = []
-    for role in per_time.columns:
+    for role in cores.columns:
         traces.append(
             {
                 "type": "scatter",
                 "mode": "lines",
                 "stackgroup": "roles",
+                "stackgaps": "interpolate",  # a bin no sample fell in is unknown, not 0 cores
                 "name": _label(f"{role} processes"),
                 "x": _clean(_centers(edges) - t0),
-                "y": _clean(_binned(times, per_time[role].to_numpy(), edges)),
+                "y": _clean(cores[role].to_numpy(dtype=float)),
                 "line": {"color": _ROLE_COLORS.get(str(role), "#64748b")},
             }
         )
@@ -697,6 +704,18 @@ def _fig(data: list[dict[str, Any]], title: str, xtitle: str, ytitle: str) -> di
     return {"data": data, "layout": layout}
 
 
+def _rows_fig(heatmap: list[dict[str, Any]], title: str) -> dict[str, Any]:
+    """A heatmap figure as tall as its rows need, each row labelled in full (up to `_LABELLED_ROWS`
+    rows; past that plotly picks which to label)."""
+    fig = _fig(heatmap, title, "seconds", "")
+    rows = len(heatmap[0]["y"])
+    fig["layout"]["height"] = max(fig["layout"]["height"], min(900, 140 + 18 * rows))
+    fig["layout"]["yaxis"] |= {"automargin": True}
+    if rows <= _LABELLED_ROWS:
+        fig["layout"]["yaxis"] |= {"dtick": 1}
+    return fig
+
+
 def _binned(times: Any, values: Any, edges: np.ndarray) -> np.ndarray:
     """Mean of `values` in each time bin (NaN where a bin is empty)."""
     t = np.asarray(times, dtype=float)
@@ -704,7 +723,7 @@ def _binned(times: Any, values: Any, edges: np.ndarray) -> np.ndarray:
     ok = np.isfinite(t) & np.isfinite(v)
     t, v = t[ok], v[ok]
     bins = len(edges) - 1
-    idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, bins - 1)
+    idx = bin_index(t, edges)
     count = np.bincount(idx, minlength=bins)
     total = np.bincount(idx, v, minlength=bins)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -720,12 +739,6 @@ def _clean(values: Any) -> list[float | None]:
     return [
         float(f"{x:.4g}") if math.isfinite(x) else None for x in np.asarray(values, dtype=float)
     ]
-
-
-def _samples(run: Run) -> int:
-    if len(run.system) == 0:
-        return 0
-    return int(run.system["time"].nunique())
 
 
 def _values(run: Run, metric: str) -> np.ndarray:

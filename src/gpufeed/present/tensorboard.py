@@ -50,20 +50,20 @@ def tensorboard_scalars(run: Run) -> dict[str, list[tuple[str, int, float, float
                     rows.append((f"step/data_wait_{tag}_ms", step, 1e3 * v, wall))
             if math.isfinite(s.gpu_time):
                 rows.append(("step/gpu_time_ms", step, 1e3 * s.gpu_time, wall))
-    for host, g in run.system.groupby("host", sort=True):
+    system, processes = run.system, run.processes
+    for host in sorted({str(h) for h in [*system["host"].unique(), *processes["host"].unique()]}):
+        # one step number per sample time of the host, shared by its system and process series
+        g, p = system[system["host"] == host], processes[processes["host"] == host]
+        times = np.unique(np.concatenate([g["time"].to_numpy(float), p["time"].to_numpy(float)]))
+        index = {float(t): i for i, t in enumerate(times)}
         rows = out.setdefault(f"{_safe(host)}/system", [])
-        index = {t: i for i, t in enumerate(np.unique(g["time"].to_numpy(dtype=float)))}
         for s in g.itertuples():
             if math.isfinite(s.value):
                 scale, unit = _unit(str(s.metric))
                 tag = f"system/{s.metric}{unit}" + (f"/{s.device}" if s.device else "")
                 rows.append((tag, index[float(s.time)], s.value * scale, float(s.time)))
-    for host, g in run.processes.groupby("host", sort=True):
-        rows = out.setdefault(f"{_safe(host)}/system", [])
-        per = g.groupby(["time", "role"])["cpu"].sum()
-        index = {t: i for i, t in enumerate(sorted({t for t, _ in per.index}))}
-        for (t, role), cpu in per.items():
-            rows.append((f"processes/cpu_{role}_percent", index[t], float(cpu), float(t)))
+        for (t, role), cpu in p.groupby(["time", "role"], observed=True)["cpu"].sum().items():
+            rows.append((f"processes/cpu_{role}_percent", index[float(t)], float(cpu), float(t)))
     return out
 
 

@@ -52,7 +52,7 @@ def print_run(
     """Print a run's summary: what ran, phases, step throughput, a percentile table per metric, and
     the given findings. `steady`: (warm-up steps the findings left out, data-wait share after
     them), said beside the table's all-steps share."""
-    from gpufeed.analysis.stats import PHASES, phases, step_summary, wait_cpu_note
+    from gpufeed.analysis.stats import PHASES, no_steps_note, phases, step_summary, wait_cpu_note
 
     console = console or Console()
     meta = run.meta
@@ -97,7 +97,7 @@ def print_run(
     s = step_summary(run)
     if s["steps"] == 0:
         console.print(
-            "[yellow]No training steps were recorded[/yellow] (no optimizer step, no gpufeed.step())."
+            f"[yellow]No training steps were recorded[/yellow]: {_m(no_steps_note(run))}."
         )
     else:
         caption = "data wait: its share of step time (a step includes its wait) over every step"
@@ -165,23 +165,27 @@ def _print_metrics(run: Run, console: Console) -> None:
 
 
 def _print_processes(run: Run, console: Console) -> None:
-    """Per role: how many processes, their CPU (% of one core, summed per sample) and peak memory."""
+    """Per role: how many processes, their CPU (% of one core, summed over processes and hosts) and
+    peak memory."""
+    from gpufeed.analysis.stats import role_totals, run_span, time_bins
+
     procs = run.processes
     table = Table(title="Processes", title_justify="left")
     for col in ("role", "processes", "CPU p50", "CPU p95", "peak RSS"):
         table.add_column(col, justify="left" if col == "role" else "right")
+    edges = time_bins(run, *run_span(run), most=1_000_000)
+    cpus, rss = role_totals(run, edges, "cpu"), role_totals(run, edges, "rss", how="max")
     for role in ("main", "worker", "other"):
         rows = procs[procs["role"] == role]
         if len(rows) == 0:
             continue
-        cpu = rows.groupby("time")["cpu"].sum()
-        rss = rows.groupby("time")["rss"].sum()
+        cpu = cpus[role].dropna()
         table.add_row(
             _text(role),
-            str(rows["pid"].nunique()),
+            str(rows[["host", "pid"]].drop_duplicates().shape[0]),
             number(float(cpu.quantile(0.5)), 0) + "%",
             number(float(cpu.quantile(0.95)), 0) + "%",
-            number(float(rss.max()) / 2**30, 2) + " GiB",
+            number(float(rss[role].max()) / 2**30, 2) + " GiB",
         )
     console.print(table)
 

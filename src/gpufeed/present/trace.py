@@ -102,11 +102,10 @@ def build_trace(
     estimate = (
         len(evals)
         + (
-            5 * len(steps) + system.groupby(["host", "metric"]).ngroups * system["time"].nunique()
-            if len(system)
-            else 5 * len(steps)
+            5 * len(steps)
+            + int(system.groupby(["host", "metric"], observed=True)["time"].nunique().sum())
         )
-        + procs["time"].nunique()
+        + int(procs.groupby("host", observed=True)["time"].nunique().sum())
     )
     if estimate * _BYTES_PER_EVENT > max_mb * 1e6:
         raise TraceError(_too_big(run, estimate * _BYTES_PER_EVENT / 1e6, max_mb, info))

@@ -140,7 +140,18 @@ class profile:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.stop(exit_code=0 if exc_type is None else 1)
+        self.stop(exit_code=exit_code_of(exc))
+
+
+def exit_code_of(exc: BaseException | None) -> int:
+    """The exit code a Python process ending with `exc` has: 0 without one, `sys.exit`'s code,
+    130 for Ctrl-C (as a shell reports it), else 1."""
+    if exc is None:
+        return 0
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        return 0 if code is None else code if isinstance(code, int) else 1
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 
 def _wait_for(path: Path, sampler: subprocess.Popen, timeout: float) -> None:

@@ -90,6 +90,10 @@ def _create() -> Recorder | Any:
         rec.autocast = _pending_autocast
         _recorder = rec
         atexit.register(close)
+        # A multiprocessing child ends with os._exit, past atexit; its finalizers still run.
+        from multiprocessing import util
+
+        util.Finalize(None, close, exitpriority=10)
         return _recorder
 
 

@@ -60,8 +60,8 @@ def resolve_command(command: list[str]) -> str:
 def child_env(run_dir: Path) -> dict[str, str]:
     """The command's environment: the bootstrap first on PYTHONPATH and the run directory named."""
     env = dict(os.environ)
-    paths = [str(BOOTSTRAP_DIR), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
-    env["PYTHONPATH"] = os.pathsep.join(paths)
+    given = env.get("PYTHONPATH")  # kept as it is: an empty entry ("":/opt/libs) is the cwd
+    env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + given if given else "")
     env[ENV_RUN_DIR] = str(run_dir.resolve())
     env["GPUFEED_PKG_PARENT"] = str(Path(__file__).resolve().parents[2])
     return env

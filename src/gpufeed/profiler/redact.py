@@ -40,6 +40,7 @@ _SECRET_WORDS = {
     "passphrase",
     "credential",
     "credentials",
+    "creds",
     "auth",
     "authorization",
     "bearer",
@@ -49,6 +50,33 @@ _SECRET_WORDS = {
     "signature",
     "sig",
 }
+# A one-word name is secret where it ends in one of these after one of the owners below
+# (`--accesstoken`, `S3_SECRETKEY`, `--clientsecret`, `--hftoken`).
+_SECRET_ENDINGS = ("token", "tokens", "secret", "key", "keys", "passwd", "credentials", "creds")
+_SECRET_OWNERS = (
+    "access",
+    "secret",
+    "secretaccess",
+    "private",
+    "api",
+    "auth",
+    "client",
+    "session",
+    "refresh",
+    "bearer",
+    "id",
+    "hf",
+    "github",
+    "gh",
+    "wandb",
+    "openai",
+    "signing",
+    "master",
+    "encryption",
+    "app",
+    "db",
+    "user",
+)
 # Names that contain a secret word but are well known not to be secret.
 _NOT_SECRET_NAMES = {"PWD"}  # the shell's working directory
 # Short options whose value is a secret (`mysql -p PW`, `sshpass -p PW`).
@@ -90,7 +118,17 @@ def is_secret_name(name: str) -> bool:
     if name in _NOT_SECRET_NAMES:
         return False
     parts = [p.lower() for p in _NAME_PARTS.split(name) if p]
-    return any(p in _SECRET_WORDS for p in parts) or "password" in name.lower()
+    return (
+        any(p in _SECRET_WORDS or _secret_compound(p) for p in parts) or "password" in name.lower()
+    )
+
+
+def _secret_compound(word: str) -> bool:
+    """`word` is a secret word glued to what says whose (`accesstoken`, `secretkey`, `hftoken`);
+    not a word that merely ends like one (`monkey`, `hotkey`, `maxtokens`)."""
+    return any(
+        word.endswith(end) and word[: -len(end)].endswith(_SECRET_OWNERS) for end in _SECRET_ENDINGS
+    )
 
 
 def _is_secret_option(option: str) -> bool:
@@ -127,10 +165,11 @@ def _redact_argv(argv: Iterable[str], depth: int) -> list[str]:
     hide_next = False
     for arg in argv:
         arg = str(arg)
-        if hide_next:
+        if hide_next and not arg.startswith("--"):  # `--secret-flag --lr 1`: a flag, no value
             out.append(REDACTED)
             hide_next = False
             continue
+        hide_next = False
         name, sep, value = arg.partition("=")
         option_like = bool(sep) and _OPTION_NAME.fullmatch(name) is not None
         if option_like and _is_secret_option(name):
@@ -158,10 +197,7 @@ def _redact_text(text: str, depth: int) -> str:
             red = _redact_json(obj, depth + 1)
             return text if red == obj else json.dumps(red, ensure_ascii=False)
     if depth < _MAX_DEPTH and any(c.isspace() for c in text):
-        try:
-            words = shlex.split(text)
-        except ValueError:  # unbalanced quotes: not a shell string, the patterns below still apply
-            words = []
+        words = shell_words(text)  # [] for unbalanced quotes: the patterns below still apply
         if len(words) > 1 or (words and words[0] != text):
             red = _redact_argv(words, depth + 1)
             if red != words:
@@ -171,6 +207,14 @@ def _redact_text(text: str, depth: int) -> str:
     text = _BEARER.sub(lambda m: m.group("head") + REDACTED, text)
     text = _redact_pairs(text)
     return _SECRET_VALUES.sub(REDACTED, text)
+
+
+def shell_words(text: str) -> list[str]:
+    """`text` split as a shell would ([] where it cannot be: an unclosed quote)."""
+    try:
+        return shlex.split(text)
+    except ValueError:
+        return []
 
 
 def _redact_json(obj: Any, depth: int) -> Any:

@@ -394,7 +394,11 @@ def _core_shares(before: Any, after: Any) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m gpufeed.profiler.sampler RUN_DIR --root-pid PID`: sample until PID exits."""
+    """`python -m gpufeed.profiler.sampler RUN_DIR --root-pid PID`: sample until PID exits (or a
+    SIGTERM). A Ctrl-C is the profiled program's to handle: it may save and go on being sampled."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     ap = argparse.ArgumentParser(prog="gpufeed-sampler")
     ap.add_argument("run_dir")
     ap.add_argument("--root-pid", type=int, required=True)
@@ -405,8 +409,6 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # the profiled process goes on without system samples
         warn_once(args.run_dir, f"system sampler not started: {e}")
         return
-    import signal
-
     signal.signal(signal.SIGTERM, lambda *_: sampler._stop.set())
     parent = psutil.Process(args.root_pid)
     sampler.run(until=lambda: not parent.is_running())

@@ -23,6 +23,7 @@ from typing import Any
 from gpufeed.atomic import write_atomic
 from gpufeed.cores import usable_cores
 from gpufeed.errors import GpufeedError
+from gpufeed.profiler.redact import shell_words
 
 ENV_RUN_DIR = "GPUFEED_RUN_DIR"
 DEFAULT_OUT = "gpufeed-runs"
@@ -92,13 +93,20 @@ def identity() -> dict[str, Any]:
     }
 
 
+_LAUNCHER_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
+
+
 def run_name(command: list[str]) -> str:
-    """A default run name from a command: the script's stem, the `-m` module, or the program."""
+    """A default run name from a command: the script's stem (also inside a `sh -c` string), the
+    `-m` module (past a launcher such as `torch.distributed.run`), or the program. Never more of a
+    shell string than a script's stem: it may set a secret (`HF_TOKEN=... python train.py`)."""
     for i, arg in enumerate(command):
-        if arg == "-m" and i + 1 < len(command):
+        if arg == "-m" and i + 1 < len(command) and command[i + 1] not in _LAUNCHER_MODULES:
             return file_safe(command[i + 1].rsplit(".", 1)[-1])
-        if arg.endswith(".py"):
-            return file_safe(Path(arg).stem)
+        words = shell_words(arg) if i > 0 and command[i - 1] == "-c" else [arg]
+        script = next((w for w in words if w.endswith(".py") and "=" not in w), None)
+        if script is not None:
+            return file_safe(Path(script).stem)
     return file_safe(Path(command[0]).name) if command else "run"
 
 
