@@ -32,7 +32,7 @@ needs_chromium = pytest.mark.skipif(
 XSS = "<script>alert(1)</script>"
 
 # Two seconds of an input-bound loop: one worker sleeping 64 ms per batch against ~10 ms of step
-# work (data-wait share ~0.8, far above the 0.2 threshold even on a loaded machine), so the report
+# work (data-wait share ~0.8, far above the 0.1 threshold even on a loaded machine), so the report
 # has a finding.
 SCRIPT = """
 import time, torch

@@ -34,9 +34,11 @@ class RunBuilder:
         samples: float = 32,
         process_start: float = T0,
         wait_cpu: float = np.nan,
+        batch_kind: str | None = "image",
     ) -> RunBuilder:
         """Back-to-back steps of one rank; its training process has pid 1000 + rank and uses
-        `wait_cpu` % of a core while its steps wait (NaN: not measured)."""
+        `wait_cpu` % of a core while its steps wait (NaN: not measured). Its DataLoader delivered
+        `batch_kind` batches (None: no DataLoader was seen, as with a generator feeding the steps)."""
         d = np.asarray(durations, dtype=float)
         w = np.broadcast_to(np.asarray(waits, dtype=float), d.shape)
         ends = start + np.cumsum(d)
@@ -55,6 +57,7 @@ class RunBuilder:
                 "pid": 1000 + rank,
                 "start": process_start,
                 "end": float(ends[-1]) + 0.5,
+                "batch_kind": batch_kind,
             }
         )
         return self

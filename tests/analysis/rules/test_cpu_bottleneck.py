@@ -322,3 +322,13 @@ def test_cores_busy_with_other_work_are_not_counted_as_free() -> None:
 
 def test_idle_workers_on_a_full_host_are_not_blamed() -> None:
     assert fired(_full_host(2, 3.0)) == []
+
+
+def test_a_training_thread_loading_from_no_dataloader_is_not_told_num_workers() -> None:
+    # The same CPU-bound loading, from a generator (no DataLoader seen): no num_workers to set.
+    b = RunBuilder(interval=0.1, cpu_count=2)
+    b.steps([0.1] * 100, waits=0.079, wait_cpu=97.0, batch_kind=None)
+    (f,) = fired(b.process(1000, "main", 78.0).build())
+    assert f.evidence["role"] == "main" and "num_workers" not in f.recommendation
+    assert f.recommendation.startswith("With no DataLoader seen, the training thread runs at 97%")
+    assert "move loading out of the training thread" in f.recommendation

@@ -194,9 +194,9 @@ def test_the_worst_rank_is_named(builder: RunBuilder) -> None:
 
 
 def test_threshold_is_respected_and_overridable(builder: RunBuilder) -> None:
-    run = builder.steps([0.1] * 100, waits=0.015).build()
+    run = builder.steps([0.1] * 100, waits=0.008).build()
     assert fired(run) == []
-    (f,) = fired(run, DataLoaderBottleneck={"threshold": 0.1})
+    (f,) = fired(run, DataLoaderBottleneck={"threshold": 0.05})
     assert f.severity == "warning"
 
 
@@ -319,3 +319,102 @@ def test_idle_workers_of_a_validation_loader_do_not_make_busy_training_workers_l
     assert "mostly idle" not in f.recommendation
     assert "CPU-bound (8 workers at 95% CPU each" in f.recommendation
     assert f.evidence["worker_cpu_pct"] == pytest.approx(95.5, abs=0.1)
+
+
+def _quota_run(sampled_cores: int, util: float) -> RunBuilder:
+    """A run that may use 16 cores whose sampler averages `sampled_cores` per-core series at
+    `util` %: 63 loader workers at 24% each (15 cores) feed steps that wait 60 ms of 100."""
+    b = RunBuilder(cpu_count=16).steps([0.1] * 100, waits=0.06).metric("cpu.util", util)
+    for core in range(sampled_cores):
+        b.metric("cpu.core", util, str(core))
+    b.process(1000, "main", 80.0)
+    for w in range(63):
+        b.process(2000 + w, "worker", 24.0)
+    return b
+
+
+def test_workers_filling_a_containers_cpu_limit_are_cpu_bound_as_on_a_bare_host() -> None:
+    # A 16-CPU limit on a 64-core node: the sampler averages all 64 cores (25% busy), but the 16
+    # the run may use are full. The old advice read the workers as idle: num_workers=158.
+    bare = fired(_quota_run(16, 100.0).build())[0].recommendation
+    (f,) = fired(_quota_run(64, 25.0).build())
+    assert f.recommendation == bare
+    assert f.recommendation.startswith(
+        "The loader workers are CPU-bound: they keep 15.1 of the 16 cores busy (63 workers at 24% "
+        "CPU each) and the host's CPU is 100% busy, so more workers would only share the same cores"
+    )
+    assert f.evidence["host_cpu_p50"] >= 99
+
+
+def test_other_tenants_of_a_node_do_not_fill_a_containers_cpu_limit() -> None:
+    # The node is 60% busy, nearly all of it other pods spread over its 64 cores; the run's
+    # 4 cores of 16 are not full: the idle workers still point at storage.
+    b = RunBuilder(cpu_count=16).steps([0.1] * 100, waits=0.06).metric("cpu.util", 60.0)
+    for core in range(64):
+        b.metric("cpu.core", 60.0, str(core))
+    b.process(1000, "main", 80.0)
+    for w in range(8):
+        b.process(2000 + w, "worker", 40.0)
+    (f,) = fired(b.build())
+    assert f.evidence["host_cpu_p50"] < 90
+    assert "mostly idle" in f.recommendation and "CPU-bound" not in f.recommendation
+
+
+def test_workers_that_each_keep_three_cores_busy_get_room_counted_in_cores() -> None:
+    # 16 cores, 4 workers at 300% (threads inside each): 12 cores, the training process 1, 3
+    # free. One more worker fits, not three (the old num_workers=7 wanted 21 cores).
+    b = RunBuilder(cpu_count=16).steps([0.1] * 100, waits=0.06).metric("cpu.util", 100 * 13 / 16)
+    b.process(1000, "main", 100.0)
+    for w in range(4):
+        b.process(2000 + w, "worker", 300.0)
+    found = {f.rule: f.recommendation for f in run_rules(b.build())}
+    for rule in ("CPUBottleneck", RULE):
+        assert re.findall(r"num_workers=(\d+)", found[rule]) == ["5"], rule
+        assert "run one thread per worker (cv2.setNumThreads(1)" in found[rule]
+        assert "worker_init_fn" in found[rule]
+    assert "about 10 would be needed, more than the 5 the cores leave room for" in found[RULE]
+    # workers within a core each are not told about threads
+    (f,) = fired(_cpu_bound(16, 4, 95.0, 60.0))
+    assert "one thread per worker" not in f.recommendation
+
+
+def test_batches_from_no_dataloader_get_the_pipelines_parallelism_not_num_workers() -> None:
+    # A generator (DALI, webdataset, get_batch) feeds the steps: no DataLoader, no num_workers.
+    b = RunBuilder(cpu_count=16).steps([0.1] * 100, waits=0.06, batch_kind=None)
+    (f,) = fired(b.process(1000, "main", 100.0).build())
+    assert "num_workers" not in f.recommendation
+    assert f.recommendation.startswith(
+        "The batches come through no DataLoader gpufeed saw (a generator, or a DALI or webdataset "
+        "pipeline), so how many workers prepare them is unknown"
+    )
+    assert "about 3 at once" in f.recommendation and "`gpufeed.data.Loader`" in f.recommendation
+    assert f.evidence["num_workers"] == "unknown"
+    # the same steps fed by a DataLoader with num_workers=0 are told the count
+    b = RunBuilder(cpu_count=16).steps([0.1] * 100, waits=0.06, batch_kind="other")
+    (f,) = fired(b.process(1000, "main", 100.0).build())
+    assert "Set num_workers=3 in the DataLoader (now 0" in f.recommendation
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_gpu_augmentation_is_advised_only_to_runs_that_used_a_gpu(cuda: bool) -> None:
+    # CPU-bound workers on a full host; NVML read nothing, the training process did (not) use CUDA
+    b = RunBuilder(cpu_count=16).steps([0.1] * 100, waits=0.06).metric("cpu.util", 98.0)
+    b.ranks[0]["cuda"] = cuda
+    b.process(1000, "main", 100.0)
+    for w in range(15):
+        b.process(2000 + w, "worker", 99.0)
+    found = {f.rule: f.recommendation for f in run_rules(b.build())}
+    for rule in ("CPUBottleneck", RULE):
+        assert "reduced-size JPEG decode" in found[rule]
+        assert ("augmentation on the GPU" in found[rule]) is cuda
+
+
+def test_a_hand_edited_core_count_that_cannot_be_one_falls_back_to_the_sampled_cores() -> None:
+    # meta.json with cpu_count -4, or host_cpu_counts a string: the per-core series count (2)
+    b = RunBuilder(cpu_count=-4).steps([0.1] * 100, waits=0.06).process(1000, "main", 100.0)
+    for core in range(2):
+        b.metric("cpu.core", 50.0, str(core))
+    (f,) = fired(b.build())
+    assert "itself; 2 cores)" in f.recommendation and f.evidence["cpu_count"] == 2
+    (f,) = fired(b.build(cpu_count=16, host_cpu_counts="16"))
+    assert "itself; 16 cores)" in f.recommendation

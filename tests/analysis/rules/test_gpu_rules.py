@@ -110,3 +110,24 @@ def test_a_cpu_only_job_on_a_gpu_host_gets_no_gpu_advice(builder: RunBuilder) ->
     for rank in builder.ranks:
         rank["cuda"] = False  # its training process never initialized CUDA
     assert not {"LowGPUUtilization", "BatchSize"} & set(rules(builder.build()))
+
+
+def test_a_wait_low_gpu_blames_on_the_input_has_an_input_finding_to_point_at() -> None:
+    # Steps wait 15% for data (input-bound for diagnose and tune too) on a half-idle GPU: the
+    # rule LowGPUUtilization refers to fires with a worker count, it is not left silent.
+    b = RunBuilder(cpu_count=16).steps([0.1] * 200, waits=0.015).gpu(50.0, mem_used=60e9)
+    b.process(1000, "main", 100.0)
+    for w in range(4):
+        b.process(2000 + w, "worker", 60.0)
+    found = rules(b.build())
+    assert "see DataLoaderBottleneck" in found["LowGPUUtilization"].recommendation
+    assert "num_workers=5" in found["DataLoaderBottleneck"].recommendation
+
+
+def test_the_rules_call_steps_input_bound_where_diagnose_and_tune_do() -> None:
+    from gpufeed.advise import diagnose, tune
+    from gpufeed.analysis.rules.base import INPUT_BOUND
+    from gpufeed.analysis.rules.dataloader_bottleneck import DataLoaderBottleneck
+
+    assert INPUT_BOUND == diagnose.WAITING == tune.WAITING
+    assert DataLoaderBottleneck.params["threshold"].default == INPUT_BOUND

@@ -45,11 +45,23 @@ def test_a_rule_can_be_switched_off(builder: RunBuilder) -> None:
         ({"StepOutlier": {"k": "lots"}}, "StepOutlier.k: expected a number"),
         ({"warmup": {"steps": 2.5}}, "warmup.steps: expected a whole number"),
         ({"StepOutlier": {"enabled": "maybe"}}, "StepOutlier.enabled: expected true or false"),
+        (  # a percent where a share is meant would silence the rule
+            {"DataLoaderBottleneck": {"threshold": "10"}},
+            "^DataLoaderBottleneck.threshold=10: expected a share 0–1 \\(0.1 = 10%\\)",
+        ),
+        ({"CPUBottleneck": {"wait_share": 50}}, "CPUBottleneck.wait_share=50: expected a share"),
     ],
 )
 def test_bad_overrides_are_named(overrides: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         run_rules(healthy(RunBuilder()).build(), **overrides)
+
+
+def test_shares_take_0_to_1_and_percents_keep_their_scale() -> None:
+    run = healthy(RunBuilder()).build()
+    run_rules(run, DataLoaderBottleneck={"threshold": 1, "busy_worker_cpu": 95})
+    shares = [f"{rid}.{n}" for rid, r in RULES.items() for n, p in r.params.items() if p.share]
+    assert "BatchSize.mem_share" in shares and "CPUBottleneck.host_busy" not in shares
 
 
 def test_settings_lists_the_warm_up_first() -> None:
@@ -70,4 +82,4 @@ def test_gpufeed_rules_lists_every_rule_with_its_parameters() -> None:
     assert cp.returncode == 0, cp.stderr
     for rid in ["warmup", *RULES]:
         assert f"\n{rid}: " in cp.stdout
-    assert "    threshold = 0.2  data-wait share of step time that triggers a warning" in cp.stdout
+    assert "    threshold = 0.1  data-wait share of step time that triggers a warning" in cp.stdout

@@ -108,7 +108,7 @@ def test_data_wait_bursts_of_a_reported_loader_bottleneck_are_not_outliers(
 def test_a_slow_read_in_a_run_that_rarely_waits_is_an_outlier(builder: RunBuilder) -> None:
     d = jittered(300)
     waits = np.zeros(300)
-    waits[[120, 250]] = 0.8
+    waits[[120, 250]] = 0.5  # 7% of the run's time: not input-bound
     found = rules(builder.steps(d + waits, waits=waits).build())
     assert "DataLoaderBottleneck" not in found
     assert found["StepOutlier"].evidence["steps"].startswith("120 (")

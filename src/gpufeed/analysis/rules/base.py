@@ -18,6 +18,7 @@ class Param:
     default: float | int | bool
     doc: str
     least: float = 0  # the smallest value that works
+    share: bool = False  # a share 0-1, where a percent (10 for 10%) is a mistake
 
     def coerce(self, value: Any, where: str) -> float | int | bool:
         """Convert a user value (maybe a string from `--set`) to the default's type, or raise ValueError."""
@@ -39,6 +40,8 @@ class Param:
             raise ValueError(f"{where}: expected a number, got {value!r}") from None
         if number != number or number < self.least:
             raise ValueError(f"{where}: expected a number >= {self.least:g}, got {value!r}")
+        if self.share and number > 1:
+            raise ValueError(f"{where}={value}: expected a share 0–1 (0.1 = 10%)")
         if kind is int:
             if number != int(number):
                 raise ValueError(f"{where}: expected a whole number, got {value!r}")
@@ -46,6 +49,9 @@ class Param:
         return number
 
 
+# The data-wait share of step time at which steps count as input-bound: the rules that blame the
+# input pipeline, and `gpufeed diagnose` / `tune` (advise's WAITING), draw the line at the same place.
+INPUT_BOUND = 0.1
 # Every rule also accepts `enabled` (e.g. `--set StepOutlier.enabled=false`).
 ENABLED = Param(True, "run this rule")
 # What rules' GPU-utilization thresholds compare against (NVML utilization.gpu).

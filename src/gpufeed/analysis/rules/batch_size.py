@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import GPU_UTIL_P95, Param, Rule
+from gpufeed.analysis.rules.base import GPU_UTIL_P95, INPUT_BOUND, Param, Rule
 from gpufeed.analysis.rules.context import Context, pct, wait_share
 
 
@@ -21,11 +21,15 @@ class BatchSize(Rule):
     id = "BatchSize"
     params: ClassVar[dict[str, Param]] = {
         "util_p95": Param(60.0, f"{GPU_UTIL_P95} below which the GPU counts as underused"),
-        "mem_share": Param(0.5, "p95 used / total GPU memory below which memory counts as unused"),
-        "wait_share": Param(
-            0.1, "data-wait share at or above which the input pipeline is blamed instead"
+        "mem_share": Param(
+            0.5, "p95 used / total GPU memory below which memory counts as unused", share=True
         ),
-        "headroom": Param(0.8, "share of GPU memory a bigger batch may fill"),
+        "wait_share": Param(
+            INPUT_BOUND,
+            "data-wait share at or above which the input pipeline is blamed instead",
+            share=True,
+        ),
+        "headroom": Param(0.8, "share of GPU memory a bigger batch may fill", share=True),
     }
     cpu_only = "silent: needs GPU utilization and memory"
 

@@ -184,16 +184,29 @@ class Context:
     @cached_property
     def cpu_count(self) -> int:
         """Logical cores of the host (meta, else the number of per-core series)."""
-        n = self.meta.get("cpu_count")
+        n = _positive(self.meta.get("cpu_count"))
         if n:
-            return int(n)
+            return n
         cores = self.run.system[self.run.system["metric"] == "cpu.core"]["device"].nunique()
         return int(cores) or 1
 
     def cores_of(self, host: str) -> int:
         """Logical cores of `host` (a combined run names each host's in `host_cpu_counts`)."""
-        counts = self.meta.get("host_cpu_counts") or {}
-        return int(counts.get(str(host), self.cpu_count))
+        counts = self.meta.get("host_cpu_counts")
+        return _positive(counts.get(str(host)) if isinstance(counts, dict) else None) or (
+            self.cpu_count
+        )
+
+    def sampled_cores(self, host: str) -> int:
+        """Cores `host`'s whole-host CPU metrics (cpu.util, cpu.iowait) average over: its per-core
+        series (the affinity set), which a container's CPU limit (`cores_of`) does not shrink;
+        `cores_of` where it has none."""
+        return self._per_core_series.get(host) or self.cores_of(host)
+
+    @cached_property
+    def _per_core_series(self) -> dict[str, int]:
+        per_core = self.metric("cpu.core").groupby("host")["device"].nunique()
+        return {str(h): int(n) for h, n in per_core.items()}
 
     @cached_property
     def rank_hosts(self) -> dict[str, int]:
@@ -233,9 +246,25 @@ class Context:
 
     @cached_property
     def host_cpu_by_host(self) -> dict[str, float]:
-        """{host: median whole-host CPU busy % over the window} (hosts that sampled it)."""
-        rows = self.metric("cpu.util")
-        return {str(h): pct(g["value"], 50) for h, g in rows.groupby("host", sort=True)}
+        """{host: median whole-host CPU busy % over the window, of the cores the run may use there
+        (see `_host_util`)} (hosts that sampled it)."""
+        return {host: pct(util, 50) for host, util in self._host_util.items()}
+
+    @cached_property
+    def _host_util(self) -> dict[str, np.ndarray]:
+        """{host: its whole-host CPU busy % samples over the window, of its `cores_of`}. Under a
+        container's CPU limit the sampler averages over more cores (`sampled_cores`): the run's
+        own processes then count against the limit, and the rest of the load by its share of the
+        cores it spreads over (at most 100%)."""
+        out: dict[str, np.ndarray] = {}
+        for h, g in self.metric("cpu.util").groupby("host", sort=True):
+            host = str(h)
+            cores = self.cores_of(host)
+            over = max(self.sampled_cores(host), cores)
+            ours = sum(self.role_cores.get(host, {}).values())
+            util = g["value"].to_numpy(dtype=float) + 100 * ours * (1 / cores - 1 / over)
+            out[host] = np.minimum(util, 100.0)
+        return out
 
     def host_full(self, host: str, host_busy: float) -> bool:
         """True when `host`'s median CPU is at least `host_busy` % (False where not sampled)."""
@@ -294,15 +323,17 @@ class Context:
     def worker_room(self) -> tuple[str, int]:
         """(host, workers): the loader workers per training process there are cores for where
         there are fewest. On each host, its cores per training process less the one that process
-        needs itself, and no more than the workers now plus the host's `free_cores`
-        shared by its training processes; at least 1. Needs steps."""
+        needs itself, and no more than the workers now plus the host's `free_cores` shared by its
+        training processes; each worker wants a core, or its CPU where it keeps more than one busy
+        (threads inside it); at least 1. Needs steps."""
         now = round(self.worker_count)
 
         def room(host: str) -> int:
             ranks = self.rank_hosts[host]
-            return max(
-                1, min(self.cores_of(host) // ranks - 1, now + int(self.free_cores(host) / ranks))
-            )
+            cpu = self.worker_cpu_on(host)
+            each = cpu / 100 if cpu > 100 else 1.0  # cores one worker keeps busy
+            most = int((self.cores_of(host) // ranks - 1) / each)
+            return max(1, min(most, now + int(self.free_cores(host) / ranks / each)))
 
         host = min(self.rank_hosts, key=room)
         return host, room(host)
@@ -314,13 +345,27 @@ class Context:
         kinds = {r.get("batch_kind") for r in self.meta.get("ranks") or []} - {None}
         return not kinds or "image" in kinds
 
+    @cached_property
+    def loader_seen(self) -> bool:
+        """False when no rank saw a DataLoader feed its steps (neither its workers nor what its
+        batches held were recorded): batches from a generator, or a DALI or webdataset pipeline,
+        whose workers are unknown. True where the run records no ranks."""
+        ranks = self.meta.get("ranks") or []
+        return not ranks or any(
+            r.get("loader_workers") is not None or r.get("batch_kind") is not None for r in ranks
+        )
+
+    @cached_property
+    def used_gpu(self) -> bool:
+        """Whether the run used a GPU: NVML read one, or a training process initialized CUDA."""
+        return self.has_gpu or any(r.get("cuda") for r in self.meta.get("ranks") or [])
+
     def cut_cost(self) -> str:
-        """How to cut the CPU cost per sample, for the kind of data this run loads."""
+        """How to cut the CPU cost per sample, for the kind of data this run loads (augmentation
+        on the GPU only where it used one)."""
         if self.images:
-            return (
-                "pre-resized shards via `gpufeed pack --resize`, reduced-size JPEG decode, "
-                "augmentation on the GPU"
-            )
+            gpu = ", augmentation on the GPU" if self.used_gpu else ""
+            return "pre-resized shards via `gpufeed pack --resize`, reduced-size JPEG decode" + gpu
         return (
             "preprocess once ahead of time (tokenize, parse, cache the tensors) and keep only cheap "
             "per-sample work in the loader"
@@ -511,8 +556,9 @@ class Context:
 
     @cached_property
     def host_cpu(self) -> float:
-        """Median whole-host CPU busy % over the window (NaN when not sampled)."""
-        return pct(self.metric("cpu.util")["value"], 50)
+        """Median whole-host CPU busy % over the window, of the cores the run may use (NaN when
+        not sampled)."""
+        return pct(np.concatenate([np.zeros(0), *self._host_util.values()]), 50)
 
 
 def data_stall_period(steps: pd.DataFrame, p: dict[str, Any]) -> tuple[int, int] | None:
@@ -583,6 +629,25 @@ def fmt_ms(seconds: float) -> str:
 
 _MAX_PERIOD = 20_000
 _EMPTY_SYSTEM = pd.DataFrame(columns=["time", "host", "metric", "device", "value"])
+
+
+def one_thread_each(worker_cpu: float) -> str:
+    """The advice to run each loader worker on one thread where one keeps more than a core busy
+    (`worker_cpu` % of a core: threads of OpenCV, OpenMP or BLAS in every worker); "" otherwise."""
+    if not worker_cpu > 100:
+        return ""
+    return (
+        " Each worker keeps more than a core busy (threads of OpenCV, OpenMP or BLAS inside it): "
+        "run one thread per worker (cv2.setNumThreads(1) and torch.set_num_threads(1) in the "
+        "DataLoader's worker_init_fn, or OMP_NUM_THREADS=1), so that each keeps one core busy "
+        "and more of them fit the cores."
+    )
+
+
+def _positive(value: Any) -> int | None:
+    """A core count read from meta.json: `value` where it is a positive whole number, else None."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return value if ok else None
 
 
 def workers_at(n: int, cpu: float, per: str = "") -> str:

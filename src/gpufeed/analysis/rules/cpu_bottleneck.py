@@ -8,10 +8,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import GPU_UTIL_P95, Param, Rule
+from gpufeed.analysis.rules.base import GPU_UTIL_P95, INPUT_BOUND, Param, Rule
 from gpufeed.analysis.rules.context import (
     Context,
     fmt_pct,
+    one_thread_each,
     pct,
     speedup_without,
     wait_share,
@@ -46,7 +47,9 @@ class CPUBottleneck(Rule):
         "busy": Param(80.0, "% of one core at which a process counts as CPU-saturated"),
         "host_busy": Param(90.0, "median whole-host CPU % at which the host counts as saturated"),
         "wait_share": Param(
-            0.1, "data-wait share of step time that ties the CPU to the input pipeline"
+            INPUT_BOUND,
+            "data-wait share of step time that ties the CPU to the input pipeline",
+            share=True,
         ),
     }
     cpu_only = (
@@ -126,7 +129,7 @@ class CPUBottleneck(Rule):
                 evidence=evidence,
                 recommendation=(
                     f"The loader workers use {used:.1f} of {cores} cores{on} while steps wait "
-                    f"{fmt_pct(share)} of the time for data; {advice}."
+                    f"{fmt_pct(share)} of the time for data; {advice}.{one_thread_each(wcpu)}"
                 ),
                 est_speedup=speedup,
             )
@@ -163,13 +166,24 @@ class CPUBottleneck(Rule):
                 else f"the training {one} runs at {loading:.0f}% CPU ({low:.0f}-{high:.0f}%"
                 f"{queued}) while its"
             )
+            how, move = (
+                (
+                    "With num_workers=0",
+                    "move loading to worker processes (DataLoader num_workers > 0, see "
+                    "DataLoaderBottleneck for the count)",
+                )
+                if ctx.loader_seen
+                else (
+                    "With no DataLoader seen,",
+                    "move loading out of the training thread (decode threads or worker processes "
+                    "in the pipeline, or `gpufeed.data.Loader`; see DataLoaderBottleneck)",
+                )
+            )
             yield self.warning(
                 title="CPU-bound training process: it decodes and augments the data itself",
                 evidence=evidence,
                 recommendation=(
-                    f"With num_workers=0 {who} steps wait {fmt_pct(share)} of the time for data: "
-                    "move loading to worker processes (DataLoader num_workers > 0, see "
-                    "DataLoaderBottleneck for the count)."
+                    f"{how} {who} steps wait {fmt_pct(share)} of the time for data: {move}."
                 ),
                 est_speedup=speedup,
             )

@@ -7,12 +7,13 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import Param, Rule
+from gpufeed.analysis.rules.base import INPUT_BOUND, Param, Rule
 from gpufeed.analysis.rules.context import (
     Context,
     data_stall_period,
     fmt_ms,
     fmt_pct,
+    one_thread_each,
     speedup_without,
     wait_share,
     workers_at,
@@ -37,14 +38,19 @@ class DataLoaderBottleneck(Rule):
     it, and more than a worker) are not waiting on storage: the hand-over is the bottleneck, as
     when batches travel pickled instead of as tensors in shared memory. Only workers below
     `idle_worker_cpu` count as idle (waiting on storage or latency, so more of them need no core
-    each); busier ones get no more workers than the cores leave room for. Estimated
-    speedup = mean step / mean (step - wait).
+    each); busier ones get no more workers than the cores leave room for, a worker that keeps
+    more than a core busy (threads inside it) counted at its CPU and told to run one thread.
+    Batches that came through no DataLoader (no rank recorded one: a generator, DALI or
+    webdataset pipeline) have no num_workers to set: the advice names the pipeline's own
+    parallelism. Estimated speedup = mean step / mean (step - wait).
     """
 
     id = "DataLoaderBottleneck"
     params: ClassVar[dict[str, Param]] = {
-        "threshold": Param(0.2, "data-wait share of step time that triggers a warning"),
-        "critical": Param(0.5, "data-wait share that makes it critical"),
+        "threshold": Param(
+            INPUT_BOUND, "data-wait share of step time that triggers a warning", share=True
+        ),
+        "critical": Param(0.5, "data-wait share that makes it critical", share=True),
         "min_steps": Param(5, "post-warm-up steps needed before judging"),
         "min_wait_ms": Param(
             1.0,
@@ -91,6 +97,8 @@ class DataLoaderBottleneck(Rule):
             "num_workers": _whole(round(ctx.worker_count, 1)),  # a mean over the ranks
             "cpu_count": cores,
         }
+        if ctx.worker_count < 0.5 and not ctx.loader_seen:  # a generator's workers: not seen
+            evidence["num_workers"] = "unknown"
         if ctx.worker_count >= 0.5 and math.isfinite(ctx.worker_cpu):  # none, or not sampled
             evidence["worker_cpu_pct"] = round(ctx.worker_cpu, 1)
         if host in ctx.host_cpu_by_host:
@@ -147,6 +155,8 @@ def _recommend(
             "whole-batch reads instead of per-sample __getitem__, a light collate_fn), or use "
             f"larger batches so that the step's compute outweighs it. {why.capitalize()}."
         )
+    if workers < 0.5 and not ctx.loader_seen:
+        return _no_dataloader(ctx, cores, need, budget, why, gpu_tail)
     measured = ctx.main_cpu_waiting_measured(host)
     main_wait_cpu, _ = ctx.main_cpu_split(host)
     if workers < 0.5 and measured and main_wait_cpu <= p["asleep_wait_cpu"]:
@@ -201,7 +211,7 @@ def _recommend(
             "more workers would only share the same cores: "
             + ("stop or move the other workloads, or " if others else "")
             + f"cut the CPU cost per sample ({ctx.cut_cost()}) or use a host with more cores. "
-            f"{why.capitalize()}.{gpu_tail}"
+            f"{why.capitalize()}.{one_thread_each(wcpu)}{gpu_tail}"
         )
     if bound:
         return _within_cores(ctx, "CPU-bound", now, wcpu, cores, need, budget, why, gpu_tail)
@@ -238,15 +248,36 @@ def _within_cores(
     """The advice for workers that use their cores: `need` of them where the cores leave room
     (`budget` per training process), else cut the cost per sample."""
     where = f"{workers_at(now, wcpu)}, {cores} cores"
+    threads = one_thread_each(wcpu)
     if need <= budget:
-        return f"Set num_workers={need} ({where}): {why}.{gpu_tail}"
+        return f"Set num_workers={need} ({where}): {why}.{threads}{gpu_tail}"
     meanwhile = f"; meanwhile set num_workers={budget}" if budget > now else ""
     return (
         f"The loader workers are {state} ({where}) and about {need} would be needed, more than "
         f"the {budget} the cores leave room for per training process: cut the CPU cost per "
         f"sample ({ctx.cut_cost()}) or use a host with more cores{meanwhile}. "
-        f"{why.capitalize()}.{gpu_tail}"
+        f"{why.capitalize()}.{threads}{gpu_tail}"
     )
+
+
+def _no_dataloader(
+    ctx: Context, cores: int, need: int, budget: int, why: str, gpu_tail: str
+) -> str:
+    """The advice where no DataLoader fed the steps (a generator, DALI or webdataset pipeline):
+    its workers are unknown, so the pipeline's own parallelism is named, not num_workers."""
+    text = (
+        "The batches come through no DataLoader gpufeed saw (a generator, or a DALI or "
+        "webdataset pipeline), so how many workers prepare them is unknown: have the pipeline "
+        f"prepare them in parallel, ahead of the steps (about {need} at once; more decode threads "
+        "or worker processes in it, such as DALI's num_threads), or feed the steps from "
+        f"`gpufeed.data.Loader`: {why}."
+    )
+    if need > budget:
+        text += (
+            f" The {cores} cores leave room for about {budget} per training process: also cut "
+            f"the CPU cost per sample ({ctx.cut_cost()})."
+        )
+    return text + gpu_tail
 
 
 def _sequential(ctx: Context) -> str:

@@ -20,7 +20,7 @@ class MaxInitializationTime(Rule):
     id = "MaxInitializationTime"
     params: ClassVar[dict[str, Param]] = {
         "threshold": Param(60.0, "seconds before the first step that are always too long"),
-        "share": Param(0.25, "share of the run's wall time that is too long ..."),
+        "share": Param(0.25, "share of the run's wall time that is too long ...", share=True),
         "min_seconds": Param(20.0, "... once initialization takes at least this many seconds"),
     }
     cpu_only = "same as on GPU runs"

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import Param, Rule
+from gpufeed.analysis.rules.base import INPUT_BOUND, Param, Rule
 from gpufeed.analysis.rules.context import Context, fmt_pct, pct, speedup_without, wait_share
 
 MB = 1e6
@@ -24,14 +24,18 @@ class IOBottleneck(Rule):
 
     id = "IOBottleneck"
     params: ClassVar[dict[str, Param]] = {
-        "wait_share": Param(0.1, "data-wait share of step time needed before storage is blamed"),
+        "wait_share": Param(
+            INPUT_BOUND, "data-wait share of step time needed before storage is blamed", share=True
+        ),
         "iowait_cores": Param(
             0.2, "cores' worth of CPU iowait (mean iowait % x cores / 100) that counts as high"
         ),
         "iowait": Param(
             0.0, "older form: mean CPU iowait % that counts as high (0: use iowait_cores)"
         ),
-        "plateau": Param(0.7, "median / p95 read rate at or above which throughput is a plateau"),
+        "plateau": Param(
+            0.7, "median / p95 read rate at or above which throughput is a plateau", share=True
+        ),
         "min_rate_mb": Param(20.0, "MB/s a plateau must reach to count"),
     }
     cpu_only = "same as on GPU runs"
@@ -46,10 +50,7 @@ class IOBottleneck(Rule):
         causes = []
         iowait = ctx.metric("cpu.iowait")
         by_host = {str(h): float(g["value"].mean()) for h, g in iowait.groupby("host", sort=True)}
-        # the cores the sampler averaged over: its per-core series (the affinity set), which a
-        # container's CPU limit (the run's cpu_count) does not shrink
-        per_core = ctx.metric("cpu.core").groupby("host")["device"].nunique()
-        averaged = {h: int(per_core.get(h, 0)) or ctx.cores_of(h) for h in by_host}
+        averaged = {h: ctx.sampled_cores(h) for h in by_host}  # what the sampler averaged over
         if by_host:  # the host with the most cores' worth of iowait
             host = max(by_host, key=lambda h: by_host[h] * averaged[h])
             mean, cores = by_host[host], averaged[host]

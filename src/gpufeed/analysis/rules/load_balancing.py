@@ -23,7 +23,9 @@ class LoadBalancing(Rule):
     id = "LoadBalancing"
     params: ClassVar[dict[str, Param]] = {
         "step_ratio": Param(1.15, "slowest / fastest mean step time that counts as imbalance"),
-        "wait_gap": Param(0.1, "difference in data-wait share between ranks that counts"),
+        "wait_gap": Param(
+            0.1, "difference in data-wait share between ranks that counts", share=True
+        ),
         "util_gap": Param(15.0, "difference in mean GPU utilization, points, that counts"),
         "min_steps": Param(5, "post-warm-up steps needed per rank"),
     }

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import GPU_UTIL_P95, Param, Rule
+from gpufeed.analysis.rules.base import GPU_UTIL_P95, INPUT_BOUND, Param, Rule
 from gpufeed.analysis.rules.context import Context, fmt_pct, pct, wait_share
 
 
@@ -23,7 +23,9 @@ class LowGPUUtilization(Rule):
     params: ClassVar[dict[str, Param]] = {
         "low_p95": Param(70.0, f"{GPU_UTIL_P95} below which a GPU counts as underused"),
         "dip": Param(10.0, "utilization % below which a sample counts as a dip"),
-        "dip_share": Param(0.2, "share of samples in dips that makes a busy GPU fluctuate"),
+        "dip_share": Param(
+            0.2, "share of samples in dips that makes a busy GPU fluctuate", share=True
+        ),
         "min_samples": Param(10, "GPU samples needed in the window"),
     }
     cpu_only = "silent: no GPU utilization to read"
@@ -58,7 +60,7 @@ class LowGPUUtilization(Rule):
                 "compute; if the input keeps up, raise the batch size, use AMP and channels_last, "
                 "torch.compile, and avoid host syncs (.item(), .cpu()) inside the step"
             )
-        elif share >= 0.1:
+        elif share >= INPUT_BOUND:  # where the input rules fire by default
             cause = (
                 f"steps wait {fmt_pct(share)} of the time for data: fix the input pipeline first "
                 "(see DataLoaderBottleneck / CPUBottleneck / IOBottleneck)"

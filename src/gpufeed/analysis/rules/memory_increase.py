@@ -15,10 +15,11 @@ MB = 1e6
 
 
 class GPUMemoryIncrease(Rule):
-    """GPU memory (or, on runs without GPUs, the training processes' resident memory) grows steadily.
+    """GPU memory, or the resident memory of a training process or its loader workers, grows steadily.
 
     Fits a line to each series over the steady state; fires when the fit is good (R^2), the growth is
-    large in absolute and relative terms, and projects when memory would run out.
+    large in absolute and relative terms, and projects when memory would run out (the GPU's, or the
+    host's for resident memory).
     """
 
     id = "GPUMemoryIncrease"
@@ -28,7 +29,7 @@ class GPUMemoryIncrease(Rule):
         "min_r2": Param(0.8, "R^2 of the linear fit: how steady the growth must be"),
         "min_samples": Param(10, "samples needed in the window"),
     }
-    cpu_only = "watches the resident memory (RSS) of the training processes instead"
+    cpu_only = "watches the resident memory (RSS) of the training processes and loader workers"
 
     def check(self, ctx: Context, p: dict[str, Any]) -> Iterator[Finding]:
         for label, t, v, total in _series(ctx):
@@ -68,14 +69,26 @@ class GPUMemoryIncrease(Rule):
                         if until < float("inf")
                         else ""
                     )
-                    + ": look for tensors kept across steps (a loss history without .item() or "
-                    ".detach(), growing lists or caches, tensors stored on self) and release them."
+                    + (_WORKERS_FIX if label.startswith(_WORKERS) else _LEAK_FIX)
                 ),
             )
 
 
+_WORKERS = "Host memory of the loader workers"
+_LEAK_FIX = (
+    ": look for tensors kept across steps (a loss history without .item() or .detach(), growing "
+    "lists or caches, tensors stored on self) and release them."
+)
+_WORKERS_FIX = (
+    ": look for caches that grow in each worker, and keep a dataset's per-sample records in NumPy "
+    "arrays or Arrow tables rather than Python lists and dicts (each worker's reference counting "
+    "copies the pages of Python objects it shares with the training process)."
+)
+
+
 def _series(ctx: Context) -> Iterator[tuple[str, np.ndarray, np.ndarray, float]]:
-    """(label, times, values, capacity) per GPU, or per training process on runs without GPUs."""
+    """(label, times, values, capacity) per GPU, per training process (its resident memory), and
+    per host for its loader workers together (their resident memory summed per sample)."""
     if ctx.has_gpu:
         rows = ctx.metric("gpu.mem_used")
         totals = ctx.metric("gpu.mem_total")
@@ -88,17 +101,27 @@ def _series(ctx: Context) -> Iterator[tuple[str, np.ndarray, np.ndarray, float]]
                 g["value"].to_numpy(dtype=float),
                 float(cap.max()) if len(cap) else 0.0,
             )
-        return
+    system = ctx.run.system
+    totals = system[system["metric"] == "mem.total"].groupby("host")["value"].max()
+    several = ctx.processes["host"].nunique() > 1
     main = ctx.processes[ctx.processes["role"] == "main"]
-    host_total = ctx.run.system[ctx.run.system["metric"] == "mem.total"]["value"]
-    cap = float(host_total.max()) if len(host_total) else 0.0
-    for (_, pid), g in main.groupby(["host", "pid"], sort=True):
+    for (host, pid), g in main.groupby(["host", "pid"], sort=True):
         g = g.sort_values("time")
+        on = f" on {host}" if several else ""
         yield (
-            f"Host memory of training process {pid}",
+            f"Host memory of training process {pid}{on}",
             g["time"].to_numpy(dtype=float),
             g["rss"].to_numpy(dtype=float),
-            cap,
+            float(totals.get(host, 0.0)),
+        )
+    workers = ctx.processes[ctx.processes["role"] == "worker"]
+    for host, g in workers.groupby("host", sort=True):
+        summed = g.groupby("time")["rss"].sum().sort_index()
+        yield (
+            _WORKERS + (f" on {host}" if several else ""),
+            summed.index.to_numpy(dtype=float),
+            summed.to_numpy(dtype=float),
+            float(totals.get(host, 0.0)),
         )
 
 

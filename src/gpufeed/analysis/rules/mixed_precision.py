@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import Param, Rule
+from gpufeed.analysis.rules.base import INPUT_BOUND, Param, Rule
 from gpufeed.analysis.rules.context import Context, pct, wait_share
 
 # NVIDIA GPUs with tensor cores (Volta and later) by product name, when no compute capability is given.
@@ -26,7 +26,9 @@ class MixedPrecision(Rule):
     id = "MixedPrecision"
     params: ClassVar[dict[str, Param]] = {
         "util_p50": Param(80.0, "median GPU utilization % at which steps count as compute-bound"),
-        "wait_share": Param(0.1, "data-wait share below which steps are not input-bound"),
+        "wait_share": Param(
+            INPUT_BOUND, "data-wait share below which steps are not input-bound", share=True
+        ),
     }
     cpu_only = "silent: needs a GPU"
 

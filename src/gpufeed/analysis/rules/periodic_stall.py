@@ -33,9 +33,11 @@ class PeriodicStall(Rule):
     params: ClassVar[dict[str, Param]] = {
         "k": Param(5.0, "robust deviations (MAD x 1.4826) above the median that make a step slow"),
         "min_ratio": Param(1.5, "a slow step is also at least this many times the median"),
-        "match": Param(0.7, "share of slow steps on the period, and of period steps that are slow"),
+        "match": Param(
+            0.7, "share of slow steps on the period, and of period steps that are slow", share=True
+        ),
         "min_periods": Param(3, "periods that must be seen", least=2),
-        "min_lost_share": Param(0.02, "share of run time the stalls must cost"),
+        "min_lost_share": Param(0.02, "share of run time the stalls must cost", share=True),
     }
     cpu_only = "same as on GPU runs"
 

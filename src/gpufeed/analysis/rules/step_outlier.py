@@ -36,8 +36,10 @@ class StepOutlier(Rule):
     params: ClassVar[dict[str, Param]] = {
         "k": Param(5.0, "robust deviations (MAD x 1.4826) above the median that make an outlier"),
         "min_ratio": Param(2.0, "an outlier is also at least this many times the median"),
-        "min_lost_share": Param(0.05, "share of run time the outliers must cost"),
-        "max_share": Param(0.1, "above this share of slow steps there are no 'outliers'"),
+        "min_lost_share": Param(0.05, "share of run time the outliers must cost", share=True),
+        "max_share": Param(
+            0.1, "above this share of slow steps there are no 'outliers'", share=True
+        ),
     }
     cpu_only = "same as on GPU runs"
 
