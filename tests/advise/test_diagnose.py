@@ -70,6 +70,43 @@ def tiny_cnn() -> nn.Module:
     return nn.Sequential(nn.Conv2d(3, 8, 3, stride=4), nn.Flatten(), nn.LazyLinear(4))
 
 
+THREADS_SEEN: list[int] = []  # torch threads each training step of thread_counting_cnn ran with
+
+
+class _ThreadCounting(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = tiny_cnn()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            THREADS_SEEN.append(torch.get_num_threads())
+        return self.net(x)
+
+
+def thread_counting_cnn() -> nn.Module:
+    THREADS_SEEN.clear()
+    return _ThreadCounting()
+
+
+class _Paced(nn.Module):
+    """A model whose training step takes 1 ms of wall time per image and next to no CPU, as one
+    on a GPU would: about 1,000 images/s, whatever the threads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            time.sleep(0.001 * x.shape[0])
+        return self.fc(x.float().mean((2, 3)))
+
+
+def paced_model() -> nn.Module:
+    return _Paced()
+
+
 def not_a_model() -> str:
     return "oops"
 
@@ -139,6 +176,27 @@ def test_from_python_it_returns_the_diagnosis_and_prints_nothing_on_stdout(
     assert out == "" and "measuring" not in err
 
 
+def test_on_a_cpu_an_alternative_is_judged_against_the_model_with_the_threads_its_workers_leave():
+    from rich.console import Console
+
+    from gpufeed.cores import usable_cores
+
+    d = diagnose(
+        f"{THIS}:slow_loader", model=f"{THIS}:thread_counting_cnn", device="cpu", seconds=1
+    )
+    assert d.threads == usable_cores()  # the job's loader has no worker: the model gets every core
+    (alt,) = d.alternatives  # on a CPU, every core a worker: the model keeps one thread
+    assert 1 in THREADS_SEEN and alt.workers == usable_cores()
+    # its verdict compares with the model timed with the thread its workers leave, not the job's
+    assert alt.threads == 1 and alt.ceiling == d.ceiling_beside(alt) and alt.ceiling > 0
+    faster = alt.images_per_s >= alt.ceiling
+    assert d.verdict_with(alt) == ("compute-bound" if faster else "input-bound")
+    console = Console(record=True, width=200)
+    console.print(d)
+    out = console.export_text()
+    assert "model beside its workers" in out and f"{alt.ceiling:,.1f} (1 thread)" in out
+
+
 def test_a_heavy_model_is_compute_bound_with_no_idle_time():
     d = diagnose(f"{THIS}:fast_loader", model="resnet18", device="cpu", seconds=1.5)
     assert d.verdict == "compute-bound"
@@ -165,6 +223,32 @@ def test_an_image_folder_is_measured_with_pre_resized_shards_as_an_alternative(p
     shards = [a for a in d.alternatives if "pre-resized shards" in a.name]
     assert len(shards) == 1
     assert shards[0].images_per_s > d.loader.images_per_s  # far less decode work per image
+
+
+def test_the_offload_is_sized_from_the_gpufeed_loader_that_ray_cpu_nodes_would_run(photos: Path):
+    # Pillow decoding of full-size photos cannot feed a model of ~1,000 images/s; the pre-resized
+    # shards alternative can, so offloading is not needed. It used to be sized from the Pillow
+    # pipeline's CPU per image, which Loader(cluster=...) never runs, and said it would help.
+    d = diagnose(
+        str(photos), model=f"{THIS}:paced_model", batch_size=32, device="cpu", workers=1,
+        image_size=32, seconds=1.5,
+    )  # fmt: skip
+    assert d.verdict == "input-bound"
+    (alt,) = [a for a in d.alternatives if "pre-resized shards, gpufeed Loader" in a.name]
+    assert alt.images_per_s > d.model_rate.images_per_s  # the paced model keeps its pace
+    assert not d.offload.helps and d.offload.remote_cores == 0
+    assert d.verdict_with(alt) == "compute-bound"
+    assert d.offload.cpu_s_per_image <= alt.cpu_s_per_image
+    assert d.offload_from == alt.name == d.to_dict()["offload"]["sized_from"]
+    assert d.offload_text().startswith("offload to CPU nodes: not needed")
+    assert d.offload_text().endswith(f"; CPU/image measured on {alt.name}")
+
+
+def test_without_a_gpufeed_loader_alternative_the_offload_names_the_loader_it_was_sized_from():
+    d = diagnose(f"{THIS}:slow_loader", model=f"{THIS}:tiny_cnn", device="cpu", seconds=0.5)
+    assert not any(a.cluster_pipeline for a in d.alternatives)
+    assert d.offload_from == d.loader_desc and d.offload.cpu_s_per_image == d.loader.cpu_s_per_image
+    assert d.offload_text().endswith(f"; CPU/image measured on {d.loader_desc}")
 
 
 def test_shards_are_measured_with_the_gpufeed_loader(
@@ -213,6 +297,10 @@ runner = CliRunner()
         (["--data", f"{THIS}:fast_loader", "--device", "tpu"], "--device 'tpu'"),
         (["--data", f"{THIS}:fast_loader", "--precision", "int3"], "--precision 'int3'"),
         (["--data", f"{THIS}:fast_loader", "--augment-load", "-1"], "--augment-load -1: must be 0"),
+        (
+            ["--data", f"{THIS}:fast_loader", "--augment-load", "65"],
+            "--augment-load 65: must be 64",
+        ),
         (
             ["--data", f"{THIS}:broken_loader"],
             "the data loader raised OSError: cannot read /data/img_17.jpg",

@@ -50,10 +50,15 @@ WAITING = 0.1  # together, steps blocked on the loader this share of the time or
 
 @dataclass
 class Alternative:
-    """A measured way to feed the model faster."""
+    """A measured way to feed the model faster, and the model's ceiling beside it."""
 
     name: str
     images_per_s: float
+    workers: int | None = None  # its loader workers
+    cpu_s_per_image: float = math.nan  # CPU an image cost it, measured alone (data.rate.Rate)
+    cluster_pipeline: bool = False  # what Loader(cluster=...) runs (CPU preprocessing)
+    threads: int | None = None  # on a CPU device, the torch threads its workers leave the model
+    ceiling: float | None = None  # the model alone timed with `threads`; None: the diagnosis's
 
 
 @dataclass
@@ -72,6 +77,7 @@ class Diagnosis:
     settings: TrainSettings = field(default_factory=TrainSettings)
     offload: OffloadAdvice | None = None  # would a Ray cluster's CPU nodes help (advise/offload.py)
     augment_load: int | None = None  # the recipe's load (measure.recipe); None: the user's loader
+    offload_from: str | None = None  # the pipeline whose CPU per image sized `offload`
 
     def __rich__(self) -> Group:
         """The two measurements, the verdict, the alternatives as a table and the offload advice."""
@@ -105,6 +111,20 @@ class Diagnosis:
         a, b = self.loader.images_per_s, self.model_rate.images_per_s
         return max(a, b) / min(a, b)
 
+    def ceiling_beside(self, a: Alternative) -> float:
+        """Images/s of the model alone beside alternative `a`: what its verdict compares with."""
+        return self.model_rate.images_per_s if a.ceiling is None else a.ceiling
+
+    def verdict_with(self, a: Alternative) -> str:
+        """The verdict the job would get with alternative `a` as its loader."""
+        return "input-bound" if a.images_per_s < self.ceiling_beside(a) else "compute-bound"
+
+    def offload_text(self) -> str:
+        """The offload advice's line, naming the pipeline whose CPU per image sized it."""
+        assert self.offload is not None
+        text = self.offload.text()
+        return f"{text}; CPU/image measured on {self.offload_from}" if self.offload_from else text
+
     @property
     def gpu_idle_share(self) -> float:
         """Share of time the accelerator waits for data: 1 − end-to-end / ceiling."""
@@ -129,12 +149,14 @@ class Diagnosis:
             "ratio": self.ratio,
             "gpu_idle_share": self.gpu_idle_share,
             "alternatives": [vars(a) for a in self.alternatives],
-            "offload": None if self.offload is None else _offload_dict(self.offload),
+            "offload": None if self.offload is None else _offload_dict(self),
         }
 
 
-def _offload_dict(advice: OffloadAdvice) -> dict[str, Any]:
-    """The offload advice's inputs, conclusions and its line of text."""
+def _offload_dict(d: Diagnosis) -> dict[str, Any]:
+    """The offload advice's inputs, conclusions, the pipeline it was sized from and its line."""
+    advice = d.offload
+    assert advice is not None
     return {
         "cpu_s_per_image": advice.cpu_s_per_image,
         "model_images_per_s": advice.model_images_per_s,
@@ -144,7 +166,8 @@ def _offload_dict(advice: OffloadAdvice) -> dict[str, Any]:
         "helps": advice.helps,
         "remote_cores": advice.remote_cores,
         "network_bytes_per_s": advice.network_bytes_per_s,
-        "text": advice.text(),
+        "sized_from": d.offload_from,
+        "text": d.offload_text(),
     }
 
 
@@ -160,7 +183,7 @@ def assumed_workers(device: str = "cpu") -> int:
 def most_workers(device: str) -> int:
     """The most loader workers an alternative gets: on CUDA the Loader's default (every core but
     the training process's own), on a CPU device every core (the model then trains on what the
-    workers leave, which the measurement shows)."""
+    workers leave, as `_alternative_ceilings` times it)."""
     from gpufeed.cores import usable_cores
     from gpufeed.data.loader import default_workers
 
@@ -254,11 +277,13 @@ def alternatives(
     import torch
 
     cores = most_workers(device)
-    plans: list[tuple[str, Callable[[], Any]]] = []
+    gpu = torch.cuda.is_available() and device == "cuda"
+    # (name, its workers, whether Loader(cluster=...) runs it, how to make it)
+    plans: list[tuple[str, int, bool, Callable[[], Any]]] = []
     if spec.kind == "function":
         faster = _more_workers(loader, cores)
         if faster is not None:
-            plans.append((f"your loader with num_workers={cores}", lambda: faster))
+            plans.append((f"your loader with num_workers={cores}", cores, False, lambda: faster))
     elif spec.kind == "folder":
         from gpufeed.advise.naive import naive_loader
 
@@ -266,6 +291,8 @@ def alternatives(
             plans.append(
                 (
                     f"PyTorch DataLoader + Pillow decode, num_workers={cores}",
+                    cores,
+                    False,
                     lambda: naive_loader(spec.where, batch_size, cores, augment),
                 )
             )
@@ -283,13 +310,17 @@ def alternatives(
         plans.append(
             (
                 f"pre-resized shards, gpufeed Loader (CPU, num_workers={cores})",
+                cores,
+                True,
                 lambda: _gpufeed_loader(sample(), batch_size, cores, augment, device, "cpu"),
             )
         )
-        if torch.cuda.is_available() and device == "cuda":
+        if gpu:
             plans.append(
                 (
                     f"pre-resized shards, gpufeed Loader (GPU preprocessing, num_workers={cores})",
+                    cores,
+                    False,
                     lambda: _gpufeed_loader(sample(), batch_size, cores, augment, device, "gpu"),
                 )
             )
@@ -298,32 +329,52 @@ def alternatives(
             plans.append(
                 (
                     f"gpufeed Loader (CPU preprocessing, num_workers={cores})",
+                    cores,
+                    True,
                     lambda: _gpufeed_loader(spec.where, batch_size, cores, augment, device, "cpu"),
                 )
             )
-        if torch.cuda.is_available() and device == "cuda":
+        if gpu:
             plans.append(
                 (
                     f"gpufeed Loader (GPU preprocessing, num_workers={workers})",
+                    workers,
+                    False,
                     lambda: _gpufeed_loader(
                         spec.where, batch_size, workers, augment, device, "gpu"
                     ),
                 )
             )
     out = []
-    for name, make in plans:
+    for name, nw, cluster, make in plans:
         note(f"measuring alternative: {name}")
         try:
             loader = make()
             try:
-                rate = measure_loader(loader, seconds=seconds).images_per_s
+                rate = measure_loader(loader, seconds=seconds)
             finally:
                 _close(loader)
         except MeasureError as e:  # this alternative cannot run here: say why, measure the rest
             note(f"skipped {name}: {e}")
             continue
-        out.append(Alternative(name, rate))
+        out.append(Alternative(name, rate.images_per_s, nw, rate.cpu_s_per_image, cluster))
     return out
+
+
+def _alternative_ceilings(
+    d: Diagnosis, net: Any, seconds: float, note: Callable[[str], None] = lambda s: None
+) -> None:
+    """On a CPU device, time the model alone with the threads each alternative's workers leave it
+    (once per thread count): beside them it trains with those, not with the job's split."""
+    timed = {d.threads: d.model_rate.images_per_s}
+    for a in d.alternatives:
+        with cpu_threads_beside(a.workers or 0, "cpu") as threads:
+            if threads not in timed:
+                note(f"measuring the model alone with {count(threads, 'thread')} …")
+                shape, settings = d.loader.batch_shape, d.settings
+                rate = measure_model(net, shape, "cpu", seconds=seconds, settings=settings)
+                timed[threads] = rate.images_per_s
+        a.threads, a.ceiling = threads, timed[threads]
 
 
 def _close(loader: Any) -> None:
@@ -405,17 +456,30 @@ def diagnose(
                 result.alternatives = alternatives(
                     spec, loader, workers, batch_size, augment, device, seconds, Path(tmp), note
                 )
+            if device == "cpu":
+                _alternative_ceilings(result, net, seconds, note)
     finally:
         _close(loader)
-    # --- offload to a Ray cluster's CPU nodes: would more cores help? (advise/offload.py) ---
+    result.offload, result.offload_from = _offload(result, nw)
+    return result
+
+
+def _offload(d: Diagnosis, workers: int) -> tuple[OffloadAdvice, str]:
+    """Would a Ray cluster's CPU nodes help (advise/offload.py), and the pipeline it is sized from:
+    the measured alternative that Loader(cluster=...) runs, a gpufeed Loader preprocessing on the
+    CPU, where there is one, else the job's loader (`workers`: its workers)."""
     from gpufeed.advise.offload import offload_advice
     from gpufeed.cores import usable_cores
 
-    rates, hw = (loader_rate.images_per_s, nw, model_rate.images_per_s), loader_rate.batch_shape
-    result.offload = offload_advice(
-        *rates, max(1, usable_cores() - 1), tuple(hw[-2:]), loader_rate.cpu_s_per_image
-    )
-    return result
+    host, hw = max(1, usable_cores() - 1), tuple(d.loader.batch_shape[-2:])
+    a = next((a for a in d.alternatives if a.cluster_pipeline), None)
+    if a is None:
+        rates = (d.loader.images_per_s, workers, d.model_rate.images_per_s)
+        return offload_advice(*rates, host, hw, d.loader.cpu_s_per_image), d.loader_desc
+    # beside training the loader gets the host's cores, not the training process's one too: an
+    # alternative that kept up with the model on them needs no remote cores
+    rates = (a.images_per_s, min(a.workers or 0, host), d.ceiling_beside(a))
+    return offload_advice(*rates, host, hw, a.cpu_s_per_image), a.name
 
 
 def _render(d: Diagnosis) -> Group:
@@ -468,18 +532,23 @@ def _render(d: Diagnosis) -> Group:
         alt.add_column("alternative")
         alt.add_column("images/s", justify="right")
         alt.add_column("vs now", justify="right")
+        beside = any(a.threads is not None for a in d.alternatives)
+        if beside:  # a CPU device: the model trains with the threads the workers leave
+            alt.add_column("model beside its workers", justify="right")
         alt.add_column("verdict with it")
         for a in d.alternatives:
-            then = "input-bound" if a.images_per_s < d.model_rate.images_per_s else "compute-bound"
-            alt.add_row(
+            row = [
                 escape(a.name),
                 f"{a.images_per_s:,.1f}",
                 f"×{a.images_per_s / d.loader.images_per_s:.2f}",
-                then,
-            )
+            ]
+            if beside:
+                threads = f" ({count(a.threads, 'thread')})" if a.threads else ""
+                row.append(f"{d.ceiling_beside(a):,.1f}{threads}")
+            alt.add_row(*row, d.verdict_with(a))
         parts.append(alt)
     elif d.input_bound:
         parts.append("  no alternative applies to this loader")
     if d.offload is not None:
-        parts.append(d.offload.text())
+        parts.append(d.offload_text())
     return Group(*parts)
