@@ -7,7 +7,11 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
 import tarfile
 import time
 import uuid
@@ -239,6 +243,53 @@ def test_train_and_val_indexed_in_one_directory_keep_both(
     assert sorted(_labels(make(str(wds_dir / PATTERN), 4))) == list(range(48))
 
 
+def test_shards_kept_from_the_index_there_are_counted_and_listed_in_name_order(wds_dir: Path):
+    index_shards(str(wds_dir / "wds-{000001..000003}.tar"), progress=False)
+    result = index_shards(str(wds_dir / "wds-000000.tar"), progress=False)
+    names = [s.name for s in ShardDataset(wds_dir).index.shards]
+    assert names == [f"wds-{i:06d}.tar" for i in range(4)]  # as indexing them at once lists them
+    assert result.summary().startswith(
+        f"indexed 1 shard into {wds_dir / INDEX_NAME}, which now lists 48 samples of 48 classes "
+        "in 4 shards"
+    )
+    assert (result.shards, result.samples, result.indexed, result.kept) == (4, 48, 1, 3)
+
+
+def test_indexing_a_folder_again_drops_the_shards_that_are_gone(
+    wds_dir: Path, make: Callable[..., Loader]
+):
+    # the index kept the gone shard, first: the loader failed on it ("is missing")
+    index_shards(wds_dir, progress=False)
+    (wds_dir / "wds-000000.tar").unlink()  # the data set written again, with fewer shards
+    result = index_shards(wds_dir, progress=False)
+    assert sorted(_labels(make(wds_dir, 5, num_workers=0))) == list(range(13, 48))
+    assert "dropped 1 shard it listed whose file is gone (wds-000000.tar)" in result.summary()
+    assert (result.shards, result.samples, result.dropped) == (3, 35, ["wds-000000.tar"])
+
+
+def test_label_text_that_is_no_plain_integer_is_a_class_name(image_folder: Path, tmp_path: Path):
+    # '²' passes str.isdigit(), then int() refused it: a traceback
+    jpg = _images(image_folder)[0][1]
+    (tmp_path / "c").mkdir()
+    members = {"a.jpg": jpg, "a.cls": "²".encode(), "b.jpg": jpg, "b.cls": b"cat"}
+    index_shards(str(_one_tar(tmp_path / "c" / "c.tar", members)), progress=False)
+    assert ShardDataset(tmp_path / "c").classes == ["cat", "²"]
+
+
+def test_a_json_label_written_as_a_whole_float_is_a_class_id(image_folder: Path, tmp_path: Path):
+    jpg = _images(image_folder)[0][1]
+    (tmp_path / "j").mkdir()
+    members = {"a.jpg": jpg, "a.json": b'{"label": 1.0}', "b.jpg": jpg, "b.json": b'{"label": 0}'}
+    index_shards(str(_one_tar(tmp_path / "j" / "j.tar", members)), progress=False)
+    ds = ShardDataset(tmp_path / "j", shuffle=False)
+    assert {s.key: s.label for s in ds.iter_worker(0, 1)} == {"a": 1, "b": 0}
+    _one_tar(tmp_path / "j" / "j.tar", {"a.jpg": jpg, "a.json": b'{"label": 1.5}'})
+    with pytest.raises(
+        ShardError, match=r"j\.tar: label 1\.5 in sample 'a' is not an integer or a class name"
+    ):
+        index_shards(str(tmp_path / "j" / "j.tar"), progress=False)
+
+
 def test_a_pack_indexed_again_keeps_its_class_names(image_folder: Path, tmp_path: Path):
     # pack writes integer .cls labels: indexing its shards again named the classes "0", "1", ...
     with pytest.warns(UserWarning, match="outside 1-128 MB"):
@@ -292,6 +343,112 @@ def test_a_pickle_member_is_rejected(tmp_path: Path):
     _one_tar(tmp_path / "t.tar", {"k.jpg": b"\xff\xd8", "k.pyd": b"\x80\x04."})
     with pytest.raises(ShardError, match="never unpickles"):
         index_shards(str(tmp_path / "t.tar"), progress=False)
+
+
+def _shard(kind: str, wds_dir: Path, image_folder: Path, tmp_path: Path) -> Path:
+    """A shard the fast scanner reads (webdataset's) or one only tarfile reads (long names)."""
+    if kind == "webdataset":
+        return wds_dir / "wds-000001.tar"
+    (tmp_path / "long").mkdir()
+    members: dict[str, bytes] = {}
+    for i, (_, jpg) in enumerate(_images(image_folder)[:6]):
+        members |= {f"{'d' * 120}{i}.jpg": jpg, f"{'d' * 120}{i}.cls": str(i).encode()}
+    return _one_tar(tmp_path / "long" / "long-0.tar", members)
+
+
+@pytest.mark.parametrize("kind", ["webdataset", "long names"])
+@pytest.mark.parametrize(
+    "cut, ends",
+    [
+        ("at a header", "after a member, without tar's end-of-archive marker"),
+        ("inside a header", "inside a tar header"),
+        ("inside an image", "inside "),
+    ],
+)
+def test_a_shard_cut_short_is_a_clear_error_not_fewer_samples(
+    kind: str, cut: str, ends: str, wds_dir: Path, image_folder: Path, tmp_path: Path
+):
+    # cut at a header, the samples after the cut were silently left out of the index
+    shard = _shard(kind, wds_dir, image_folder, tmp_path)
+    with tarfile.open(shard) as tar:
+        third = [m for m in tar.getmembers() if m.name.endswith(".jpg")][2]
+    at = {
+        "at a header": third.offset,
+        "inside a header": third.offset + 100,
+        "inside an image": third.offset_data + 100,
+    }[cut]
+    shard.write_bytes(shard.read_bytes()[:at])
+    with pytest.raises(ShardError) as err:
+        index_shards(str(shard), progress=False)
+    assert f"{shard.name} is truncated at byte {at}: it ends {ends}" in str(err.value)
+    assert str(err.value).endswith("re-write it")
+    assert not (shard.parent / INDEX_NAME).exists()
+
+
+@pytest.mark.parametrize("kind", ["webdataset", "long names"])
+def test_a_broken_header_inside_a_shard_is_a_clear_error_not_its_end(
+    kind: str, wds_dir: Path, image_folder: Path, tmp_path: Path
+):
+    shard = _shard(kind, wds_dir, image_folder, tmp_path)
+    with tarfile.open(shard) as tar:
+        third = [m for m in tar.getmembers() if m.name.endswith(".jpg")][2]
+    raw = bytearray(shard.read_bytes())
+    raw[third.offset : third.offset + 512] = b"x" * 512
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(
+        ShardError, match=rf"{re.escape(shard.name)}: no valid tar header at byte {third.offset},"
+    ):
+        index_shards(str(shard), progress=False)
+
+
+def test_a_shard_ending_in_one_zero_block_is_whole(wds_dir: Path, make: Callable[..., Loader]):
+    # tarfile and GNU tar end a tar with two zero blocks (then pad it): the first marks the end
+    shard = wds_dir / "wds-000003.tar"
+    with tarfile.open(shard) as tar:
+        last = tar.getmembers()[-1]
+    end = last.offset_data + -(-last.size // 512) * 512
+    shard.write_bytes(shard.read_bytes()[: end + 512])
+    assert index_shards(wds_dir, progress=False).samples == 48
+    assert sorted(_labels(make(wds_dir, 5, num_workers=0))) == list(range(48))
+
+
+def test_an_index_there_that_cannot_be_read_is_refused_before_any_shard_is_read(wds_dir: Path):
+    (wds_dir / INDEX_NAME).write_text("{}")
+    (wds_dir / "zz-not-a-tar.tar").write_bytes(b"not a tar " * 100)  # reading it fails
+    with pytest.raises(ShardError) as err:
+        index_shards(wds_dir, progress=False)
+    msg = str(err.value)
+    assert msg.startswith(f"{wds_dir / INDEX_NAME}: invalid index")
+    assert msg.endswith("delete it (or move it away) and run `gpufeed index` again")
+    assert "re-create it" not in msg
+
+
+@pytest.fixture
+def modes_bind() -> list[str]:
+    """A command prefix under which folder modes bind: root's override of them dropped."""
+    if os.geteuid() != 0:
+        return []
+    caps = "-dac_override,-dac_read_search"
+    prefix = ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
+    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"]).returncode != 0:
+        pytest.skip("running as root, and setpriv cannot drop the override of folder modes")
+    return prefix
+
+
+def test_a_read_only_folder_is_refused_in_one_line_before_any_shard_is_read(
+    wds_dir: Path, modes_bind: list[str]
+):
+    # the index was written after reading every shard: a PermissionError traceback
+    (wds_dir / "zz-not-a-tar.tar").write_bytes(b"not a tar " * 100)  # reading it fails
+    wds_dir.chmod(0o555)
+    try:
+        cmd = [*modes_bind, sys.executable, "-m", "gpufeed.cli", "index", str(wds_dir)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    finally:
+        wds_dir.chmod(0o755)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"cannot write {wds_dir / INDEX_NAME}: permission denied; " in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_a_missing_shard_is_a_clear_error(wds_dir: Path):
@@ -393,26 +550,89 @@ def test_an_http_shard_error_names_the_url_and_its_endpoint_not_s3(http_folder: 
     assert "S3" not in res.output
 
 
+def _on_s3(folder: Path) -> str:
+    """The .tar files of `folder` copied under a new bucket: their s3://BUCKET/wds prefix."""
+    fs = filesystem("s3://x")
+    bucket = f"bucket-{uuid.uuid4().hex[:12]}"
+    fs.mkdir(bucket)
+    for p in sorted(folder.glob("*.tar")):
+        fs.put_file(str(p), f"{bucket}/wds/{p.name}")
+    return f"s3://{bucket}/wds"
+
+
 def test_shards_on_s3_are_indexed_and_streamed(
     s3_env: str, wds_dir: Path, make: Callable[..., Loader]
 ):
     fs = filesystem("s3://x")
-    bucket = f"bucket-{uuid.uuid4().hex[:12]}"
-    fs.mkdir(bucket)
-    for p in sorted(wds_dir.glob("*.tar")):
-        fs.put_file(str(p), f"{bucket}/wds/{p.name}")
-    url = f"s3://{bucket}/wds/{PATTERN}"
+    prefix = _on_s3(wds_dir)
+    url = f"{prefix}/{PATTERN}"
     result = index_shards(url, progress=False)
-    assert result.index == f"s3://{bucket}/wds/{INDEX_NAME}" and result.samples == 48
+    assert result.index == f"{prefix}/{INDEX_NAME}" and result.samples == 48
     assert sorted(_labels(make(url, 5, num_workers=2, chunk_size=4096))) == list(range(48))
-    written = fs.cat_file(f"{bucket}/wds/{INDEX_NAME}")
+    written = fs.cat_file(f"{prefix}/{INDEX_NAME}")
     res = CliRunner().invoke(app, ["index", url, "--timeout", "60"])  # the command line's deadline
     assert res.exit_code == 0, res.output
-    assert fs.cat_file(f"{bucket}/wds/{INDEX_NAME}") == written
+    assert fs.cat_file(f"{prefix}/{INDEX_NAME}") == written
     local = Path(str(wds_dir) + "-copy")
     shutil.copytree(wds_dir, local)
     index_shards(str(local / PATTERN), progress=False)  # the same bytes give the same index
-    assert (local / INDEX_NAME).read_bytes() == fs.cat_file(f"{bucket}/wds/{INDEX_NAME}")
+    assert (local / INDEX_NAME).read_bytes() == fs.cat_file(f"{prefix}/{INDEX_NAME}")
+
+
+def test_an_s3_prefix_stands_for_its_tar_files(s3_env: str, wds_dir: Path):
+    # it was read as one shard: "not an uncompressed tar file (empty file)"
+    prefix = _on_s3(wds_dir)
+    for url in (prefix, f"{prefix}/"):
+        result = index_shards(url, progress=False)
+        assert (result.index, result.shards, result.samples) == (f"{prefix}/{INDEX_NAME}", 4, 48)
+    filesystem(prefix).pipe_file(f"{prefix}/notes/readme.txt", b"no shards here")
+    with pytest.raises(ShardError, match=r"wds/notes is a folder without \.tar files: name the"):
+        index_shards(f"{prefix}/notes", progress=False)
+
+
+@pytest.fixture
+def stalling_http(wds_dir: Path) -> Iterator[str]:
+    """`wds_dir` served over HTTP on 127.0.0.1: HEAD is answered (sizes), the GET of a shard
+    only after a minute."""
+    import http.server
+    import threading
+
+    release = threading.Event()
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, directory=str(wds_dir), **kwargs)
+
+        def do_GET(self) -> None:
+            if not self.path.endswith(".tar"):
+                super().do_GET()
+                return
+            release.wait(60)
+            with contextlib.suppress(OSError):  # the client gave up long ago
+                self.send_error(503)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_shard_read_that_gets_no_answer_fails_at_the_deadline_naming_it(stalling_http: str):
+    # shards were streamed past gpufeed's remote reads: `--timeout 5` took 26 s, botocore's words
+    url = f"{stalling_http}/wds-000000.tar"
+    start = time.monotonic()
+    with pytest.raises(ShardError) as err:
+        index_shards(url, storage_options={"timeout": 2}, progress=False)
+    assert time.monotonic() - start < 20
+    assert f"cannot read {url}: no answer within 2 s" in str(err.value)
 
 
 def test_images_come_out_as_batches_of_the_right_shape(wds_dir: Path, make: Callable[..., Loader]):

@@ -17,9 +17,10 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 import tarfile
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -39,7 +40,7 @@ from gpufeed.data.shards import (
     check_shard_name,
     split_name,
 )
-from gpufeed.data.source import MB, Destination, filesystem, is_remote
+from gpufeed.data.source import MB, Destination, Source, is_remote
 from gpufeed.present.numbers import count
 
 LABEL_FIELDS = ("cls", "label", "class")
@@ -47,32 +48,52 @@ LABEL_FIELDS = ("cls", "label", "class")
 
 @dataclass
 class IndexResult:
-    """What `index_shards` wrote."""
+    """What `index_shards` wrote: the index's totals, with the shards kept from an index there."""
 
     index: str  # where the index was written
-    shards: int
+    shards: int  # in the index: those read now and those kept from before
     samples: int
     classes: int
     bytes: int
+    indexed: int = 0  # shards read now
+    kept: int = 0  # shards the index there listed, not read again
+    dropped: list[str] = field(default_factory=list)  # shards it listed whose files are gone
 
     def summary(self) -> str:
-        return (
-            f"indexed {count(self.samples, 'sample')} of {count(self.classes, 'class')} in "
-            f"{count(self.shards, 'shard')} "
-            f"({self.bytes / 1e6:.1f} MB) into {self.index}"
+        totals = (
+            f"{count(self.samples, 'sample')} of {count(self.classes, 'class')} in "
+            f"{count(self.shards, 'shard')} ({self.bytes / 1e6:.1f} MB)"
         )
+        if self.kept:
+            text = (
+                f"indexed {count(self.indexed, 'shard')} into {self.index}, which now lists "
+                f"{totals}, {self.kept} of them kept from before"
+            )
+        else:
+            text = f"indexed {totals} into {self.index}"
+        if self.dropped:
+            more = ", ..." if len(self.dropped) > 3 else ""
+            text += (
+                f"; dropped {count(len(self.dropped), 'shard')} it listed whose file is gone "
+                f"({', '.join(self.dropped[:3])}{more})"
+            )
+        return text
 
 
 MAX_SHARDS = 1_000_000  # names one list of shard URLs may hold (more is a typo'd range)
 
 
 def expand_urls(
-    urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, must_exist: bool = False
+    urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    must_exist: bool = False,
+    storage_options: dict[str, Any] | None = None,
 ) -> list[str]:
     """Shard URLs or paths with brace ranges expanded (`shards-{000000..000099}.tar`), in order;
     a local directory stands for the .tar files in it. Patterns naming more than MAX_SHARDS
     shards are refused before anything is expanded; with `must_exist`, the first local shard
-    that is not there is a ShardError at once."""
+    that is not there is a ShardError at once, and a remote prefix (a URL neither a pattern nor
+    a .tar) stands for the .tar files under it, as a local directory does."""
     from braceexpand import braceexpand
 
     items = [str(u) for u in ([urls] if isinstance(urls, (str, os.PathLike)) else list(urls))]
@@ -94,6 +115,8 @@ def expand_urls(
                 if not found:
                     raise ShardError(f"{u} is a directory without .tar files: name the shards")
                 out += found
+            elif must_exist and is_remote(u) and not is_shard_pattern(item):
+                out += _remote_tars(u, storage_options)
             elif must_exist and not is_remote(u) and not os.path.exists(u):
                 folder = os.path.dirname(u) or "."
                 where = "" if os.path.isdir(folder) else f": there is no folder {folder}"
@@ -106,6 +129,22 @@ def expand_urls(
                     "its directories): index the shards in parts"
                 )
     return out
+
+
+def _remote_tars(url: str, storage_options: dict[str, Any] | None) -> list[str]:
+    """The .tar files directly under remote prefix `url`, sorted (one listing); [url] itself
+    when it names a file (a compressed shard, say: reading it says what is wrong)."""
+    folder = Destination(url, storage_options)
+    listed = folder.sizes()
+    if not url.endswith("/") and list(listed) == [folder.url.rsplit("/", 1)[-1]]:
+        return [url]
+    found = sorted(name for name in listed if name.endswith(".tar"))
+    if not found:
+        raise ShardError(
+            f"{url} is a folder without .tar files: name the shards, e.g. "
+            f"'{folder.url}/train-{{000000..000099}}.tar'"
+        )
+    return [folder.path(name) for name in found]
 
 
 def brace_count(pattern: str) -> int:
@@ -258,7 +297,7 @@ def _raw_label(key: str, parts: dict[str, bytes], field: str | None, where: str)
     """The label of one sample, as an integer id or a class name."""
     if "cls" in parts:
         text = parts["cls"].decode("utf-8", "replace").strip()
-        return int(text) if text.lstrip("-").isdigit() else text
+        return int(text) if re.fullmatch(r"-?[0-9]+", text) else text
     if "json" in parts:
         try:
             doc = json.loads(parts["json"])
@@ -266,11 +305,18 @@ def _raw_label(key: str, parts: dict[str, bytes], field: str | None, where: str)
             raise ShardError(f"shard {where}: sample {key!r} has invalid .json ({e})") from None
         fields = (field,) if field else LABEL_FIELDS
         value = next((doc[f] for f in fields if f in doc), None) if isinstance(doc, dict) else doc
+        if value is None:
+            raise ShardError(
+                f"shard {where}: sample {key!r} has no label in its .json (looked for "
+                f"{', '.join(fields)}); pass label_field (--label-field) naming it"
+            )
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # 1.0, as some writers store class ids
         if isinstance(value, (int, str)) and not isinstance(value, bool):
             return value
         raise ShardError(
-            f"shard {where}: sample {key!r} has no label in its .json (looked for "
-            f"{', '.join(fields)}); pass label_field (--label-field) naming it"
+            f"shard {where}: label {json.dumps(value)[:60]} in sample {key!r} is not an integer "
+            "or a class name"
         )
     raise ShardError(
         f"shard {where}: sample {key!r} has no label (.cls, or .json with a "
@@ -279,9 +325,14 @@ def _raw_label(key: str, parts: dict[str, bytes], field: str | None, where: str)
 
 
 def _open(url: str, storage_options: dict[str, Any] | None) -> BinaryIO:
+    """A shard opened for one sequential read; a remote one is read as the Loader reads it
+    (`Source`: each request within the deadline, retried, errors naming URL and endpoint)."""
+    if is_remote(url):
+        folder, name = url.rsplit("/", 1)
+        size = Destination(folder, storage_options).size(name)
+        entry = ShardEntry(name=name, bytes=size)  # no checksum yet: `_Hashing` computes it
+        return Source(folder, storage_options=storage_options).open(entry)
     try:
-        if is_remote(url):
-            return filesystem(url, storage_options).open(url, "rb", block_size=8 * MB)
         return open(url, "rb")
     except FileNotFoundError:
         raise ShardError(f"shard {url} not found") from None
@@ -294,32 +345,48 @@ Member = tuple[int, int, str, int, bytes | None]
 LABEL_EXTS = ("cls", "json")
 
 
+_CUT = ("unexpected end of data", "empty header", "truncated header")  # tarfile's words for it
+
+
 class _NotPlain(Exception):
     """The fast scanner met a header it does not read itself: tarfile reads the shard instead."""
 
 
+def _truncated(url: str, at: int, inside: str | None) -> ShardError:
+    """A shard that ends before tar's end-of-archive marker (`inside`: the part it ends in)."""
+    where = f"inside {inside}" if inside else "after a member, without tar's end-of-archive marker"
+    return ShardError(
+        f"shard {url} is truncated at byte {at}: it ends {where} (a copy or write cut short?); "
+        "re-write it"
+    )
+
+
 def _plain_members(stream: _Hashing, url: str) -> Iterator[Member]:
     """The members of a tar of plain regular-file headers (and pax headers that only set times or
-    owners, as webdataset writes), parsed from big reads; `_NotPlain` for anything else."""
+    owners, as webdataset writes), parsed from big reads; `_NotPlain` for anything else. The tar
+    must end in the end-of-archive marker (a zero block, as tarfile and GNU tar write it)."""
     buf, start, at = b"", 0, 0  # buf holds the shard's bytes from offset `start`; `at`: cursor
 
-    def need(n: int) -> bytes:
+    def need(n: int, inside: str) -> bytes:
         nonlocal buf, start
         while at + n > start + len(buf):
             chunk = stream.read(8 * MB)
             if not chunk:
-                raise _NotPlain  # truncated: tarfile names the problem
+                if start + len(buf) < 512:
+                    raise _NotPlain  # not even one header: tarfile names the problem
+                end = start + len(buf)
+                raise _truncated(url, end, None if end == at and first is None else inside)
             buf, start = buf[at - start :] + chunk, at
         return buf[at - start : at - start + n]
 
     first = None  # where the current member's headers began (a pax header comes first)
     while True:
-        header = need(512)
+        header = need(512, "a tar header")
         if not header.strip(b"\0"):
             return  # end-of-archive (the rest is read by the caller, for size and checksum)
         pax = _regular_header(header, types=(0x78,))
         if pax is not None:
-            block = need(512 + _padded(pax[1]))
+            block = need(512 + _padded(pax[1]), "a tar header")
             if _harmless_pax(block, 0) is None:
                 raise _NotPlain
             first = at if first is None else first
@@ -329,17 +396,27 @@ def _plain_members(stream: _Hashing, url: str) -> Iterator[Member]:
         if plain is None:
             raise _NotPlain
         name, size = plain
-        data = need(512 + size)[512:] if _ext(name) in LABEL_EXTS else None
+        inside = f"member {name!r}"
+        data = need(512 + size, inside)[512:] if _ext(name) in LABEL_EXTS else None
         if data is None:
-            need(512 + _padded(size))  # read through (hashed), not kept
+            need(512 + _padded(size), inside)  # read through (hashed), not kept
         yield (at if first is None else first), at + 512, name, size, data
         at += 512 + _padded(size)
         first = None
 
 
 def _tar_members(stream: _Hashing, url: str) -> Iterator[Member]:
-    """The members of any tar, read by tarfile (extension headers of every kind)."""
-    with tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
+    """The members of any tar, read by tarfile (extension headers of every kind), which must end
+    in the end-of-archive marker: tarfile itself ends quietly at a cut or a broken header."""
+    last = [b""]  # the last header block tarfile read: where it stopped, at the end
+
+    class Info(tarfile.TarInfo):
+        @classmethod
+        def frombuf(cls, buf: bytes, encoding: str, errors: str) -> tarfile.TarInfo:
+            last[0] = buf
+            return super().frombuf(buf, encoding, errors)
+
+    with tarfile.open(fileobj=stream, mode="r|", tarinfo=Info) as tar:  # type: ignore[call-overload]
         for info in tar:
             _check_member(info, url)
             if info.isdir():  # GNU tar's folder entries: no sample
@@ -349,6 +426,13 @@ def _tar_members(stream: _Hashing, url: str) -> Iterator[Member]:
                 member = tar.extractfile(info)
                 data = member.read() if member is not None else b""
             yield info.offset, info.offset_data, info.name, info.size, data
+        if len(last[0]) < 512:
+            raise _truncated(url, tar.offset + len(last[0]), "a tar header" if last[0] else None)
+        if last[0].strip(b"\0"):
+            raise ShardError(
+                f"shard {url}: no valid tar header at byte {tar.offset}, where the next member "
+                "should start; the shard is corrupt: re-write it"
+            )
 
 
 def _samples(
@@ -412,6 +496,11 @@ def index_shard(
             except OSError as e:
                 raise ShardError(f"cannot read shard {url}: {e}") from None
             except (tarfile.TarError, EOFError) as e:
+                if str(e) in _CUT:  # at the end of the stream already
+                    while stream.read(8 * MB):
+                        pass
+                    if stream.count >= 512:  # a tar cut short, not a file too short to be one
+                        raise _truncated(url, stream.count, "a member") from None
                 compressed = url.endswith((".gz", ".tgz", ".bz2", ".xz", ".zst"))
                 raise ShardError(
                     f"shard {url} is not an uncompressed tar file ({e}): "
@@ -460,19 +549,70 @@ def _resolve_labels(
     return [str(i) for i in range(int(top) + 1)], raws  # type: ignore[return-value]
 
 
-def _merge(out: Destination, classes: list[str], entries: list[ShardEntry]) -> Index:
-    """The new entries, plus those of other shards already indexed in the same directory.
-    Integer labels named by their numbers take the names the index there gives them (a
-    `gpufeed pack` folder indexed again keeps its class names)."""
-    if not out.exists(INDEX_NAME):
-        return Index(classes, entries)
-    old = Index.from_bytes(out.read_bytes(INDEX_NAME), out.path(INDEX_NAME))
+def _old_index(out: Destination) -> Index | None:
+    """The index already in the shards' directory (None if none), read before any shard: one
+    that cannot be read would otherwise stop the command after all the work."""
+    where = out.path(INDEX_NAME)
+    try:
+        if not out.exists(INDEX_NAME):
+            return None
+        data = out.read_bytes(INDEX_NAME)
+    except OSError as e:  # local (a remote failure is a ShardError already)
+        raise ShardError(
+            f"cannot read {where}: {e.strerror or e}; make it readable, or delete it (or move it "
+            "away) and run `gpufeed index` again"
+        ) from None
+    try:
+        return Index.from_bytes(data, where)
+    except ShardError as e:
+        reason = str(e).split("; re-create it", 1)[0]
+        raise ShardError(
+            f"{reason}; delete it (or move it away) and run `gpufeed index` again"
+        ) from None
+
+
+def _check_writable(out: Destination) -> None:
+    """Refuse a local directory the index cannot be written into before any shard is read (a
+    remote one says so when written: only a write can tell)."""
+    if not out.remote and not os.access(out.url, os.W_OK | os.X_OK):
+        raise _cannot_write(out, "permission denied")
+
+
+def _cannot_write(out: Destination, why: str) -> ShardError:
+    return ShardError(
+        f"cannot write {out.path(INDEX_NAME)}: {why}; the index lives next to the shards: make "
+        f"{out.url} writable, or copy the shards to a writable folder and index them there"
+    )
+
+
+def _gone(out: Destination, names: list[str]) -> set[str]:
+    """Which of the shards `names` are no longer in `out` (one listing when remote)."""
+    if not names:
+        return set()
+    if not out.remote:
+        return {n for n in names if not os.path.isfile(out.path(n))}
+    here = out.sizes()
+    return {n for n in names if n not in here and ("/" not in n or not out.exists(n))}
+
+
+def _merge(
+    out: Destination, old: Index | None, classes: list[str], entries: list[ShardEntry]
+) -> tuple[Index, int, list[str]]:
+    """(the index, how many shards it keeps from `old`, the names of those dropped): the new
+    entries, plus those of other shards `old` lists that are still there, sorted by name as a
+    fresh index of them all would be. Integer labels named by their numbers take the names
+    `old` gives them (a `gpufeed pack` folder indexed again keeps its class names)."""
+    if old is None:
+        return Index(classes, entries), 0, []
     if classes == [str(i) for i in range(len(classes))] and len(old.classes) >= len(classes):
         classes = list(old.classes)
     mine = {e.name for e in entries}
-    kept = [e for e in old.shards if e.name not in mine]
+    others = [e for e in old.shards if e.name not in mine]
+    gone = _gone(out, [e.name for e in others])
+    kept = [e for e in others if e.name not in gone]
+    dropped = [e.name for e in others if e.name in gone]
     if not kept:
-        return Index(classes, entries)
+        return Index(classes, entries), 0, dropped
     short, long = sorted((old.classes, classes), key=len)
     if long[: len(short)] != short:
         raise ShardError(
@@ -480,7 +620,8 @@ def _merge(out: Destination, classes: list[str], entries: list[ShardEntry]) -> I
             "other classes: index all shards of this directory in one command, or give the "
             "same class list (--classes)"
         )
-    return Index(list(long), kept + entries)
+    shards = sorted(kept + entries, key=lambda e: e.name)
+    return Index(list(long), shards), len(kept), dropped
 
 
 def index_shards(
@@ -491,9 +632,10 @@ def index_shards(
     storage_options: dict[str, Any] | None = None,
     progress: bool = True,
 ) -> IndexResult:
-    """Index existing WebDataset shards (paths, s3:// URLs, brace patterns) into
-    `gpufeed-index.json` in their directory; `classes` maps class names to ids (a file or list)."""
-    urls = expand_urls(shards, must_exist=True)
+    """Index existing WebDataset shards (paths, s3:// URLs or prefixes, brace patterns) into
+    `gpufeed-index.json` in their directory; `classes` maps class names to ids (a file or list).
+    Entries of other shards an index there lists are kept while their files are there."""
+    urls = expand_urls(shards, must_exist=True, storage_options=storage_options)
     base, names = split_shards(urls)
     if isinstance(classes, (str, os.PathLike)):
         classes = load_classes(classes)
@@ -505,6 +647,8 @@ def index_shards(
     for name in (INDEX_NAME, LEGACY_INDEX_NAME):
         if name in names:
             raise ShardError(f"{out.path(name)} is an index, not a shard")
+    _check_writable(out)
+    old = _old_index(out)
     total = sum(_size(out, n) for n in names) if progress else 0
     entries, raws = [], []
     with _bytes_progress(progress, total, f"indexing {count(len(names), 'shard')}") as seen:
@@ -518,14 +662,20 @@ def index_shards(
     names_, labels = _resolve_labels(raws, classes, base)
     for entry, lab in zip(entries, labels, strict=True):
         entry.labels = lab
-    index = _merge(out, names_, entries)
-    out.write_bytes(INDEX_NAME, index.to_bytes())
+    index, kept, dropped = _merge(out, old, names_, entries)
+    try:
+        out.write_bytes(INDEX_NAME, index.to_bytes())
+    except OSError as e:  # local (a remote failure is a ShardError already)
+        raise _cannot_write(out, e.strerror or str(e)) from None
     return IndexResult(
         index=out.path(INDEX_NAME),
-        shards=len(entries),
-        samples=sum(e.samples for e in entries),
+        shards=len(index.shards),
+        samples=sum(e.samples for e in index.shards),
         classes=len(index.classes),
-        bytes=sum(e.bytes for e in entries),
+        bytes=sum(e.bytes for e in index.shards),
+        indexed=len(entries),
+        kept=kept,
+        dropped=dropped,
     )
 
 
