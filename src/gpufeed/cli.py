@@ -120,6 +120,7 @@ AUGMENT_LOAD_HELP = (
     "Augmentation of the images measured: 0 = the ImageNet recipe (random-resized crop, flip); "
     "L = that plus L x (flips, rotation up to ±15°), each rotation one more resampling."
 )
+MOST_AUGMENT_LOAD = 64  # 64 resamplings per image: far beyond any recipe, and still minutes
 
 
 TIMEOUT_HELP = (
@@ -133,10 +134,12 @@ def remote_options(timeout: float | None) -> dict[str, float] | None:
     return None if timeout is None else {"timeout": timeout}
 
 
-def check_count(option: str, value: int | None, least: int) -> None:
-    """Refuse a count below `least`."""
+def check_count(option: str, value: int | None, least: int, most: int | None = None) -> None:
+    """Refuse a count below `least` (or above `most`)."""
     if value is not None and value < least:
         raise GpufeedError(f"{option} {value}: must be {least} or more")
+    if value is not None and most is not None and value > most:
+        raise GpufeedError(f"{option} {value}: must be {most} or less")
 
 
 # --- COLLECT: profile, show, ls ---------------------------------------------------------------
@@ -406,15 +409,23 @@ def pack_cmd(
     """Pack images into tar shards (WebDataset layout) plus gpufeed-index.json, locally or on S3."""
     import warnings
 
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = _warn_now
         result = pack(
             src, dst, shard_size=shard_size, resize=resize, quality=quality,
             workers=workers, verify=verify, seed=seed, storage_options=remote_options(timeout),
         )  # fmt: skip
-    for w in caught:
-        typer.secho(f"gpufeed: warning: {w.message}", err=True, fg=typer.colors.YELLOW)
     typer.echo(result.summary())
+
+
+def _warn_now(message: Warning | str, *_: object, **__: object) -> None:
+    """Print a warning of `pack` when it happens (an unreadable folder is worth stopping a long
+    pack for), as `gpufeed: warning: ...` on stderr; into `sys.stderr` as it is now, which the
+    progress bar replaces while it runs to print such lines above itself."""
+    import sys
+
+    typer.secho(f"gpufeed: warning: {message}", file=sys.stderr, fg=typer.colors.YELLOW)
 
 
 @app.command("index")
@@ -642,7 +653,7 @@ def diagnose_cmd(
     check_count("--workers", workers, 0)
     check_count("--batch-size", batch_size, 1)
     check_count("--image-size", image_size, 1)
-    check_count("--augment-load", augment_load, 0)
+    check_count("--augment-load", augment_load, 0, MOST_AUGMENT_LOAD)
     check_output_file("--json", json_out)
 
     result = diagnose(
@@ -708,7 +719,7 @@ def tune_cmd(
     check_seconds("--seconds", seconds)
     check_count("--batch-size", batch_size, 1)
     check_count("--image-size", image_size, 1)
-    check_count("--augment-load", augment_load, 0)
+    check_count("--augment-load", augment_load, 0, MOST_AUGMENT_LOAD)
     check_output_file("--out", out, example="gpufeed-tune.json")
 
     result = tune(

@@ -182,6 +182,7 @@ def test_a_trial_refused_by_a_limit_is_skipped_and_said_why(shards: Path):
         (["--data", ".", "--out", "."], "--out . is a folder: give a file name"),
         (["--data", ".", "--model", "resnet9"], "--model 'resnet9' is not known"),
         (["--data", ".", "--augment-load", "-2"], "--augment-load -2: must be 0 or more"),
+        (["--data", ".", "--augment-load", "100000"], "--augment-load 100000: must be 64 or less"),
     ],
 )
 def test_bad_input_exits_2_naming_the_option(args: list[str], message: str):

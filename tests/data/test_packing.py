@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from gpufeed.data import packing
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.decode import CorruptImage, decode, image_size
 from gpufeed.data.packing import (
+    SKIPPED_NAME,
     STATE_NAME,
     PackError,
     convert,
@@ -33,8 +35,10 @@ from gpufeed.data.packing import (
     pack,
     parse_size,
     pool_size,
+    record_name,
 )
-from gpufeed.data.shards import INDEX_NAME
+from gpufeed.data.shards import INDEX_NAME, Index, shard_name
+from gpufeed.data.source import filesystem
 
 
 def _index(d: Path) -> dict:
@@ -196,15 +200,9 @@ def test_interrupted_pack_leaves_no_complete_looking_shard_and_resumes_identical
         "import sys; from gpufeed.data.packing import pack; "
         f"pack({str(image_folder)!r}, {str(out)!r}, shard_size='8KB', resize=48, workers=1, progress=False)"
     )
-    proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", code])
-    deadline = time.time() + 60
-    while not (out / STATE_NAME).exists() and time.time() < deadline:
-        time.sleep(0.005)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    _kill_once_written(code, out / record_name(0))
     assert not (out / INDEX_NAME).exists()  # nothing claims to be a complete data set
-    state = json.loads((out / STATE_NAME).read_text())
-    finished = {s["name"] for s in state["shards"]}
+    finished = {_record(p)["shard"]["name"] for p in out.glob(".pack-state.*.json")}
     for tar in out.glob("shard-*.tar"):  # every shard under its final name is complete or is redone
         assert tar.name in finished or tar.stat().st_size > 0
     with pytest.warns(UserWarning):
@@ -216,6 +214,183 @@ def test_interrupted_pack_leaves_no_complete_looking_shard_and_resumes_identical
         )
     a, b = _index(out), _index(tmp_path / "clean")
     assert [s["sha256"] for s in a["shards"]] == [s["sha256"] for s in b["shards"]]
+
+
+def _kill_once_written(code: str, path: Path) -> None:
+    """Run `code` (a pack) in a Python process and SIGKILL it once it has written `path`."""
+    proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", code])
+    _wait_for(path)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _wait_for(path: Path, deadline_s: float = 60) -> None:
+    """Wait until `path` exists (a pack in another process wrote it)."""
+    deadline = time.time() + deadline_s
+    while not path.exists() and time.time() < deadline:
+        time.sleep(0.005)
+
+
+def _record(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _many_images(tmp_path: Path, image_folder: Path, copies: int) -> Path:
+    """SRC with `copies` links to each test image: a pack long enough to interrupt."""
+    src = tmp_path / "many"
+    for p in sorted(image_folder.glob("*/*.jpg")):
+        (src / p.parent.name).mkdir(parents=True, exist_ok=True)
+        for i in range(copies):
+            os.link(p, src / p.parent.name / f"{p.stem}_{i}.jpg")
+    return src
+
+
+def test_the_journal_writes_one_small_record_per_shard_not_every_shard_again(
+    image_folder: Path, tmp_path: Path
+):
+    """Rewriting one journal of all finished shards after each shard wrote ~100 GB for
+    ImageNet: a record holds its own shard only, so the records do not grow as the pack goes."""
+    src, out = _many_images(tmp_path, image_folder, 8), tmp_path / "out"
+    code = (
+        "from gpufeed.data.packing import pack; "
+        f"pack({str(src)!r}, {str(out)!r}, shard_size='4KB', workers=1, progress=False)"
+    )
+    _kill_once_written(code, out / record_name(5))
+    records = sorted(out.glob(".pack-state.*.json"))
+    assert len(records) >= 6 and not (out / STATE_NAME).exists()
+    for number, path in enumerate(records):
+        assert _record(path)["shard"]["name"] == shard_name(number)
+    sizes = [p.stat().st_size for p in records]
+    assert max(sizes) < 2 * min(sizes)  # the 6th holds as little as the 1st
+    with pytest.warns(UserWarning, match="outside 1-128 MB"):
+        res = pack(src, out, shard_size="4KB", workers=1, progress=False)
+    assert res.resumed_shards >= 6 and not list(out.glob(".pack-state*.json"))
+
+
+def test_a_pack_interrupted_under_an_older_gpufeed_resumes_from_its_one_file_journal(
+    image_folder: Path, tmp_path: Path
+):
+    """Older versions kept every finished shard in one `.pack-state.json`: it is still read."""
+    clean, out = tmp_path / "clean", tmp_path / "out"
+    with pytest.warns(UserWarning, match="outside 1-128 MB"):
+        pack(image_folder, clean, shard_size="8KB", workers=1, progress=False)
+    index = Index.from_bytes((clean / INDEX_NAME).read_bytes(), "index")
+    assert len(index.shards) > 3
+    out.mkdir()
+    for entry in index.shards[:3]:
+        shutil.copy(clean / entry.name, out / entry.name)
+    sig = json.loads((clean / (STATE_NAME + ".done")).read_text())["signature"]
+    old = {
+        "signature": sig,
+        "consumed": sum(e.samples for e in index.shards[:3]),  # no input was skipped
+        "shards": [e.to_json() for e in index.shards[:3]],
+        "converted": [],
+        "skipped": [],
+    }
+    (out / STATE_NAME).write_text(json.dumps(old))
+    with pytest.warns(UserWarning, match="outside 1-128 MB"):
+        res = pack(image_folder, out, shard_size="8KB", workers=1, progress=False)
+    assert res.resumed_shards == 3 and res.samples == 48
+    assert _index(out)["shards"] == _index(clean)["shards"]
+    assert not list(out.glob(".pack-state*.json"))
+
+
+def test_sigterm_ends_a_pack_to_s3_without_leaving_its_temporary_shard(
+    image_folder: Path, s3_env: str, tmp_path: Path
+):
+    """A pack to s3:// builds each shard in the temporary folder: `kill` (SIGTERM) used to end
+    the process there and then, leaving a file of up to a shard's size that nothing removes."""
+    src, tmp = _many_images(tmp_path, image_folder, 20), tmp_path / "tmp"
+    tmp.mkdir()
+    filesystem("s3://x").mkdir("term")
+    cmd = [sys.executable, "-m", "gpufeed", "pack", str(src), "s3://term/p", "--verify"]
+    proc = subprocess.Popen(
+        [*cmd, "--workers", "2"], env={**os.environ, "TMPDIR": str(tmp)}, stderr=subprocess.PIPE
+    )
+    deadline = time.time() + 60
+    while not list(tmp.glob("gpufeed-pack-*")) and time.time() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert list(tmp.iterdir()) == []
+    assert proc.returncode == 128 + signal.SIGTERM, err.decode()
+    assert "Traceback" not in err.decode()
+    assert not filesystem("s3://x").exists("term/p/gpufeed-index.json")
+
+
+def test_cli_pack_prints_a_warning_when_it_happens_not_after_the_pack(
+    image_folder: Path, s3_env: str, silent_endpoint: str
+):
+    """The pack below then waits for an S3 endpoint that never answers: its warning is on
+    stderr already (it used to come after the pack, and not at all when the pack failed)."""
+    cmd = [sys.executable, "-m", "gpufeed", "pack", str(image_folder), "s3://bucket/p"]
+    env = {**os.environ, "AWS_ENDPOINT_URL": silent_endpoint}
+    proc = subprocess.Popen(
+        [*cmd, "--shard-size", "200KB", "--timeout", "20"], env=env, stderr=subprocess.PIPE
+    )
+    try:
+        ready, _, _ = select.select([proc.stderr], [], [], 60)
+        line = proc.stderr.readline().decode() if ready else ""
+        assert line.startswith("gpufeed: warning: shard size 0.2 MB is outside 1-128 MB")
+        assert proc.poll() is None  # still packing
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_cli_pack_shows_progress_lines_where_stderr_is_not_a_terminal(
+    image_folder: Path, tmp_path: Path
+):
+    """A batch job's log (stderr to a file or a pipe) gets a line per 10% of the images, with
+    the rate and the time left, and no stray empty line."""
+    cmd = [sys.executable, "-m", "gpufeed", "pack", str(image_folder), str(tmp_path / "o")]
+    done = subprocess.run([*cmd, "--workers", "1"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) >= 10 and "" not in lines
+    counts = []
+    for line in lines:
+        m = re.fullmatch(
+            r"packing: (\d+)/48 images \((\d+)%\), [\d.,]+ images/s(, about .* left)?", line
+        )
+        assert m, line
+        counts.append(int(m[1]))
+        assert (m[3] is None) == (counts[-1] == 48)  # time left until the end
+    assert counts == sorted(counts) and counts[-1] == 48
+
+
+def test_s3_src_or_list_entries_are_refused_in_one_line_as_written(tmp_path: Path):
+    """SRC must be local; an s3:// one was taken for a local path `s3:/...` "that does not exist"."""
+    with pytest.raises(PackError) as src_err:
+        pack("s3://bkt/imgs", tmp_path / "out", progress=False)
+    lst = tmp_path / "list.txt"
+    lst.write_text("# images\ns3://bkt/imgs/cat/a.jpg 0\n")
+    with pytest.raises(PackError) as list_err:
+        pack(lst, tmp_path / "out", progress=False)
+    message, in_list = str(src_err.value), str(list_err.value)
+    assert message.startswith("SRC s3://bkt/imgs is a URL: SRC must be a local folder")
+    assert "list.txt:2: 's3://bkt/imgs/cat/a.jpg 0' names a URL" in in_list
+    for text in (message, in_list):
+        assert "aws s3 sync" in text and "s3:/b" not in text and "\n" not in text
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_skipped_file_is_written_to_a_file_in_dst_that_the_summary_names(
+    image_folder: Path, tmp_path: Path
+):
+    src = _one_class(tmp_path, image_folder, n=1)
+    for i in range(60):
+        (src / "a" / f"bad{i:02d}.jpg").write_text(f"not an image {i}")
+    res = pack(src, tmp_path / "out", workers=1, progress=False)
+    listed = (tmp_path / "out" / SKIPPED_NAME).read_text().splitlines()
+    bad = {f"{src / 'a' / f'bad{i:02d}.jpg'}: not a readable image" for i in range(60)}
+    assert {line.split(": Unidentified")[0] for line in listed} == bad
+    summary = res.summary()
+    assert "  ... and 10 more" in summary
+    assert summary.endswith(f"every skipped file and why: {tmp_path / 'out' / SKIPPED_NAME}")
+    clean = pack(image_folder, tmp_path / "clean", workers=1, progress=False)
+    assert not (tmp_path / "clean" / SKIPPED_NAME).exists()
+    assert "every skipped file" not in clean.summary()
 
 
 def test_cli_pack_prints_what_it_wrote(image_folder: Path, tmp_path: Path):

@@ -14,16 +14,20 @@ the summary):
 - duplicate keys (two inputs mapping to the same key) and repeated list entries: the first
   wins, later ones are skipped;
 - malformed list-file lines: skipped; numeric labels must be class numbers 0..1,000,000
-  (a negative or larger one is a PackError naming the line);
+  (a negative or larger one is a PackError naming the line); SRC and the files a list names
+  must be local (a URL is a PackError: copy the images first);
 - file and folder names that are not UTF-8: packed (keys keep only ASCII letters, digits, `_`
   and `-`); such a class name is stored with its odd bytes written `\\xNN`.
+The full skipped list is also written to `pack-skipped.txt` in DST (the summary shows 50).
 A pack in which every input was skipped is a PackError and writes nothing. Bad options, an
 unreadable or binary list file, a DST that cannot be a folder or lies inside the SRC folder and
 S3 failures (no bucket in the URL, missing bucket, no credentials, unreachable endpoint: see
 `source`) are one-line PackErrors; a failed pack leaves no temporary shard behind.
 Samples are shuffled (with `seed`) before sharding so every shard mixes classes. Shards are
-written under a temporary name and renamed when complete; a journal (`.pack-state.json`) after
-each shard makes an interrupted pack resumable; the index is written last. A finished pack is
+written under a temporary name and renamed when complete; a journal makes an interrupted pack
+resumable: one small record per finished shard (`.pack-state.NNNNN.json`; older versions
+rewrote one `.pack-state.json` whole after every shard, which is still read); the index is
+written last. SIGTERM ends a pack as Ctrl-C does, removing its temporary shard. A finished pack is
 not redone, unless a shard its index lists is missing or has the wrong size: then it is packed
 again. Conversions run in at most `4 * usable_cores()` processes, and never more than images.
 """
@@ -37,7 +41,11 @@ import json
 import math
 import os
 import re
+import signal
 import stat
+import sys
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -58,9 +66,10 @@ from gpufeed.data.shards import (
 )
 from gpufeed.data.source import Destination, base_url, is_remote
 from gpufeed.errors import GpufeedError
-from gpufeed.present.numbers import count
+from gpufeed.present.numbers import count, figure
 
-STATE_NAME = ".pack-state.json"
+STATE_NAME = ".pack-state.json"  # the journal of older versions (`.done`: a finished pack's mark)
+SKIPPED_NAME = "pack-skipped.txt"
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*((?:[kmgt]i?)?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -112,6 +121,7 @@ class PackResult:
     repacked: str = ""  # why a finished pack in DST was packed again ('' if it was not)
     converted: list[tuple[str, str]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    skipped_file: str = ""  # where the whole skipped list was written ('' if nothing was skipped)
 
     def summary(self) -> str:
         """What was written, converted and skipped, printable whatever the file names (control
@@ -152,6 +162,8 @@ class PackResult:
                 lines += [f"  {show(p)}: {visible(why)}" for p, why in rows[:50]]
                 if len(rows) > 50:
                     lines.append(f"  ... and {len(rows) - 50} more")
+        if self.skipped_file:
+            lines.append(f"  every skipped file and why: {show(self.skipped_file)}")
         return "\n".join(lines)
 
 
@@ -291,6 +303,11 @@ def list_inputs(
     src: str | os.PathLike[str],
 ) -> tuple[list[_Item], list[str], list[tuple[str, str]]]:
     """Items (path, key, label), class names, and (path, reason) rows skipped while listing."""
+    if is_remote(os.fspath(src)):  # before Path(), which makes `s3://b/x` a local `s3:/b/x`
+        raise PackError(
+            f"SRC {printable(os.fspath(src))} is a URL: SRC must be a local folder or a list "
+            f"file of local images; {_COPY_FIRST} and pack that folder"
+        )
     src = Path(src)
     skipped: list[tuple[str, str]] = []
     rows: list[tuple[str, str, str]] = []  # (path, relative name, class)
@@ -316,6 +333,11 @@ def list_inputs(
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
+            if is_remote(line):
+                raise PackError(
+                    f"{printable(str(src))}:{n}: {printable(line)!r} names a URL: a list file "
+                    f"must name local image files; {_COPY_FIRST} and list their local paths"
+                )
             parts = _split_line(line, src.parent)
             if parts is None:
                 skipped.append((f"{src}:{n}", "malformed line: expected 'PATH LABEL'"))
@@ -352,6 +374,9 @@ def list_inputs(
         label = class_index[cls] if cls in class_index else int(cls)
         items.append(_Item(path, key, label))
     return items, classes, skipped
+
+
+_COPY_FIRST = "copy the images to a local folder first (e.g. `aws s3 sync s3://BUCKET/PREFIX DIR`)"
 
 
 def _class_names(src: Path, raw: list[str]) -> list[str]:
@@ -540,8 +565,9 @@ def pack(
     sigs = _signatures(items, classes, options)
     existed = is_remote(str(dst)) or os.path.exists(dst)
     try:
-        return _pack_into(dst, src, items, classes, listing_skipped, options, sigs, storage_options,
-                          workers, progress)  # fmt: skip
+        with _sigterm_exits():
+            return _pack_into(dst, src, items, classes, listing_skipped, options, sigs,
+                              storage_options, workers, progress)  # fmt: skip
     except ShardError as e:
         raise PackError(str(e)) from None
     except OSError as e:
@@ -553,6 +579,31 @@ def pack(
         if not existed:  # a pack that wrote nothing leaves no empty DST behind
             with contextlib.suppress(OSError):
                 os.rmdir(dst)
+
+
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """Within: SIGTERM (`kill`, a batch scheduler's stop) raises SystemExit(143), as Ctrl-C
+    raises KeyboardInterrupt, so the pack removes its temporary shard on the way out (for an
+    s3:// DST a file of up to a shard's size in the temporary folder, which nothing else
+    removes). Only in the main thread, and only where SIGTERM has its default action (a
+    program's own handler is kept); a second SIGTERM ends the process at once."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _check_dst_outside(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
@@ -597,8 +648,8 @@ def _pack_into(
     out.check()
     result = PackResult(dst=str(dst), classes=len(classes))
     sig = sigs[0]
-    state = _load_state(out, sigs)
-    if state is None and out.exists(INDEX_NAME):
+    journal = _load_journal(out, sigs)
+    if journal is None and out.exists(INDEX_NAME):
         done = _existing_index(out, sigs)
         if done is None:
             raise OtherPackError(
@@ -611,10 +662,10 @@ def _pack_into(
         out.remove(INDEX_NAME)  # first: no index may list shards that are being rewritten
         out.remove(STATE_NAME + ".done")
     out.remove_stale_tmp()
-    entries = [ShardEntry.from_json(e) for e in (state or {}).get("shards", [])]
-    consumed = int((state or {}).get("consumed", 0))
-    result.converted = [tuple(r) for r in (state or {}).get("converted", [])]  # type: ignore[misc]
-    result.skipped = listing_skipped + [tuple(r) for r in (state or {}).get("skipped", [])]  # type: ignore[misc]
+    journal = journal or _Journal()
+    entries, consumed = journal.entries, journal.consumed
+    result.converted = journal.converted
+    result.skipped = listing_skipped + journal.skipped
     result.resumed_shards = len(entries)
 
     writer: _OpenShard | None = None
@@ -636,10 +687,10 @@ def _pack_into(
                 if writer.writer.size >= target:
                     entries.append(writer.finish())
                     writer = None
+                    _save_record(out, sig, len(entries) - 1, entries[-1], n, converted, skipped)
                     result.skipped += skipped
                     result.converted += converted
                     skipped, converted = [], []
-                    _save_state(out, sig, entries, n, result, len(listing_skipped))
             if writer is not None:
                 entries.append(writer.finish())
                 writer = None
@@ -654,14 +705,29 @@ def _pack_into(
             f"{_examples(result.skipped)}; fix or remove them and pack again",
             result.skipped,
         )
+    result.skipped_file = _write_skipped(out, result.skipped)
     index = Index(classes=classes, shards=entries)
     out.write_bytes(INDEX_NAME, index.to_bytes())
     out.write_bytes(STATE_NAME + ".done", json.dumps({"signature": sig}).encode())
-    _drop_state(out)
+    _drop_journal(out, len(entries))
     result.samples, result.shards = index.total, len(entries)
     result.bytes = sum(e.bytes for e in entries)
     result.empty_classes = _empty_classes(index)
     return result
+
+
+def _write_skipped(out: Destination, skipped: list[tuple[str, str]]) -> str:
+    """Write every skipped input and why, a line each, to SKIPPED_NAME in DST (the summary
+    shows only the first 50); returns its path, or '' (and removes an older one) when nothing
+    was skipped."""
+    from gpufeed.present.terminal import visible
+
+    if not skipped:
+        out.remove(SKIPPED_NAME)
+        return ""
+    text = "".join(f"{visible(printable(p))}: {visible(why)}\n" for p, why in skipped)
+    out.write_bytes(SKIPPED_NAME, text.encode())
+    return out.path(SKIPPED_NAME)
 
 
 def _empty_classes(index: Index) -> list[str]:
@@ -721,22 +787,29 @@ def _run(
     from gpufeed.data.forking import frozen_heap
 
     with frozen_heap():
-        pool = mp.get_context("spawn" if _threads_started() else "fork").Pool(workers)
+        context = mp.get_context("spawn" if _threads_started() else "fork")
+        pool = context.Pool(workers, initializer=_default_sigterm)
     with pool:
         yield from pool.imap(_convert_item, args, chunksize=4)
 
 
-def _threads_started() -> bool:
-    import threading
+def _default_sigterm() -> None:
+    """In a conversion process: SIGTERM ends it (as `Pool.terminate` expects), not the pack's
+    handler a fork inherits (see `_sigterm_exits`)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
+
+def _threads_started() -> bool:
     return threading.active_count() > 1
 
 
 class _progress:
-    """A rich progress bar (or nothing), used as `with _progress(...) as advance:`."""
+    """Progress on stderr, used as `with _progress(...) as advance:`: a rich bar on a terminal,
+    plain lines (`_Lines`) where stderr is a file or a pipe, or nothing."""
 
     def __init__(self, enabled: bool, total: int, done: int) -> None:
         self.enabled, self.total, self.done = enabled, total, done
+        self.bar: Any = None
 
     def __enter__(self) -> Any:
         if not self.enabled:
@@ -744,58 +817,167 @@ class _progress:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
+        console = Console(stderr=True)  # stdout keeps only the summary, e.g. for a file
+        if not console.is_terminal:
+            return _Lines(self.total, self.done).advance
         self.bar = Progress(
             "[progress.description]{task.description}",
             BarColumn(),
             MofNCompleteColumn(),
             TimeRemainingColumn(),
             transient=True,
-            console=Console(stderr=True),  # stdout keeps only the summary, e.g. for a file
+            console=console,
         )
         self.bar.__enter__()
         task = self.bar.add_task("packing", total=self.total, completed=self.done)
         return lambda: self.bar.advance(task)
 
     def __exit__(self, *exc: Any) -> None:
-        if self.enabled:
+        if self.bar is not None:
             self.bar.__exit__(*exc)
 
 
-def _load_state(out: Destination, sigs: tuple[str, ...]) -> dict[str, Any] | None:
-    if not out.exists(STATE_NAME):
+LINE_EVERY_S = 30.0  # seconds between two plain progress lines (also one per 10% of the images)
+
+
+class _Lines:
+    """Progress as a plain stderr line every LINE_EVERY_S seconds and every 10% of the images
+    (done/total, rate, time left), for a batch job's or CI's log, where a live bar shows
+    nothing."""
+
+    def __init__(self, total: int, done: int) -> None:
+        self.total, self.done, self.first = total, done, done
+        self.start = self.last = time.monotonic()
+        self.mark = self._next_mark()
+
+    def _next_mark(self) -> int:
+        """The next count of images that is a whole 10% of the total."""
+        return math.ceil(self.total * (self.done * 10 // self.total + 1) / 10)
+
+    def advance(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if self.done < self.mark and now - self.last < LINE_EVERY_S:
+            return
+        self.last, self.mark = now, self._next_mark()
+        rate = (self.done - self.first) / max(now - self.start, 1e-9)
+        line = (
+            f"packing: {self.done:,}/{self.total:,} images ({100 * self.done // self.total}%), "
+            f"{figure(rate)} images/s"
+        )
+        if self.done < self.total:
+            line += f", about {_duration((self.total - self.done) / rate)} left"
+        print(line, file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    """'45 s', '12 min' or '3.4 h'."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+@dataclass
+class _Journal:
+    """What an interrupted pack of the same inputs finished: its shards, how many inputs they
+    consumed, and what was converted or skipped on the way (listing's skips aside)."""
+
+    entries: list[ShardEntry] = field(default_factory=list)
+    consumed: int = 0
+    converted: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, record: dict[str, Any], shards: Any) -> bool:
+        """Take in a journal file's `shards` and what it says was consumed, converted and
+        skipped; False, taking nothing, when it is malformed."""
+        try:
+            entries = [ShardEntry.from_json(e) for e in shards]
+            consumed = int(record["consumed"])
+            converted = [(str(p), str(why)) for p, why in record.get("converted", [])]
+            skipped = [(str(p), str(why)) for p, why in record.get("skipped", [])]
+        except (ValueError, KeyError, TypeError):
+            return False
+        self.entries += entries
+        self.consumed = consumed
+        self.converted += converted
+        self.skipped += skipped
+        return True
+
+
+def record_name(number: int) -> str:
+    """The journal record of finished shard `number`: a small file per shard, so what the
+    journal writes grows with the data set (rewriting one file after every shard, as older
+    versions did, grew with its square: ~100 GB for ImageNet)."""
+    return f".pack-state.{number:05d}.json"
+
+
+def _load_journal(out: Destination, sigs: tuple[str, ...]) -> _Journal | None:
+    """The journal of an interrupted pack in DST: an older version's `.pack-state.json`, then
+    the records of the shards after it, as far as they are whole; None when there is none."""
+    legacy = _load_legacy(out, sigs)
+    journal = legacy or _Journal()
+    if not out.exists(record_name(len(journal.entries))):  # one request where there is none
+        return legacy
+    names = out.sizes()
+    while (name := record_name(len(journal.entries))) in names:
+        record = _read_journal(out, name, sigs)
+        if record is None or not journal.add(record, [record.get("shard")]):
+            break  # unreadable: this shard and the ones after it are packed again
+    return journal if legacy or journal.entries else None
+
+
+def _load_legacy(out: Destination, sigs: tuple[str, ...]) -> _Journal | None:
+    """The journal an older version left (one file with every finished shard), or None."""
+    state = _read_journal(out, STATE_NAME, sigs) if out.exists(STATE_NAME) else None
+    if state is None:
         return None
+    journal = _Journal()
+    return journal if journal.add(state, state.get("shards")) else None
+
+
+def _read_journal(out: Destination, name: str, sigs: tuple[str, ...]) -> dict[str, Any] | None:
+    """Journal file `name` as a dict; None when it is not JSON; a PackError when it is from a
+    pack of other inputs or options."""
     try:
-        state = json.loads(out.read_bytes(STATE_NAME))
+        state = json.loads(out.read_bytes(name))
     except ValueError:
+        return None
+    if not isinstance(state, dict):
         return None
     if state.get("signature") not in sigs:
         raise PackError(
-            f"{out.path(STATE_NAME)}: an unfinished pack from different inputs or options is in "
+            f"{out.path(name)}: an unfinished pack from different inputs or options is in "
             "this destination; use a new DST or delete that pack there first"
         )
     return state
 
 
-def _save_state(
+def _save_record(
     out: Destination,
     sig: str,
-    entries: list[ShardEntry],
+    number: int,
+    entry: ShardEntry,
     consumed: int,
-    result: PackResult,
-    n_listing: int,
+    converted: list[tuple[str, str]],
+    skipped: list[tuple[str, str]],
 ) -> None:
-    state = {
+    """Record finished shard `number`: it, the inputs consumed so far, and what was converted
+    or skipped since the shard before."""
+    record = {
         "signature": sig,
         "consumed": consumed,
-        "shards": [e.to_json() for e in entries],
-        "converted": result.converted,
-        "skipped": result.skipped[n_listing:],
+        "shard": entry.to_json(),
+        "converted": converted,
+        "skipped": skipped,
     }
-    out.write_bytes(STATE_NAME, json.dumps(state).encode())
+    out.write_bytes(record_name(number), json.dumps(record).encode())
 
 
-def _drop_state(out: Destination) -> None:
+def _drop_journal(out: Destination, shards: int) -> None:
+    """Remove the journal of a finished pack of `shards` shards."""
     out.remove(STATE_NAME)
+    for number in range(shards):
+        out.remove(record_name(number))
 
 
 def _existing_index(out: Destination, sigs: tuple[str, ...]) -> PackResult | None:
