@@ -410,7 +410,7 @@ def pack_cmd(
     import warnings
 
     with warnings.catch_warnings():
-        warnings.simplefilter("always")
+        warnings.simplefilter("default")  # each distinct warning once per process, not per image
         warnings.showwarning = _warn_now
         result = pack(
             src, dst, shard_size=shard_size, resize=resize, quality=quality,

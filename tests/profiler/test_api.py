@@ -100,8 +100,8 @@ CTRL_C = textwrap.dedent(
     import gpufeed
 
     with gpufeed.profile(out=sys.argv[1], name="ctrlc", interval=0.1) as p:
-        print("ready", flush=True)
         try:
+            print("ready", flush=True)  # inside the try: Ctrl-C may come at once
             time.sleep(120)
         except KeyboardInterrupt:  # the script saves a checkpoint and goes on
             deadline = time.monotonic() + 3

@@ -107,6 +107,32 @@ def test_worker_count_comes_from_the_training_loader_as_the_hooks_saw_it(run_pro
     assert Context(run).worker_count == 2
 
 
+TEXT_BATCHES = """
+import torch
+from torch.utils.data import DataLoader
+
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+texts = [(f"sample {i}", i % 2) for i in range(16)]  # batches of strings: no tensor to classify
+for texts_, y in DataLoader(texts, batch_size=4):
+    torch.nn.functional.cross_entropy(model(torch.randn(len(texts_), 4)), y).backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_a_dataloader_without_workers_is_recorded_as_zero_workers_not_as_none(run_profiled):
+    # batch_kind is None for batches of strings: loader_workers None as well read as "no
+    # DataLoader seen", and the advice named a generator's parallelism instead of num_workers
+    from gpufeed.analysis.rules import Context
+
+    cp, run_dir = run_profiled(TEXT_BATCHES, interval=1.0)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    run = gpufeed.load(run_dir)
+    assert run.meta["ranks"][0]["loader_workers"] == 0
+    assert Context(run).loader_seen
+
+
 SLOW_WORKER_START = """
 import time
 import torch

@@ -312,7 +312,7 @@ class Recorder:
         self._eval_iters: set[int] = set()  # ids of iterators that fed evaluation passes
         self._train_iters: set[int] = set()  # ... and training steps
         self._iter_workers: dict[int, int] = {}  # iterator id -> its loader worker processes
-        self._saved_workers = 0
+        self._saved_workers = -1  # a training DataLoader with num_workers=0 is recorded as 0
         self.batch_kind: str | None = None  # "image" or "other": what the DataLoader delivered
         self._saved_kind: str | None = None
         # ids of the root modules whose parameters the optimizer trains; None until its first step
@@ -566,7 +566,7 @@ class Recorder:
                 info["cuda"] = cuda
             loader_workers = max(
                 (self._iter_workers.get(i, 0) for i in self._train_iters - self._eval_iters),
-                default=0,
+                default=-1,
             )
             if loader_workers > self._saved_workers:
                 info["loader_workers"] = loader_workers

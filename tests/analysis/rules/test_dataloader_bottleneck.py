@@ -327,7 +327,7 @@ def _quota_run(sampled_cores: int, util: float) -> RunBuilder:
     b = RunBuilder(cpu_count=16).steps([0.1] * 100, waits=0.06).metric("cpu.util", util)
     for core in range(sampled_cores):
         b.metric("cpu.core", util, str(core))
-    b.process(1000, "main", 80.0)
+    b.process(1000, "main", 88.0)
     for w in range(63):
         b.process(2000 + w, "worker", 24.0)
     return b
@@ -346,18 +346,32 @@ def test_workers_filling_a_containers_cpu_limit_are_cpu_bound_as_on_a_bare_host(
     assert f.evidence["host_cpu_p50"] >= 99
 
 
-def test_other_tenants_of_a_node_do_not_fill_a_containers_cpu_limit() -> None:
-    # The node is 60% busy, nearly all of it other pods spread over its 64 cores; the run's
-    # 4 cores of 16 are not full: the idle workers still point at storage.
-    b = RunBuilder(cpu_count=16).steps([0.1] * 100, waits=0.06).metric("cpu.util", 60.0)
+def _busy_node(limit: int, wait: float, main_cpu: float, workers: int, worker_cpu: float):
+    """A run with a `limit`-CPU quota on a 64-core node 60% busy, mostly with other pods."""
+    b = RunBuilder(cpu_count=limit).steps([0.1] * 100, waits=wait).metric("cpu.util", 60.0)
     for core in range(64):
         b.metric("cpu.core", 60.0, str(core))
-    b.process(1000, "main", 80.0)
-    for w in range(8):
-        b.process(2000 + w, "worker", 40.0)
+    b.process(1000, "main", main_cpu)
+    for w in range(workers):
+        b.process(2000 + w, "worker", worker_cpu)
     (f,) = fired(b.build())
+    return f
+
+
+def test_other_tenants_of_a_node_do_not_fill_a_containers_cpu_limit() -> None:
+    # The run's 4 cores of 16 are not full: the idle workers still point at storage.
+    f = _busy_node(16, 0.06, 80.0, 8, 40.0)
     assert f.evidence["host_cpu_p50"] < 90
     assert "mostly idle" in f.recommendation and "CPU-bound" not in f.recommendation
+
+
+def test_a_busy_node_with_idle_cores_to_spare_leaves_a_containers_limit_free() -> None:
+    # An 8-CPU limit, 25 cores of the node idle, the run using 3 of its 8: other pods do not use
+    # the run's quota, so its free cores take more workers.
+    f = _busy_node(8, 0.04, 100.0, 2, 100.0)
+    assert f.evidence["host_cpu_p50"] < 50
+    assert "Set num_workers=" in f.recommendation
+    assert "other workloads" not in f.recommendation
 
 
 def test_workers_that_each_keep_three_cores_busy_get_room_counted_in_cores() -> None:

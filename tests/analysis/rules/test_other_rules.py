@@ -93,22 +93,18 @@ def test_on_several_hosts_the_busiest_gpu_is_matched_on_its_host() -> None:
     assert f.evidence["slow_rank"] == 3  # node1's GPU 1, not node0's local rank 1
 
 
-def test_host_memory_is_watched_on_gpu_runs_too_and_the_workers_together() -> None:
-    # GPU memory flat; the training process's RSS grows 3 GB/min and each of 15 loader workers'
-    # 0.5 GB/min (a Python-object dataset copied page by page), on a 128 GiB host.
+def test_host_memory_is_watched_on_gpu_runs_too_but_not_the_loader_workers() -> None:
+    # GPU memory flat; the training process's RSS grows 3 GB/min on a 128 GiB host. Each of 15
+    # loader workers' RSS grows 0.5 GB/min, as it does while they read a memory-mapped data set
+    # (page cache, not a leak): not a finding.
     b = RunBuilder(cpu_count=16, interval=0.5).steps([0.1] * 1200, waits=0.002)
     b.metric("mem.total", 128 * 2**30).gpu(95.0, mem_used=40e9)
     b.process(1000, "main", 100.0, rss=lambda t: 4e9 + 3e9 * t / 60)
     for w in range(15):
         b.process(2000 + w, "worker", 50.0, rss=lambda t: 1e9 + 0.5e9 * t / 60)
-    found = {f.evidence["memory"]: f for f in run_rules(b.build()) if f.rule == "GPUMemoryIncrease"}
-    assert set(found) == {
-        "Host memory of training process 1000",
-        "Host memory of the loader workers",
-    }
-    main, workers = found.values()
+    found = [f for f in run_rules(b.build()) if f.rule == "GPUMemoryIncrease"]
+    assert [f.evidence["memory"] for f in found] == ["Host memory of training process 1000"]
+    (main,) = found
     assert main.evidence["growth_mb_per_min"] == pytest.approx(3000, rel=0.01)
-    assert workers.evidence["growth_mb_per_min"] == pytest.approx(7500, rel=0.01)
-    assert workers.evidence["total_mb"] == pytest.approx(128 * 2**30 / 1e6, rel=1e-3)
-    assert workers.evidence["minutes_until_full"] < 60 and workers.severity == "critical"
-    assert "NumPy arrays" in workers.recommendation and ".detach()" in main.recommendation
+    assert main.evidence["total_mb"] == pytest.approx(128 * 2**30 / 1e6, rel=1e-3)
+    assert ".detach()" in main.recommendation

@@ -253,17 +253,19 @@ class Context:
     @cached_property
     def _host_util(self) -> dict[str, np.ndarray]:
         """{host: its whole-host CPU busy % samples over the window, of its `cores_of`}. Under a
-        container's CPU limit the sampler averages over more cores (`sampled_cores`): the run's
-        own processes then count against the limit, and the rest of the load by its share of the
-        cores it spreads over (at most 100%)."""
+        container's CPU limit the sampler averages over more cores (`sampled_cores`): the limit's
+        cores are busy as far as the run's own processes use them, or as far as the host has
+        fewer idle cores than the limit (other tenants do not use the run's quota)."""
         out: dict[str, np.ndarray] = {}
         for h, g in self.metric("cpu.util").groupby("host", sort=True):
             host = str(h)
-            cores = self.cores_of(host)
-            over = max(self.sampled_cores(host), cores)
-            ours = sum(self.role_cores.get(host, {}).values())
-            util = g["value"].to_numpy(dtype=float) + 100 * ours * (1 / cores - 1 / over)
-            out[host] = np.minimum(util, 100.0)
+            util = g["value"].to_numpy(dtype=float)
+            cores, over = self.cores_of(host), self.sampled_cores(host)
+            if over > cores:
+                ours = sum(self.role_cores.get(host, {}).values())
+                idle = over * (1 - util / 100)
+                util = 100 * np.maximum(ours, cores - idle) / cores
+            out[host] = np.clip(util, 0.0, 100.0)
         return out
 
     def host_full(self, host: str, host_busy: float) -> bool:
@@ -639,8 +641,9 @@ def one_thread_each(worker_cpu: float) -> str:
     return (
         " Each worker keeps more than a core busy (threads of OpenCV, OpenMP or BLAS inside it): "
         "run one thread per worker (cv2.setNumThreads(1) and torch.set_num_threads(1) in the "
-        "DataLoader's worker_init_fn, or OMP_NUM_THREADS=1), so that each keeps one core busy "
-        "and more of them fit the cores."
+        "DataLoader's worker_init_fn, or OMP_NUM_THREADS=1) to stop them competing for cores; "
+        f"the count above assumes they keep {worker_cpu / 100:.1f} cores each, so with one thread "
+        f"each give {worker_cpu / 100:.1f}× as many workers (the same cores busy)."
     )
 
 

@@ -15,7 +15,7 @@ MB = 1e6
 
 
 class GPUMemoryIncrease(Rule):
-    """GPU memory, or the resident memory of a training process or its loader workers, grows steadily.
+    """GPU memory, or the resident memory of a training process, grows steadily.
 
     Fits a line to each series over the steady state; fires when the fit is good (R^2), the growth is
     large in absolute and relative terms, and projects when memory would run out (the GPU's, or the
@@ -29,7 +29,7 @@ class GPUMemoryIncrease(Rule):
         "min_r2": Param(0.8, "R^2 of the linear fit: how steady the growth must be"),
         "min_samples": Param(10, "samples needed in the window"),
     }
-    cpu_only = "watches the resident memory (RSS) of the training processes and loader workers"
+    cpu_only = "watches the resident memory (RSS) of the training processes"
 
     def check(self, ctx: Context, p: dict[str, Any]) -> Iterator[Finding]:
         for label, t, v, total in _series(ctx):
@@ -69,26 +69,21 @@ class GPUMemoryIncrease(Rule):
                         if until < float("inf")
                         else ""
                     )
-                    + (_WORKERS_FIX if label.startswith(_WORKERS) else _LEAK_FIX)
+                    + _LEAK_FIX
                 ),
             )
 
 
-_WORKERS = "Host memory of the loader workers"
 _LEAK_FIX = (
     ": look for tensors kept across steps (a loss history without .item() or .detach(), growing "
     "lists or caches, tensors stored on self) and release them."
 )
-_WORKERS_FIX = (
-    ": look for caches that grow in each worker, and keep a dataset's per-sample records in NumPy "
-    "arrays or Arrow tables rather than Python lists and dicts (each worker's reference counting "
-    "copies the pages of Python objects it shares with the training process)."
-)
 
 
 def _series(ctx: Context) -> Iterator[tuple[str, np.ndarray, np.ndarray, float]]:
-    """(label, times, values, capacity) per GPU, per training process (its resident memory), and
-    per host for its loader workers together (their resident memory summed per sample)."""
+    """(label, times, values, capacity) per GPU and per training process (its resident memory,
+    against its host's memory). Loader workers are not watched: their RSS grows with the pages of
+    a memory-mapped data set they read (page cache, not a leak)."""
     if ctx.has_gpu:
         rows = ctx.metric("gpu.mem_used")
         totals = ctx.metric("gpu.mem_total")
@@ -112,15 +107,6 @@ def _series(ctx: Context) -> Iterator[tuple[str, np.ndarray, np.ndarray, float]]
             f"Host memory of training process {pid}{on}",
             g["time"].to_numpy(dtype=float),
             g["rss"].to_numpy(dtype=float),
-            float(totals.get(host, 0.0)),
-        )
-    workers = ctx.processes[ctx.processes["role"] == "worker"]
-    for host, g in workers.groupby("host", sort=True):
-        summed = g.groupby("time")["rss"].sum().sort_index()
-        yield (
-            _WORKERS + (f" on {host}" if several else ""),
-            summed.index.to_numpy(dtype=float),
-            summed.to_numpy(dtype=float),
             float(totals.get(host, 0.0)),
         )
 
