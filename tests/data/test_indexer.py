@@ -518,21 +518,32 @@ def test_the_index_command_reports_bad_input_in_one_line(tmp_path: Path):
     assert "Traceback" not in res.output and "nothing-0.tar not found" in res.output
 
 
-@pytest.fixture
-def http_folder(tmp_path: Path) -> Iterator[str]:
-    """A folder served over HTTP on 127.0.0.1 (an empty one: every shard is missing)."""
-    import functools
+@contextlib.contextmanager
+def _served(handler: Any) -> Iterator[str]:
+    """An HTTP server on 127.0.0.1 with `handler` (a request handler class): its base URL."""
     import http.server
     import threading
 
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def http_folder(tmp_path: Path) -> Iterator[str]:
+    """A folder served over HTTP on 127.0.0.1 (an empty one: every shard is missing)."""
+    import functools
+    import http.server
+
+    with _served(
+        functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    ) as url:
+        yield url
 
 
 def test_an_http_shard_error_names_the_url_and_its_endpoint_not_s3(http_folder: str):
@@ -614,15 +625,11 @@ def stalling_http(wds_dir: Path) -> Iterator[str]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
+    with _served(Handler) as url:
+        try:
+            yield url
+        finally:
+            release.set()  # before the server shuts down: its handlers wait on it
 
 
 def test_a_shard_read_that_gets_no_answer_fails_at_the_deadline_naming_it(stalling_http: str):
