@@ -606,6 +606,34 @@ def _sigterm_exits() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Within: Ctrl-C and SIGTERM wait until the block ends, then act as they would have. A
+    signal's handler runs between any two bytecodes, so one that came between creating a
+    temporary file and holding it in a variable would leave the file where no clean-up finds
+    it. Only in the main thread, where Python runs signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        held.append(signum)
+
+    kept = {}
+    for s in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(s)
+        if callable(handler):  # not SIG_DFL / SIG_IGN, nor one set outside Python (None)
+            kept[s] = signal.signal(s, hold)
+    try:
+        yield
+    finally:
+        for s, handler in kept.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(held):
+            kept[s](s, None)  # raises KeyboardInterrupt or SystemExit: the caller cleans up
+
+
 def _check_dst_outside(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
     """A PackError when DST is the SRC folder or inside it: its shards would be listed as a
     class of images by the next pack of SRC (and make that pack differ from this one)."""
@@ -682,7 +710,8 @@ def _pack_into(
                 if status == "converted":
                     converted.append((item.path, reason))
                 if writer is None:
-                    writer = _OpenShard(out, len(entries))
+                    with _signals_deferred():  # the temporary file is `writer`'s before a stop
+                        writer = _OpenShard(out, len(entries))
                 writer.writer.add(item.key, data, "jpg", item.label)
                 if writer.writer.size >= target:
                     entries.append(writer.finish())
