@@ -383,7 +383,9 @@ def test_workers_that_each_keep_three_cores_busy_get_room_counted_in_cores() -> 
         b.process(2000 + w, "worker", 300.0)
     found = {f.rule: f.recommendation for f in run_rules(b.build())}
     for rule in ("CPUBottleneck", RULE):
-        assert re.findall(r"num_workers=(\d+)", found[rule]) == ["5"], rule
+        # 5 workers at 3 cores each keep 15 busy: 15 one-thread workers do the same
+        assert re.findall(r"num_workers=(\d+)", found[rule]) == ["5", "15"], rule
+        assert "keeps the 15 cores busy that 5 workers at 3.0 cores each do" in found[rule]
         assert "run one thread per worker (cv2.setNumThreads(1)" in found[rule]
         assert "worker_init_fn" in found[rule]
     assert "about 10 would be needed, more than the 5 the cores leave room for" in found[RULE]
@@ -407,6 +409,39 @@ def test_batches_from_no_dataloader_get_the_pipelines_parallelism_not_num_worker
     b = RunBuilder(cpu_count=16).steps([0.1] * 100, waits=0.06, batch_kind="other")
     (f,) = fired(b.process(1000, "main", 100.0).build())
     assert "Set num_workers=3 in the DataLoader (now 0" in f.recommendation
+
+
+@pytest.mark.parametrize("cpu", [95.0, 30.0])
+def test_worker_processes_beside_no_dataloader_are_not_told_num_workers(cpu: float) -> None:
+    # A generator over multiprocessing.Pool(4): its processes are sampled as workers, but no
+    # DataLoader fed the steps, so there is no num_workers or prefetch_factor to set.
+    b = RunBuilder(cpu_count=16).steps([0.1] * 100, waits=0.06, batch_kind=None)
+    b.metric("cpu.util", 40.0).process(1000, "main", 100.0)
+    for w in range(4):
+        b.process(2000 + w, "worker", cpu)
+    found = {f.rule: f for f in run_rules(b.build())}
+    f = found[RULE]
+    assert "num_workers" not in f.recommendation and "prefetch_factor" not in f.recommendation
+    assert f"(4 workers at {cpu:.0f}% CPU each seen beside it)" in f.recommendation
+    assert f.evidence["num_workers"] == "unknown" and f.evidence["worker_processes_seen"] == 4
+    if "CPUBottleneck" in found:
+        text = found["CPUBottleneck"].recommendation
+        assert "num_workers" not in text and "more worker processes or decode threads" in text
+
+
+def test_one_thread_advice_on_a_full_host_gives_the_count_it_implies() -> None:
+    # 5 workers at 290% on a full 16-core host: no worker count is advised, so the one-thread
+    # advice gives its own (it said "the count above" where there was none).
+    b = RunBuilder(cpu_count=16).steps([0.1] * 100, waits=0.06).metric("cpu.util", 99.0)
+    b.process(1000, "main", 100.0)
+    for w in range(5):
+        b.process(2000 + w, "worker", 290.0)
+    for f in run_rules(b.build()):
+        if f.rule in (RULE, "CPUBottleneck"):
+            assert "the count above" not in f.recommendation
+            assert "about num_workers=14 keeps the 14 cores busy that 5 workers at 2.9" in (
+                f.recommendation
+            )
 
 
 @pytest.mark.parametrize("cuda", [False, True])

@@ -108,3 +108,33 @@ def test_host_memory_is_watched_on_gpu_runs_too_but_not_the_loader_workers() -> 
     assert main.evidence["growth_mb_per_min"] == pytest.approx(3000, rel=0.01)
     assert main.evidence["total_mb"] == pytest.approx(128 * 2**30 / 1e6, rel=1e-3)
     assert ".detach()" in main.recommendation
+
+
+def test_ranks_growing_on_one_host_fill_it_together() -> None:
+    # 4 DDP ranks on a 64 GB host, each process at 10 GB and growing 10 MB/s: the host is full in
+    # about 8 minutes (each rank alone, against the whole host, projected 88).
+    b = RunBuilder(cpu_count=32, interval=1.0)
+    for r in range(4):
+        b.steps([0.1] * 1200, waits=0.0, rank=r)
+        b.gpu(95.0, 40e9, device=str(r))
+    end = 10e9 + 10e6 * 121
+    b.metric("mem.total", 64e9).metric("mem.used", lambda t: 4 * (10e9 + 10e6 * t))
+    for r in range(4):
+        b.process(1000 + r, "main", 100.0, rss=lambda t: 10e9 + 10e6 * t)
+    found = [f for f in run_rules(b.build()) if f.rule == "GPUMemoryIncrease"]
+    assert len(found) == 4
+    for f in found:
+        assert f.severity == "critical"
+        assert f.evidence["minutes_until_full"] == pytest.approx((64e9 - 4 * end) / 40e6 / 60, 0.05)
+        assert f.evidence["processes_growing_on_host"] == 4
+        assert "with the 4 training processes growing on its host" in f.recommendation
+
+
+def test_without_the_hosts_used_memory_the_processes_own_rss_is_taken() -> None:
+    b = RunBuilder(cpu_count=8, interval=1.0).steps([0.1] * 1200)
+    b.metric("mem.total", 64e9)
+    for pid in (1000, 1001):
+        b.process(pid, "main", 100.0, rss=lambda t: 10e9 + 10e6 * t)
+    (f, _) = [f for f in run_rules(b.build()) if f.rule == "GPUMemoryIncrease"]
+    end = 10e9 + 10e6 * 121
+    assert f.evidence["minutes_until_full"] == pytest.approx((64e9 - 2 * end) / 20e6 / 60, 0.05)

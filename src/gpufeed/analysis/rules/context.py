@@ -633,17 +633,20 @@ _MAX_PERIOD = 20_000
 _EMPTY_SYSTEM = pd.DataFrame(columns=["time", "host", "metric", "device", "value"])
 
 
-def one_thread_each(worker_cpu: float) -> str:
+def one_thread_each(worker_cpu: float, workers: int) -> str:
     """The advice to run each loader worker on one thread where one keeps more than a core busy
-    (`worker_cpu` % of a core: threads of OpenCV, OpenMP or BLAS in every worker); "" otherwise."""
+    (`worker_cpu` % of a core: threads of OpenCV, OpenMP or BLAS in every worker), with the worker
+    count that keeps the cores `workers` such workers use busy; "" otherwise."""
     if not worker_cpu > 100:
         return ""
+    each = worker_cpu / 100
     return (
         " Each worker keeps more than a core busy (threads of OpenCV, OpenMP or BLAS inside it): "
         "run one thread per worker (cv2.setNumThreads(1) and torch.set_num_threads(1) in the "
         "DataLoader's worker_init_fn, or OMP_NUM_THREADS=1) to stop them competing for cores; "
-        f"the count above assumes they keep {worker_cpu / 100:.1f} cores each, so with one thread "
-        f"each give {worker_cpu / 100:.1f}× as many workers (the same cores busy)."
+        f"with one thread each, about num_workers={max(workers, round(workers * each))} keeps "
+        f"the {workers * each:.0f} cores busy that {count(workers, 'worker')} at {each:.1f} "
+        "cores each do."
     )
 
 

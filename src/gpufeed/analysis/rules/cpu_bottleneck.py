@@ -105,11 +105,16 @@ class CPUBottleneck(Rule):
                 evidence["host_cpu_p50"] = round(ctx.host_cpu_by_host[host], 1)
             if outside >= 0.5:
                 evidence["outside_cores"] = round(outside, 2)
+            advised = now
             if room > now:  # the workers DataLoaderBottleneck sizes, as far as cores allow
                 cores_free = f"{free:.0f} {'core is' if round(free) == 1 else 'cores are'}"
+                advised = min(ctx.workers_needed(), room)
                 advice = (
-                    f"about {cores_free} still free{on}: add loader workers "
-                    f"(num_workers={min(ctx.workers_needed(), room)})"
+                    f"about {cores_free} still free{on}: add loader workers (num_workers={advised})"
+                    if ctx.loader_seen
+                    else f"about {cores_free} still free{on}: give the input pipeline more "
+                    f"worker processes or decode threads (about {advised} in all; no DataLoader "
+                    "fed the steps)"
                 )
             elif free >= 1:
                 advice = (
@@ -129,7 +134,7 @@ class CPUBottleneck(Rule):
                 evidence=evidence,
                 recommendation=(
                     f"The loader workers use {used:.1f} of {cores} cores{on} while steps wait "
-                    f"{fmt_pct(share)} of the time for data; {advice}.{one_thread_each(wcpu)}"
+                    f"{fmt_pct(share)} of the time for data; {advice}.{one_thread_each(ctx.worker_cpu_on(host), advised)}"
                 ),
                 est_speedup=speedup,
             )

@@ -97,8 +97,10 @@ class DataLoaderBottleneck(Rule):
             "num_workers": _whole(round(ctx.worker_count, 1)),  # a mean over the ranks
             "cpu_count": cores,
         }
-        if ctx.worker_count < 0.5 and not ctx.loader_seen:  # a generator's workers: not seen
+        if not ctx.loader_seen:  # a generator's or a pool's workers: not a DataLoader's
             evidence["num_workers"] = "unknown"
+            if ctx.worker_count >= 0.5:
+                evidence["worker_processes_seen"] = _whole(round(ctx.worker_count, 1))
         if ctx.worker_count >= 0.5 and math.isfinite(ctx.worker_cpu):  # none, or not sampled
             evidence["worker_cpu_pct"] = round(ctx.worker_cpu, 1)
         if host in ctx.host_cpu_by_host:
@@ -155,7 +157,7 @@ def _recommend(
             "whole-batch reads instead of per-sample __getitem__, a light collate_fn), or use "
             f"larger batches so that the step's compute outweighs it. {why.capitalize()}."
         )
-    if workers < 0.5 and not ctx.loader_seen:
+    if not ctx.loader_seen:
         return _no_dataloader(ctx, cores, need, budget, why, gpu_tail)
     measured = ctx.main_cpu_waiting_measured(host)
     main_wait_cpu, _ = ctx.main_cpu_split(host)
@@ -211,7 +213,7 @@ def _recommend(
             "more workers would only share the same cores: "
             + ("stop or move the other workloads, or " if others else "")
             + f"cut the CPU cost per sample ({ctx.cut_cost()}) or use a host with more cores. "
-            f"{why.capitalize()}.{one_thread_each(wcpu)}{gpu_tail}"
+            f"{why.capitalize()}.{one_thread_each(wcpu, now)}{gpu_tail}"
         )
     if bound:
         return _within_cores(ctx, "CPU-bound", now, wcpu, cores, need, budget, why, gpu_tail)
@@ -248,7 +250,8 @@ def _within_cores(
     """The advice for workers that use their cores: `need` of them where the cores leave room
     (`budget` per training process), else cut the cost per sample."""
     where = f"{workers_at(now, wcpu)}, {cores} cores"
-    threads = one_thread_each(wcpu)
+    on = ctx.worker_cpu_on(ctx.worker_room()[0])  # the CPU the budget was counted with
+    threads = one_thread_each(on if math.isfinite(on) else wcpu, min(need, max(budget, now)))
     if need <= budget:
         return f"Set num_workers={need} ({where}): {why}.{threads}{gpu_tail}"
     meanwhile = f"; meanwhile set num_workers={budget}" if budget > now else ""
@@ -265,9 +268,12 @@ def _no_dataloader(
 ) -> str:
     """The advice where no DataLoader fed the steps (a generator, DALI or webdataset pipeline):
     its workers are unknown, so the pipeline's own parallelism is named, not num_workers."""
+    seen = ""
+    if ctx.worker_count >= 0.5 and math.isfinite(ctx.worker_cpu):
+        seen = f" ({workers_at(round(ctx.worker_count), ctx.worker_cpu)} seen beside it)"
     text = (
         "The batches come through no DataLoader gpufeed saw (a generator, or a DALI or "
-        "webdataset pipeline), so how many workers prepare them is unknown: have the pipeline "
+        f"webdataset pipeline){seen}, so how many workers prepare them is unknown: have the pipeline "
         f"prepare them in parallel, ahead of the steps (about {need} at once; more decode threads "
         "or worker processes in it, such as DALI's num_threads), or feed the steps from "
         f"`gpufeed.data.Loader`: {why}."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -32,40 +33,38 @@ class GPUMemoryIncrease(Rule):
     cpu_only = "watches the resident memory (RSS) of the training processes"
 
     def check(self, ctx: Context, p: dict[str, Any]) -> Iterator[Finding]:
-        for label, t, v, total in _series(ctx):
-            if len(v) < p["min_samples"]:
-                continue
-            slope, r2 = _fit(t, v)
-            growth = slope * (t[-1] - t[0])
-            start = float(np.median(v[: max(3, len(v) // 10)]))
-            if (
-                r2 < p["min_r2"]
-                or growth < p["min_growth_mb"] * MB
-                or growth < p["min_growth_share"] * max(start, 1.0)
-            ):
-                continue
+        growing = [f for f in map(_Growth.of, _series(ctx)) if f.steep(p)]
+        room = _host_room(ctx, growing)
+        for g in growing:
             evidence: dict[str, float | int | str] = {
-                "memory": label,
-                "start_mb": round(start / MB, 1),
-                "end_mb": round(float(v[-1]) / MB, 1),
-                "growth_mb": round(growth / MB, 1),
-                "growth_mb_per_min": round(60 * slope / MB, 1),
-                "r2": round(r2, 3),
+                "memory": g.label,
+                "start_mb": round(g.start / MB, 1),
+                "end_mb": round(g.end / MB, 1),
+                "growth_mb": round(g.growth / MB, 1),
+                "growth_mb_per_min": round(60 * g.slope / MB, 1),
+                "r2": round(g.r2, 3),
             }
-            until = float("inf")
-            if total and total > v[-1]:
-                until = (total - float(v[-1])) / slope
-                evidence["total_mb"] = round(total / MB, 1)
+            until, sharing = float("inf"), ""
+            if g.host is None and g.total > g.end:  # a GPU: this series alone fills it
+                until = (g.total - g.end) / g.slope
+            elif g.host in room:  # several ranks share their host's memory
+                free, slope, processes = room[g.host]
+                until = free / slope
+                evidence["processes_growing_on_host"] = processes
+                if processes > 1:
+                    sharing = f" with the {processes} training processes growing on its host"
+            if until < float("inf"):
+                evidence["total_mb"] = round(g.total / MB, 1)
                 evidence["minutes_until_full"] = round(until / 60, 1)
             yield Finding(
                 rule=self.id,
                 severity="critical" if until < 3600 else "warning",
-                title=f"{label} grows steadily: +{60 * slope / MB:.0f} MB/min",
+                title=f"{g.label} grows steadily: +{60 * g.slope / MB:.0f} MB/min",
                 evidence=evidence,
                 recommendation=(
-                    f"{label} grew {growth / MB:.0f} MB during the loop (R^2 {r2:.2f})"
+                    f"{g.label} grew {g.growth / MB:.0f} MB during the loop (R^2 {g.r2:.2f})"
                     + (
-                        f" and would be full in about {until / 60:.0f} min"
+                        f" and would be full in about {until / 60:.0f} min{sharing}"
                         if until < float("inf")
                         else ""
                     )
@@ -74,15 +73,78 @@ class GPUMemoryIncrease(Rule):
             )
 
 
+@dataclass(frozen=True)
+class _Growth:
+    """A line fitted to one memory series over the steady state."""
+
+    label: str
+    host: str | None  # None: a GPU's memory, itself the capacity; else a process on this host
+    total: float  # the capacity (the GPU's memory, or the host's)
+    samples: int
+    slope: float  # bytes per second
+    r2: float
+    growth: float  # over the window
+    start: float
+    end: float
+
+    @classmethod
+    def of(cls, series: tuple[str, np.ndarray, np.ndarray, float, str | None]) -> _Growth:
+        label, t, v, total, host = series
+        slope, r2 = _fit(t, v) if len(v) else (0.0, 0.0)
+        return cls(
+            label=label,
+            host=host,
+            total=total,
+            samples=len(v),
+            slope=slope,
+            r2=r2,
+            growth=slope * (t[-1] - t[0]) if len(v) else 0.0,
+            start=float(np.median(v[: max(3, len(v) // 10)])) if len(v) else 0.0,
+            end=float(v[-1]) if len(v) else 0.0,
+        )
+
+    def steep(self, p: dict[str, Any]) -> bool:
+        """Whether it grows steadily and by enough to report."""
+        return (
+            self.samples >= p["min_samples"]
+            and self.r2 >= p["min_r2"]
+            and self.growth >= p["min_growth_mb"] * MB
+            and self.growth >= p["min_growth_share"] * max(self.start, 1.0)
+        )
+
+
+def _host_room(ctx: Context, growing: list[_Growth]) -> dict[str, tuple[float, float, int]]:
+    """Per host with growing training processes: (bytes still free, their summed growth per
+    second, how many). Several ranks share a host's memory, so it fills at their summed pace;
+    free is the host's memory less what it used at the end (or, where that was not recorded,
+    less the training processes' last RSS)."""
+    system = ctx.run.system
+    used = system[system["metric"] == "mem.used"].sort_values("time").groupby("host")["value"]
+    last_used = used.last()
+    out: dict[str, tuple[float, float, int]] = {}
+    for host in sorted({g.host for g in growing if g.host is not None}):
+        mine = [g for g in growing if g.host == host]
+        total = mine[0].total
+        if host in last_used.index:
+            free = total - float(last_used[host])
+        else:
+            procs = ctx.processes
+            main = procs[(procs["role"] == "main") & (procs["host"] == host)]
+            free = total - float(main.sort_values("time").groupby("pid")["rss"].last().sum())
+        if total and free > 0:
+            out[host] = (free, sum(g.slope for g in mine), len(mine))
+    return out
+
+
 _LEAK_FIX = (
     ": look for tensors kept across steps (a loss history without .item() or .detach(), growing "
     "lists or caches, tensors stored on self) and release them."
 )
 
 
-def _series(ctx: Context) -> Iterator[tuple[str, np.ndarray, np.ndarray, float]]:
-    """(label, times, values, capacity) per GPU and per training process (its resident memory,
-    against its host's memory). Loader workers are not watched: their RSS grows with the pages of
+def _series(ctx: Context) -> Iterator[tuple[str, np.ndarray, np.ndarray, float, str | None]]:
+    """(label, times, values, capacity, host) per GPU (host None: the GPU is the capacity) and
+    per training process (its resident memory, against its host's memory). Loader workers are not watched: their RSS grows with the pages of
     a memory-mapped data set they read (page cache, not a leak)."""
     if ctx.has_gpu:
         rows = ctx.metric("gpu.mem_used")
@@ -95,6 +157,7 @@ def _series(ctx: Context) -> Iterator[tuple[str, np.ndarray, np.ndarray, float]]
                 g["time"].to_numpy(dtype=float),
                 g["value"].to_numpy(dtype=float),
                 float(cap.max()) if len(cap) else 0.0,
+                None,
             )
     system = ctx.run.system
     totals = system[system["metric"] == "mem.total"].groupby("host")["value"].max()
@@ -108,6 +171,7 @@ def _series(ctx: Context) -> Iterator[tuple[str, np.ndarray, np.ndarray, float]]
             g["time"].to_numpy(dtype=float),
             g["rss"].to_numpy(dtype=float),
             float(totals.get(host, 0.0)),
+            host,
         )
 
 
