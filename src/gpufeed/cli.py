@@ -423,9 +423,11 @@ def _warn_now(message: Warning | str, *_: object, **__: object) -> None:
     """Print a warning of `pack` when it happens (an unreadable folder is worth stopping a long
     pack for), as `gpufeed: warning: ...` on stderr; into `sys.stderr` as it is now, which the
     progress bar replaces while it runs to print such lines above itself."""
+    import contextlib
     import sys
 
-    typer.secho(f"gpufeed: warning: {message}", file=sys.stderr, fg=typer.colors.YELLOW)
+    with contextlib.suppress(OSError):  # stderr gone (a closed pipe): the pack goes on
+        typer.secho(f"gpufeed: warning: {message}", file=sys.stderr, fg=typer.colors.YELLOW)
 
 
 @app.command("index")

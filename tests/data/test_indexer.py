@@ -681,3 +681,27 @@ def test_the_fast_scanner_and_tarfile_index_a_shard_alike(wds_dir: Path, tmp_pat
     result = index_shards(str(tmp_path / "long.tar"), progress=False)
     assert result.samples == 1
     assert [s.key for s in ShardDataset(tmp_path).iter_worker(0, 1)] == [long_key]
+
+
+@pytest.mark.parametrize("member", [("k.json", b'{"cls": 4e9}'), ("k.cls", b"4000000000")])
+def test_a_huge_numeric_label_is_a_clear_error_not_a_class_list_that_fills_memory(
+    tmp_path: Path, member: tuple[str, bytes]
+):
+    # {"cls": 1e300} made a list of 10^300 class names: the process grew until it was killed
+    shard = _one_tar(tmp_path / "j.tar", {"k.jpg": b"\xff\xd8", member[0]: member[1]})
+    with pytest.raises(
+        ShardError, match=r"j\.tar: label 4000000000 of sample 'k' is over 1,000,000"
+    ):
+        index_shards(str(shard), progress=False)
+
+
+def test_a_tar_of_dot_reads_back_every_sample(image_folder: Path, tmp_path: Path, make):
+    # `tar -C DIR -cf x.tar .` names members ./KEY.jpg: indexed as KEY, then every read failed
+    members: dict[str, bytes] = {}
+    for i, (_, data) in enumerate(_images(image_folder)[:6]):
+        members[f"./s{i}.jpg"] = data
+        members[f"./s{i}.json"] = json.dumps({"cls": i}).encode()
+    _one_tar(tmp_path / "dot.tar", members)
+    index_shards(str(tmp_path / "dot.tar"), progress=False)
+    loader = make(str(tmp_path), 2, num_workers=1, shuffle=False, strict=True)
+    assert sorted(_labels(loader)) == list(range(6))

@@ -787,3 +787,24 @@ def test_dst_inside_the_src_folder_is_refused(image_folder, tmp_path, inside):
     with pytest.raises(PackError, match=r"DST .* is inside the SRC folder .*give a DST outside"):
         pack(src, src / inside, workers=1, progress=False)
     assert sorted(src.rglob("*")) == before  # nothing written, no class `out` for the next pack
+
+
+def test_a_pack_whose_stderr_reader_is_gone_still_packs_everything(
+    image_folder: Path, tmp_path: Path
+):
+    """`gpufeed pack ... 2>&1 | head -1`: the progress lines off a terminal and the warnings hit
+    a closed pipe; that used to stop the pack after its first shard (BrokenPipeError)."""
+    cmd = [sys.executable, "-m", "gpufeed", "pack", str(image_folder), str(tmp_path / "p")]
+    read, write = os.pipe()
+    os.close(read)  # every write to stderr is now EPIPE
+    try:
+        cp = subprocess.run(
+            [*cmd, "--shard-size", "16KB", "--workers", "1"],
+            stderr=write,
+            stdout=subprocess.PIPE,
+            timeout=240,
+        )
+    finally:
+        os.close(write)
+    assert cp.returncode == 0, cp.stdout.decode()
+    assert len(ShardDataset(tmp_path / "p")) == len(list(image_folder.glob("*/*.jpg")))

@@ -28,6 +28,7 @@ from gpufeed.data.shards import (
     IMAGE_EXTS,
     INDEX_NAME,
     LEGACY_INDEX_NAME,
+    MAX_LABEL,
     Index,
     ShardEntry,
     ShardError,
@@ -294,7 +295,17 @@ class _Hashing:
 
 
 def _raw_label(key: str, parts: dict[str, bytes], field: str | None, where: str) -> int | str:
-    """The label of one sample, as an integer id or a class name."""
+    """The label of one sample, as an integer id (at most `MAX_LABEL`) or a class name."""
+    label = _label_of(key, parts, field, where)
+    if isinstance(label, int) and label > MAX_LABEL:  # the class list would be that long
+        raise ShardError(
+            f"shard {where}: label {label} of sample {key!r} is over {MAX_LABEL:,}: numeric "
+            "labels are class numbers 0..N-1; fix the label, or write the class name instead"
+        )
+    return label
+
+
+def _label_of(key: str, parts: dict[str, bytes], field: str | None, where: str) -> int | str:
     if "cls" in parts:
         text = parts["cls"].decode("utf-8", "replace").strip()
         return int(text) if re.fullmatch(r"-?[0-9]+", text) else text

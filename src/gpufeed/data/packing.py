@@ -58,6 +58,7 @@ from gpufeed.cores import usable_cores
 from gpufeed.data.decode import CorruptImage, decode, error_reason, is_jpeg, to_rgb
 from gpufeed.data.shards import (
     INDEX_NAME,
+    MAX_LABEL,
     Index,
     ShardEntry,
     ShardError,
@@ -186,9 +187,6 @@ def _key_for(rel: str) -> str:
     one gets a hash of its name added."""
     stem = rel.rsplit(".", 1)[0] if "." in Path(rel).name else rel
     return re.sub(r"[^A-Za-z0-9_-]", "_", stem).strip("_") or "x"
-
-
-MAX_LABEL = 1_000_000  # a numeric label above this is a mistake, not a class number
 
 
 def _special(st: os.stat_result) -> str:
@@ -878,6 +876,7 @@ class _Lines:
         self.total, self.done, self.first = total, done, done
         self.start = self.last = time.monotonic()
         self.mark = self._next_mark()
+        self.shown = True  # False once stderr is gone (a closed pipe): the pack goes on
 
     def _next_mark(self) -> int:
         """The next count of images that is a whole 10% of the total."""
@@ -886,7 +885,7 @@ class _Lines:
     def advance(self) -> None:
         self.done += 1
         now = time.monotonic()
-        if self.done < self.mark and now - self.last < LINE_EVERY_S:
+        if not self.shown or (self.done < self.mark and now - self.last < LINE_EVERY_S):
             return
         self.last, self.mark = now, self._next_mark()
         rate = (self.done - self.first) / max(now - self.start, 1e-9)
@@ -896,7 +895,10 @@ class _Lines:
         )
         if self.done < self.total:
             line += f", about {_duration((self.total - self.done) / rate)} left"
-        print(line, file=sys.stderr, flush=True)
+        try:
+            print(line, file=sys.stderr, flush=True)
+        except OSError:  # `pack ... 2>&1 | head`: the reader left; progress is not worth a stop
+            self.shown = False
 
 
 def _duration(seconds: float) -> str:

@@ -44,6 +44,7 @@ LEGACY_INDEX_NAME = "index.json"
 INDEX_VERSION = 2
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "bmp"})
 META_EXTS = frozenset({"cls", "json", "txt"})
+MAX_LABEL = 1_000_000  # a numeric label above this is a mistake, not a class number
 # Members that could carry pickled Python objects: a shard holding one is rejected outright.
 FORBIDDEN_EXTS = frozenset({"pyd", "pickle", "pkl", "pth", "pt", "ckpt", "joblib", "npy", "npz"})
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -747,7 +748,8 @@ def _check_with_tarfile(head: bytes, data: bytes, name: str, shard: str) -> None
 
 
 def _check_agrees(found: str, found_size: int, name: str, size: int, shard: str) -> None:
-    if found != name or found_size != size:
+    # a member name the key came from: `tar -C DIR -cf x.tar .` writes ./KEY.jpg (see split_name)
+    if str(PurePosixPath(found)) != name or found_size != size:
         raise ShardError(
             f"shard {shard}: found member {found!r} ({found_size} bytes) where the index puts "
             f"{name!r} ({size} bytes); the index does not belong to this shard"
