@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from gpufeed import cores
-from gpufeed.cores import allowed_cores, cpu_quota, memory_limit, usable_cores
+from gpufeed.cores import (
+    allowed_cores,
+    cgroup_memory_used,
+    cpu_quota,
+    memory_cgroup,
+    memory_limit,
+    usable_cores,
+)
 from gpufeed.profiler.session import machine_meta
 
 
@@ -89,6 +96,28 @@ def test_the_container_memory_limit_is_read_from_cgroup_v2_or_v1(
     tmp_path: Path, files: dict[str, str], membership: str, limit: int | None
 ) -> None:
     assert memory_limit(_cgroup(tmp_path, files), membership) == limit
+
+
+@pytest.mark.parametrize(
+    ("files", "used"),
+    [
+        ({"memory.current": "3000\n", "memory.stat": "anon 2000\ninactive_file 700\n"}, 2300),
+        ({"memory.usage_in_bytes": "3000\n", "memory.stat": "total_inactive_file 1000\n"}, 2000),
+        ({"memory.current": "3000\n"}, 3000),  # no memory.stat: all of it counts
+        ({"memory.current": "garbage\n"}, None),
+        ({}, None),
+    ],
+)
+def test_a_cgroups_working_set_leaves_out_its_inactive_page_cache(
+    tmp_path: Path, files: dict[str, str], used: int | None
+) -> None:
+    assert cgroup_memory_used(_cgroup(tmp_path, files)) == used
+
+
+def test_the_binding_memory_cgroup_is_the_tightest_on_the_way_up(tmp_path: Path) -> None:
+    root = _cgroup(tmp_path, {"memory.max": "4096\n", "pod/memory.max": "max\n"})
+    assert memory_cgroup(root, "0::/pod/ctr\n") == (root, 4096)
+    assert memory_cgroup(_cgroup(tmp_path / "none", {}), "0::/\n") is None
 
 
 def test_a_container_memory_limit_caps_the_machines_memory(

@@ -9,7 +9,15 @@ import math
 import os
 from pathlib import Path
 
-__all__ = ["allowed_cores", "cores_per_rank", "cpu_quota", "memory_limit", "usable_cores"]
+__all__ = [
+    "allowed_cores",
+    "cgroup_memory_used",
+    "cores_per_rank",
+    "cpu_quota",
+    "memory_cgroup",
+    "memory_limit",
+    "usable_cores",
+]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -37,9 +45,46 @@ def memory_limit(root: Path | None = None, membership: str | None = None) -> int
     """This process's memory limit in bytes: the tightest `memory.max` (cgroup v2) or
     `memory.limit_in_bytes` (v1) from its own cgroup up to the root, as `cpu_quota`; None where
     there is none or none can be read."""
+    found = memory_cgroup(root, membership)
+    return found[1] if found else None
+
+
+def memory_cgroup(
+    root: Path | None = None, membership: str | None = None
+) -> tuple[Path, int] | None:
+    """(folder, limit in bytes) of the cgroup whose memory limit binds this process (the
+    tightest from its own up, as `memory_limit`); None where none is set or readable."""
     found = _own_cgroups(root or CGROUP_ROOT, _membership(membership), "memory")
-    limits = [n for d in found if (n := _memory(d)) is not None]
-    return min(limits, default=None)
+    limits = [(n, d) for d in found if (n := _memory(d)) is not None]
+    if not limits:
+        return None
+    limit, folder = min(limits, key=lambda x: x[0])
+    return folder, limit
+
+
+def cgroup_memory_used(folder: Path) -> int | None:
+    """The working set of the cgroup in `folder`: its memory use (`memory.current`, v1
+    `memory.usage_in_bytes`) less its inactive page cache, which the kernel reclaims before it
+    kills for want of memory (what `kubectl top` and `docker stats` show); None where unreadable."""
+    for usage_name, inactive_name in (
+        ("memory.current", "inactive_file"),
+        ("memory.usage_in_bytes", "total_inactive_file"),
+    ):
+        try:
+            usage = int((folder / usage_name).read_text())
+        except (OSError, ValueError):
+            continue
+        inactive = 0
+        try:
+            for line in (folder / "memory.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == inactive_name:
+                    inactive = int(value)
+                    break
+        except (OSError, ValueError):
+            pass
+        return max(0, usage - inactive)
+    return None
 
 
 def _membership(given: str | None) -> str:

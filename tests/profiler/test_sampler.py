@@ -219,3 +219,26 @@ def test_a_core_whose_counters_did_not_move_was_idle():
     assert _core_shares(t, idle) == (0.0, 0.0)  # psutil.cpu_times_percent says 80% busy here
     busy = t._replace(user=t.user + 0.15, idle=t.idle + 0.05)
     assert _core_shares(t, busy)[0] == pytest.approx(75.0)
+
+
+def test_in_a_container_with_a_memory_limit_its_working_set_and_limit_are_recorded(
+    tmp_path, monkeypatch
+):
+    """In a pod the host's RAM is not what the job is killed at: a memory rule projected
+    against 512 GiB of a node would miss a 32 GiB limit by hours."""
+    import gpufeed.profiler.sampler as sampler_module
+
+    group = tmp_path / "cg"
+    group.mkdir()
+    (group / "memory.current").write_text(str(900 << 20))
+    (group / "memory.stat").write_text(f"anon {800 << 20}\ninactive_file {100 << 20}\n")
+    monkeypatch.setattr(sampler_module, "memory_cgroup", lambda: (group, 1 << 30))
+    (tmp_path / "run").mkdir()
+    sampler = Sampler(tmp_path / "run", os.getpid(), interval=0.1)
+    rows = {metric: value for _, metric, _, value in sampler._memory(0.0)}
+    assert rows == {"mem.used": float(800 << 20), "mem.total": float(1 << 30)}
+    # a limit above the host's RAM binds nothing: the host's figures stay
+    monkeypatch.setattr(sampler_module, "memory_cgroup", lambda: (group, 1 << 62))
+    sampler = Sampler(tmp_path / "run", os.getpid(), interval=0.1)
+    rows = {metric: value for _, metric, _, value in sampler._memory(0.0)}
+    assert rows["mem.total"] == float(psutil.virtual_memory().total)

@@ -7,7 +7,8 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     cpu.util                   ""            whole-host CPU busy %, 0-100
     cpu.core                   "0".."N-1"    per-core busy %, 0-100
     cpu.iowait                 ""            % of CPU time in iowait, 0-100
-    mem.used / mem.total       ""            host memory bytes
+    mem.used / mem.total       ""            host memory bytes (in a container with a lower memory
+                                             limit: its working set and that limit)
     disk.read / disk.write     ""            bytes/s, all disks
     net.rx / net.tx            ""            bytes/s, all interfaces except loopback
     gpu.util                   "0".."G-1"    % of time a kernel was running, 0-100 (NVML utilization.gpu;

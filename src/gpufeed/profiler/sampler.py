@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from gpufeed.cores import allowed_cores
+from gpufeed.cores import allowed_cores, cgroup_memory_used, memory_cgroup
 from gpufeed.profiler.session import (
     FLUSH_INTERVAL,
     check_interval,
@@ -178,6 +178,7 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._cores = allowed_cores()
+        self._memory_cgroup = memory_cgroup()  # a container's limit binds before the host's RAM
         self._last_cpu = psutil.cpu_times(percpu=True)  # deltas from here on
         self._rng = random.Random()
 
@@ -279,11 +280,15 @@ class Sampler:
         return rows
 
     def _memory(self, now: float) -> list[Row]:
+        """The host's memory in use and in all; in a container with a memory limit below the
+        host's RAM, the container's working set and limit (what it is killed at)."""
         vm = psutil.virtual_memory()
-        return [
-            (now, "mem.used", "", float(vm.total - vm.available)),
-            (now, "mem.total", "", float(vm.total)),
-        ]
+        used, total = float(vm.total - vm.available), float(vm.total)
+        if self._memory_cgroup is not None and self._memory_cgroup[1] < total:
+            working_set = cgroup_memory_used(self._memory_cgroup[0])
+            if working_set is not None:
+                used, total = float(working_set), float(self._memory_cgroup[1])
+        return [(now, "mem.used", "", used), (now, "mem.total", "", total)]
 
     def _io(self, now: float) -> list[Row]:
         counters: dict[str, float] = {}
