@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import time
 
+import pytest
 from rich.console import Console
 
 from gpufeed.commands.ls import list_runs
@@ -215,3 +216,10 @@ def test_with_several_ranks_show_counts_the_warm_up_steps_of_each_rank(make_run)
     steps = [(i, 1010.0 + i, 1011.0 + i, 0.9 if i < 5 else 0.1, 16.0, None) for i in range(20)]
     out = " ".join(_text(show, make_run(system=CPU, ranks={0: steps, 1: steps})).split())
     assert "10.0% after the 5 warm-up steps of each rank the findings leave out" in out
+
+
+@pytest.mark.parametrize(("code", "killed"), [(137, True), (143, True), (-9, True), (255, False)])
+def test_only_a_signal_exit_code_reads_as_killed(make_run, code: int, killed: bool):
+    # sys.exit(-1) and `exit 255` give 255: a failure, not a signal (128 + N, N < NSIG)
+    out = " ".join(_text(show, make_run(system=CPU, meta={"exit_code": code})).split())
+    assert ("it was killed before its first steps were written" in out) is killed

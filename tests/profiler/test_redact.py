@@ -82,6 +82,20 @@ def test_a_secret_named_flag_without_a_value_never_hides_the_next_option():
     assert redact_argv(argv) == ["t.py", "--token", "--epochs", "10", "--token", "***"]
 
 
+@pytest.mark.parametrize("value", ["--hunter2", "--Xk9!pw", "--"])
+def test_a_secret_that_starts_with_dashes_is_still_hidden(value):
+    # only a plain option name (--epochs) after a secret-named flag is taken as no value
+    assert redact_argv(["mysql", "-p", value, "db"]) == ["mysql", "-p", REDACTED, "db"]
+    assert redact_argv(["t.py", "--password", value]) == ["t.py", "--password", REDACTED]
+
+
+def test_a_secret_assigned_by_subscript_in_code_is_hidden():
+    code = "import os; os.environ['WANDB_API_KEY'] = '0123456789abcdef0123'; print('ok')"
+    out = redact_argv(["python", "-c", code])
+    assert "0123456789abcdef0123" not in " ".join(out)
+    assert "print('ok')" in out[2]
+
+
 def test_redact_argv_hides_secret_shapes_whatever_they_are_called():
     argv = ["--src", "s3://AKIAIOSFODNN7EXAMPLE@bucket", "--url", "https://bob:s3cr3t@127.0.0.1/x"]
     out = redact_argv(argv)

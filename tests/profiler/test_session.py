@@ -26,11 +26,18 @@ from gpufeed.profiler.session import (
         # a shell string names the run by its script alone, never by what it sets (a secret)
         (["bash", "-c", "HF_TOKEN=hf_abcdefghijklmnopqrstuvwx python train.py --lr 1"], "train"),
         (["bash", "-c", "WANDB_API_KEY=s3cr3t make train"], "bash"),
-        (["python", "my script.py"], "my_script"),  # one argv word, a path with a space
+        (["bash", "-lc", "hf login --token hf_AbCd0123456789 && python train.py"], "train"),
+        (["sh", "-ec", "login --token s3cretTOKEN123 && ./go"], "sh"),
     ],
 )
 def test_run_name_is_the_script_stem(command, name):
     assert run_name(command) == name
+
+
+def test_a_script_whose_path_has_a_space_names_the_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my script.py").write_text("")
+    assert run_name(["python", "my script.py"]) == "my_script"  # one argv word, a real file
 
 
 def test_run_dir_is_name_timestamp_id(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -289,7 +290,7 @@ def no_steps_note(run: Run) -> str:
     code = run.meta.get("exit_code")
     killed = (
         "it was killed before its first steps were written"
-        if isinstance(code, int) and (code < 0 or code > 128)
+        if isinstance(code, int) and (code < 0 or 128 < code < 128 + signal.NSIG)
         else ""
     )
     if not run.meta.get("ranks"):

@@ -101,10 +101,13 @@ _HEADER = re.compile(
 )
 _BEARER = re.compile(r"(?i)(?P<head>\bbearer\s+)(?P<value>[A-Za-z0-9._~+/=-]+)")
 # `key=value` / `key: value` / `"key": "value"` inside text; the key decides (is_secret_name).
-_PAIR_KEY = re.compile(r"(?<![\w.])(?P<key>[A-Za-z_][\w.-]*)[\"']?\s*[:=]\s*")
+_PAIR_KEY = re.compile(r"(?<![\w.])(?P<key>[A-Za-z_][\w.-]*)[\"']?\]?\s*[:=]\s*")
 _PAIR_VALUE = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,;&}\])\"']+")
 # What counts as an option or variable name in `NAME=VALUE` (also Hydra's `+db.password=X`).
 _OPTION_NAME = re.compile(r"[-+~]*[A-Za-z_][\w.\-/]*")
+# An option name a secret-named flag may be followed by instead of its value (`--token --epochs
+# 10`); anything else after one (`--hunter2`, `--Xk9!pw`, `--`) is taken as the secret.
+_PLAIN_OPTION = re.compile(r"--[a-z]+(?:-[a-z]+)*")
 _SHELL_SAFE = re.compile(r"[\w@%+=:,./*-]+")
 _NAME_PARTS = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z])(?=[A-Z])")
 _MAX_DEPTH = 4  # nesting of shell strings / JSON inside each other that is looked into
@@ -165,7 +168,7 @@ def _redact_argv(argv: Iterable[str], depth: int) -> list[str]:
     hide_next = False
     for arg in argv:
         arg = str(arg)
-        if hide_next and not arg.startswith("--"):  # `--secret-flag --lr 1`: a flag, no value
+        if hide_next and not _PLAIN_OPTION.fullmatch(arg):  # `--token --epochs 10`: no value
             out.append(REDACTED)
             hide_next = False
             continue

@@ -103,7 +103,10 @@ def run_name(command: list[str]) -> str:
     for i, arg in enumerate(command):
         if arg == "-m" and i + 1 < len(command) and command[i + 1] not in _LAUNCHER_MODULES:
             return file_safe(command[i + 1].rsplit(".", 1)[-1])
-        words = shell_words(arg) if i > 0 and command[i - 1] == "-c" else [arg]
+        # a shell string (after -c, -lc, -ec, ...): an argument with spaces that names no file
+        spaced = any(c.isspace() for c in arg) and not os.path.isfile(arg)
+        shell = (i > 0 and command[i - 1] == "-c") or spaced
+        words = shell_words(arg) if shell else [arg]
         script = next((w for w in words if w.endswith(".py") and "=" not in w), None)
         if script is not None:
             return file_safe(Path(script).stem)
