@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,13 @@ from gpufeed.data.loader import Loader
 from gpufeed.data.packing import PackError, pack
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.shards import INDEX_NAME, ShardEntry, ShardError
-from gpufeed.data.source import Destination, Source, filesystem
+from gpufeed.data.source import (
+    Destination,
+    Source,
+    _writer_host,
+    filesystem,
+    remove_partial_files,
+)
 from gpufeed.errors import OptionError
 
 SMALL = Augment(size=(16, 16))
@@ -551,6 +557,41 @@ def test_refused_access_to_the_index_names_the_endpoint(
     assert f"cannot read {s3_shards}/{INDEX_NAME} at {endpoint}: " in str(err.value)
 
 
+def test_an_expired_token_on_the_index_is_a_bad_request_not_retried(
+    s3_shards: str, refusing_endpoint: Callable[[int, str], str]
+):
+    # S3 answers a HEAD with an expired session token by a bare 400 (no body, so no code):
+    # s3fs makes it "OSError: [Errno 22] Bad Request", which was retried until the deadline
+    endpoint = refusing_endpoint(400, "ExpiredToken")
+    source = Source(
+        s3_shards, storage_options={"client_kwargs": {"endpoint_url": endpoint}, "timeout": 60}
+    )
+    with pytest.raises(ShardError, match=r"bad request \(400") as err:
+        source.read_index()
+    assert "expired credentials" in str(err.value) and "AWS_REGION" in str(err.value)
+    assert source.retried == 0
+
+
+def test_storage_options_may_be_any_mapping(s3_shards: str):
+    # a Hydra/OmegaConf DictConfig is a Mapping, not a dict: it was refused
+    class Config(Mapping):
+        def __init__(self, **options: Any) -> None:
+            self._options = options
+
+        def __getitem__(self, key: str) -> Any:
+            return self._options[key]
+
+        def __iter__(self) -> Iterator[str]:
+            return iter(self._options)
+
+        def __len__(self) -> int:
+            return len(self._options)
+
+    source = Source(s3_shards, storage_options=Config(timeout=60, config_kwargs=Config()))
+    assert source.storage_options == {"timeout": 60, "config_kwargs": {}}
+    assert len(source.read_index().shards) > 0
+
+
 def test_an_endpoint_failing_until_the_deadline_is_reported_by_its_last_answer(
     s3_shards: str, faulty_proxy, monkeypatch: pytest.MonkeyPatch
 ):
@@ -599,6 +640,19 @@ def test_retries_are_counted_by_the_loader_whose_reads_made_them(
     clean = make(s3_shards, 5, num_workers=0, chunk_size=4096)
     assert sorted(_labels(clean)) == list(range(48))
     assert clean.stats()["retried"] == 0
+
+
+def test_a_dead_pid_of_another_pid_namespace_does_not_judge_its_partial_file(tmp_path: Path):
+    # containers sharing a host name (--uts=host) and a cache_dir see each other's PIDs as dead
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    host = socket.gethostname()
+    mine = tmp_path / f"abc-shard-00000.tar.tmp-{dead}@{_writer_host()}-x1"
+    theirs = tmp_path / f"abc-shard-00001.tar.tmp-{dead}@{host}~4026531999-x2"
+    for p in (mine, theirs):
+        p.write_bytes(b"partial")
+    remove_partial_files(tmp_path)
+    assert not mine.exists() and theirs.exists()
 
 
 def test_a_killed_readers_partial_cache_file_is_removed_by_the_next_run(

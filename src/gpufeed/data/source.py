@@ -45,7 +45,7 @@ import tempfile
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
 from pathlib import Path
@@ -107,17 +107,20 @@ def check_storage_options(storage_options: Any) -> dict[str, Any] | None:
     (such a value failed deep inside s3fs or botocore, at the first read)."""
     if storage_options is None:
         return None
-    if not isinstance(storage_options, dict):
+    if not isinstance(storage_options, Mapping):  # a dict, or a config's (OmegaConf's DictConfig)
         raise OptionError(
             f"storage_options={storage_options!r}: give a dict of the filesystem's options, "
             "e.g. {'timeout': 60, 'anon': True} (s3fs.S3FileSystem's for s3://)"
         )
+    storage_options = dict(storage_options)
     for key, example in _DICT_OPTIONS.items():
         value = storage_options.get(key)
-        if value is not None and not isinstance(value, dict):
+        if value is not None and not isinstance(value, Mapping):
             raise OptionError(
                 f"storage_options {key}={value!r}: give a dict, e.g. {{'{key}': {example}}}"
             )
+        if value is not None:
+            storage_options[key] = dict(value)
     return storage_options
 
 
@@ -262,7 +265,7 @@ def _transient(exc: BaseException, reached: bool) -> bool:
     does not take (TypeError, AttributeError) or our own verdict; an endpoint that cannot be
     reached only after it once answered (a restart, not a typo)."""
     final = (FileNotFoundError, PermissionError, ShardError, ValueError, TypeError, AttributeError)
-    if isinstance(exc, final):
+    if isinstance(exc, final) or _status(exc) == 400:  # a bad request is bad every time
         return False
     names = _names(exc)
     if names & _CREDENTIALS:
@@ -284,6 +287,17 @@ def _refused(endpoint: str) -> str:
     except OSError as e:
         return e.strerror or str(e)
     return ""
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status of the botocore error behind `exc` (None if none)."""
+    for e in (exc, exc.__cause__):
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(status, int):
+                return status
+    return None
 
 
 def _answer(exc: BaseException) -> str:
@@ -318,6 +332,11 @@ def remote_error(
         why = (
             f"access denied ({_answer(exc) or exc}); check the credentials (expired?) and their "
             "permissions on this bucket"
+        )
+    elif _status(exc) == 400:  # s3fs: OSError(EINVAL, 'Bad Request'); a HEAD has no code
+        why = (
+            f"bad request ({_answer(exc) or exc}): most often expired credentials (a session "
+            "token: ExpiredToken) or a wrong region; renew the credentials, check AWS_REGION"
         )
     elif names & _CREDENTIALS:
         why = (
@@ -670,16 +689,26 @@ _PARTIAL = re.compile(r"\.tmp-(\d+)@(.+)-[^-]*$")  # PID@HOST of its writer (see
 def _partial_prefix(name: str) -> str:
     """The name prefix of cache file `name` while it is written: its writer's PID and host, so
     a later run can tell a killed writer's partial file from a live one's."""
-    return f"{name}.tmp-{os.getpid()}@{socket.gethostname()}-"
+    return f"{name}.tmp-{os.getpid()}@{_writer_host()}-"
+
+
+def _writer_host() -> str:
+    """This host and PID namespace: containers that share a host name (--uts=host) and a
+    cache_dir but not their PIDs must not judge each other's writers by PID."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid").partition("[")[2].rstrip("]")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()}~{namespace}" if namespace else socket.gethostname()
 
 
 def remove_partial_files(folder: Path) -> None:
     """Delete the partial cache files in `folder` that no live writer owns: those of a process
-    of this host that is gone (killed mid-shard: SIGKILL, out of memory), and any untouched for
+    of this host and PID namespace that is gone (killed mid-shard: SIGKILL, out of memory), and any untouched for
     `STALE_PARTIAL_S` (another host's, or an older gpufeed's). Only a writer's own `close`
     removed them, so each crash left up to a shard per worker behind. Safe beside live writers
     in other processes."""
-    host, now = socket.gethostname(), time.time()
+    host, now = _writer_host(), time.time()
     try:
         entries = [e for e in os.scandir(folder) if ".tmp-" in e.name]
     except OSError:
