@@ -749,7 +749,7 @@ def _check_with_tarfile(head: bytes, data: bytes, name: str, shard: str) -> None
 
 def _check_agrees(found: str, found_size: int, name: str, size: int, shard: str) -> None:
     # a member name the key came from: `tar -C DIR -cf x.tar .` writes ./KEY.jpg (see split_name)
-    if str(PurePosixPath(found)) != name or found_size != size:
+    if (found != name and str(PurePosixPath(found)) != name) or found_size != size:
         raise ShardError(
             f"shard {shard}: found member {found!r} ({found_size} bytes) where the index puts "
             f"{name!r} ({size} bytes); the index does not belong to this shard"

@@ -289,30 +289,33 @@ def _refused(endpoint: str) -> str:
     return ""
 
 
-def _status(exc: BaseException) -> int | None:
-    """The HTTP status of the botocore error behind `exc` (None if none)."""
+def _response(exc: BaseException) -> dict[str, Any] | None:
+    """The response of the botocore error behind `exc` (itself or its cause), or None."""
     for e in (exc, exc.__cause__):
         response = getattr(e, "response", None)
-        if isinstance(response, dict):
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if isinstance(status, int):
-                return status
+        if isinstance(response, dict) and isinstance(response.get("Error"), dict):
+            return response
     return None
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status of the botocore error behind `exc` (None if none)."""
+    status = (_response(exc) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status if isinstance(status, int) else None
 
 
 def _answer(exc: BaseException) -> str:
     """What the endpoint answered to a failed request, e.g. '503 SlowDown (throttled)': the
     HTTP status and S3 error code of the botocore error behind `exc` ('' if none)."""
-    for e in (exc, exc.__cause__):
-        response = getattr(e, "response", None)
-        if isinstance(response, dict) and isinstance(response.get("Error"), dict):
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
-            code = response["Error"].get("Code", "")
-            hint = " (throttled)" if code == "SlowDown" else ""
-            hint = hint or (" (a server error)" if str(status).startswith("5") else "")
-            answer = str(code) if str(code) == str(status) else f"{status} {code}"  # HEAD: no code
-            return answer.strip() + hint
-    return ""
+    response = _response(exc)
+    if response is None:
+        return ""
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
+    code = response["Error"].get("Code", "")
+    hint = " (throttled)" if code == "SlowDown" else ""
+    hint = hint or (" (a server error)" if str(status).startswith("5") else "")
+    answer = str(code) if str(code) == str(status) else f"{status} {code}"  # HEAD: no code
+    return answer.strip() + hint
 
 
 def remote_error(
@@ -704,10 +707,10 @@ def _writer_host() -> str:
 
 def remove_partial_files(folder: Path) -> None:
     """Delete the partial cache files in `folder` that no live writer owns: those of a process
-    of this host and PID namespace that is gone (killed mid-shard: SIGKILL, out of memory), and any untouched for
-    `STALE_PARTIAL_S` (another host's, or an older gpufeed's). Only a writer's own `close`
-    removed them, so each crash left up to a shard per worker behind. Safe beside live writers
-    in other processes."""
+    of this host and PID namespace that is gone (killed mid-shard: SIGKILL, out of memory), and
+    any untouched for `STALE_PARTIAL_S` (another host's, or an older gpufeed's). Only a writer's
+    own `close` removed them, so each crash left up to a shard per worker behind. Safe beside
+    live writers in other processes."""
     host, now = _writer_host(), time.time()
     try:
         entries = [e for e in os.scandir(folder) if ".tmp-" in e.name]

@@ -134,7 +134,8 @@ class CPUBottleneck(Rule):
                 evidence=evidence,
                 recommendation=(
                     f"The loader workers use {used:.1f} of {cores} cores{on} while steps wait "
-                    f"{fmt_pct(share)} of the time for data; {advice}.{one_thread_each(ctx.worker_cpu_on(host), advised)}"
+                    f"{fmt_pct(share)} of the time for data; {advice}."
+                    + one_thread_each(ctx.worker_cpu_on(host), advised)
                 ),
                 est_speedup=speedup,
             )

@@ -273,9 +273,10 @@ def _no_dataloader(
         seen = f" ({workers_at(round(ctx.worker_count), ctx.worker_cpu)} seen beside it)"
     text = (
         "The batches come through no DataLoader gpufeed saw (a generator, or a DALI or "
-        f"webdataset pipeline){seen}, so how many workers prepare them is unknown: have the pipeline "
-        f"prepare them in parallel, ahead of the steps (about {need} at once; more decode threads "
-        "or worker processes in it, such as DALI's num_threads), or feed the steps from "
+        f"webdataset pipeline){seen}, so how many workers prepare them is unknown: have the "
+        f"pipeline prepare them in parallel, ahead of the steps (about {need} at once; more "
+        "decode threads or worker processes in it, such as DALI's num_threads), or feed the "
+        "steps from "
         f"`gpufeed.data.Loader`: {why}."
     )
     if need > budget:

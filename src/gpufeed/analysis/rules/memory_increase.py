@@ -90,17 +90,12 @@ class _Growth:
     @classmethod
     def of(cls, series: tuple[str, np.ndarray, np.ndarray, float, str | None]) -> _Growth:
         label, t, v, total, host = series
-        slope, r2 = _fit(t, v) if len(v) else (0.0, 0.0)
+        if len(v) == 0:
+            return cls(label, host, total, 0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        slope, r2 = _fit(t, v)
+        start = float(np.median(v[: max(3, len(v) // 10)]))
         return cls(
-            label=label,
-            host=host,
-            total=total,
-            samples=len(v),
-            slope=slope,
-            r2=r2,
-            growth=slope * (t[-1] - t[0]) if len(v) else 0.0,
-            start=float(np.median(v[: max(3, len(v) // 10)])) if len(v) else 0.0,
-            end=float(v[-1]) if len(v) else 0.0,
+            label, host, total, len(v), slope, r2, slope * (t[-1] - t[0]), start, float(v[-1])
         )
 
     def steep(self, p: dict[str, Any]) -> bool:
@@ -144,8 +139,9 @@ _LEAK_FIX = (
 
 def _series(ctx: Context) -> Iterator[tuple[str, np.ndarray, np.ndarray, float, str | None]]:
     """(label, times, values, capacity, host) per GPU (host None: the GPU is the capacity) and
-    per training process (its resident memory, against its host's memory). Loader workers are not watched: their RSS grows with the pages of
-    a memory-mapped data set they read (page cache, not a leak)."""
+    per training process (its resident memory, against its host's memory). Loader workers are
+    not watched: their RSS grows with the pages of a memory-mapped data set they read (page
+    cache, not a leak)."""
     if ctx.has_gpu:
         rows = ctx.metric("gpu.mem_used")
         totals = ctx.metric("gpu.mem_total")
