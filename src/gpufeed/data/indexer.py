@@ -298,8 +298,9 @@ def _raw_label(key: str, parts: dict[str, bytes], field: str | None, where: str)
     """The label of one sample, as an integer id (at most `MAX_LABEL`) or a class name."""
     label = _label_of(key, parts, field, where)
     if isinstance(label, int) and label > MAX_LABEL:  # the class list would be that long
+        shown = label if label < 10**12 else f"{label:.3g}"  # a JSON 1e300 has 301 digits
         raise ShardError(
-            f"shard {where}: label {label} of sample {key!r} is over {MAX_LABEL:,}: numeric "
+            f"shard {where}: label {shown} of sample {key!r} is over {MAX_LABEL:,}: numeric "
             "labels are class numbers 0..N-1; fix the label, or write the class name instead"
         )
     return label
