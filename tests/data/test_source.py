@@ -610,6 +610,23 @@ def test_an_endpoint_failing_until_the_deadline_is_reported_by_its_last_answer(
     assert "no answer" not in msg and source.retried > 0
 
 
+def test_an_endpoint_answering_503_inside_botocores_own_retries_is_not_called_silent(
+    s3_shards: str, faulty_proxy, monkeypatch: pytest.MonkeyPatch
+):
+    # botocore's default retries sleep up to seconds between 503s: a short deadline passes
+    # while it sleeps, and the error said "no answer; check that the endpoint is up"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", faulty_proxy.url)
+    faulty_proxy.every = 10**9
+    source = Source(s3_shards, storage_options={"timeout": 1.5})
+    entry = source.read_index().shards[0]
+    faulty_proxy.down_until = math.inf
+    with pytest.raises(ShardError) as err:
+        source.open(entry).read()
+    msg = str(err.value)
+    assert "still failing at the 1.5 s deadline (last answer: 503 InternalError" in msg
+    assert "no answer" not in msg
+
+
 @pytest.mark.parametrize(
     "options", ["timeout=5", ["timeout", 5], {"client_kwargs": "x"}, {"config_kwargs": 3}]
 )

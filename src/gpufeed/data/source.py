@@ -186,14 +186,25 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> Any:
 
 
 _COUNTING_S3: Any = None
-# who counts the HTTP retries of the requests made in this context (a Source: several share
-# one filesystem); asyncio runs a call's coroutine in a copy of its caller's context
-_HTTP_RETRY: ContextVar[Callable[[], None] | None] = ContextVar("gpufeed_retry", default=None)
+
+
+class _Heard:
+    """What botocore saw of one call's HTTP requests: its retries (counted by `on_retry`) and
+    the last error the endpoint answered ('' if none), which botocore's own retries would
+    otherwise hide behind a deadline."""
+
+    def __init__(self, on_retry: Callable[[], None]) -> None:
+        self.on_retry, self.answer = on_retry, ""
+
+
+# the call whose requests are made in this context (several Sources share one filesystem);
+# asyncio runs a call's coroutine in a copy of its caller's context
+_HTTP_CALL: ContextVar[_Heard | None] = ContextVar("gpufeed_http_call", default=None)
 
 
 def _counting_s3_class() -> Any:
-    """S3FileSystem that counts the HTTP retries botocore makes (its `retried` attribute, and
-    for the Source whose call made them, see `_HTTP_RETRY`)."""
+    """S3FileSystem that counts the HTTP retries botocore makes (its `retried` attribute) and
+    tells the call that made them (see `_HTTP_CALL`) of them and of the endpoint's answers."""
     global _COUNTING_S3
     if _COUNTING_S3 is None:
         from s3fs import S3FileSystem
@@ -206,15 +217,22 @@ def _counting_s3_class() -> Any:
                 s3 = await super().set_session(refresh)
                 if not getattr(s3, "_gpufeed_counted", False):
                     s3.meta.events.register("request-created.s3", self._count_retry)
+                    s3.meta.events.register("needs-retry.s3", self._hear_answer)
                     s3._gpufeed_counted = True
                 return s3
 
             def _count_retry(self, request: Any, **_: Any) -> None:
                 if (request.context.get("retries") or {}).get("attempt", 1) > 1:
                     self.retried += 1
-                    count = _HTTP_RETRY.get()  # the Source whose call made the request
-                    if count is not None:
-                        count()
+                    call = _HTTP_CALL.get()
+                    if call is not None:
+                        call.on_retry()
+
+            def _hear_answer(self, response: Any = None, **_: Any) -> None:
+                # response: (http response, parsed) when the endpoint answered at all
+                call = _HTTP_CALL.get()
+                if call is not None and isinstance(response, tuple) and len(response) == 2:
+                    call.answer = _answer_of(response[1]) or call.answer
 
         CountingS3FileSystem.__qualname__ = "CountingS3FileSystem"  # picklable: see __getattr__
         _COUNTING_S3 = CountingS3FileSystem
@@ -307,10 +325,14 @@ def _status(exc: BaseException) -> int | None:
 def _answer(exc: BaseException) -> str:
     """What the endpoint answered to a failed request, e.g. '503 SlowDown (throttled)': the
     HTTP status and S3 error code of the botocore error behind `exc` ('' if none)."""
-    response = _response(exc)
-    if response is None:
+    return _answer_of(_response(exc))
+
+
+def _answer_of(response: Any) -> str:
+    """'STATUS CODE (why)' of a botocore error response ('' for none, or for a success)."""
+    if not isinstance(response, dict) or not isinstance(response.get("Error"), dict):
         return ""
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
+    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode", "")
     code = response["Error"].get("Code", "")
     hint = " (throttled)" if code == "SlowDown" else ""
     hint = hint or (" (a server error)" if str(status).startswith("5") else "")
@@ -319,10 +341,17 @@ def _answer(exc: BaseException) -> str:
 
 
 def remote_error(
-    what: str, url: str, fs: Any, exc: BaseException, deadline: float, expired: bool = False
+    what: str,
+    url: str,
+    fs: Any,
+    exc: BaseException,
+    deadline: float,
+    expired: bool = False,
+    heard: str = "",
 ) -> ShardError:
     """One clear ShardError for a failed remote operation, naming the URL and the endpoint;
-    `expired`: `exc` is the last answer of an endpoint still failing when the deadline passed."""
+    `expired`: `exc` is the last answer of an endpoint still failing when the deadline passed;
+    `heard`: the last error the endpoint answered inside botocore's own retries (see `_Heard`)."""
     endpoint = endpoint_of(fs, url)
     names = _names(exc)
     if isinstance(exc, FileNotFoundError) and "bucket" in str(exc).lower():
@@ -351,6 +380,12 @@ def remote_error(
         why = f"cannot connect ({detail}); check the endpoint (AWS_ENDPOINT_URL) and that it is up"
     elif names & _TIMEOUTS and (refused := _refused(endpoint)):
         why = f"cannot connect ({refused}); check the endpoint (AWS_ENDPOINT_URL) and that it is up"
+    elif names & _TIMEOUTS and expired and heard:  # botocore was still retrying its answers
+        why = (
+            f"still failing at the {deadline:g} s deadline (last answer: {heard}); retry later, "
+            "or allow more time with storage_options={'timeout': SECONDS} (`--timeout SECONDS` "
+            "on the command line)"
+        )
     elif names & _TIMEOUTS:
         why = (
             f"no answer within {deadline:g} s; check that the endpoint is up, or allow more time "
@@ -637,17 +672,18 @@ class Source:
         fs = filesystem(self.url, self.storage_options)
         if isinstance(fn, str):
             method, fn = fn, lambda timeout: call_remote(fs, method, *args, timeout=timeout)
-        tally = _HTTP_RETRY.set(self._count_http)  # botocore's retries of these requests
+        heard = _Heard(self._count_http)
+        token = _HTTP_CALL.set(heard)
         try:
             out, self._reached, expired = _retrying(
                 fn, self.retries, self.backoff, self.timeout, self._reached, self._count
             )
         finally:
-            _HTTP_RETRY.reset(tally)
+            _HTTP_CALL.reset(token)
         if isinstance(out, BaseException):
             if isinstance(out, (FileNotFoundError, ShardError)):
                 raise out
-            raise remote_error(what, url, fs, out, self.timeout, expired) from out
+            raise remote_error(what, url, fs, out, self.timeout, expired, heard.answer) from out
         return out
 
     def _count(self) -> None:
@@ -948,18 +984,23 @@ class Destination:
         """`fs.method(*args, **kwargs)` with retries within the deadline; failures are one
         ShardError."""
         fs = self._fs()
-        out, self._reached, expired = _retrying(
-            lambda timeout: call_remote(fs, method, *args, timeout=timeout, **kwargs),
-            retries=4,
-            backoff=0.1,
-            deadline=self.timeout,
-            reached=self._reached,
-            on_retry=lambda: None,
-        )
+        heard = _Heard(lambda: None)
+        token = _HTTP_CALL.set(heard)
+        try:
+            out, self._reached, expired = _retrying(
+                lambda timeout: call_remote(fs, method, *args, timeout=timeout, **kwargs),
+                retries=4,
+                backoff=0.1,
+                deadline=self.timeout,
+                reached=self._reached,
+                on_retry=lambda: None,
+            )
+        finally:
+            _HTTP_CALL.reset(token)
         if isinstance(out, BaseException):
             named = args and str(args[0]).startswith(f"{self.url}/")  # a file, not the bucket
             where = str(args[0]) if named else self.url
-            raise remote_error(what, where, fs, out, self.timeout, expired) from out
+            raise remote_error(what, where, fs, out, self.timeout, expired, heard.answer) from out
         return out
 
     def check(self) -> None:
