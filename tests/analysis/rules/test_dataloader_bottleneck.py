@@ -102,14 +102,18 @@ def _cpu_bound(cores: int, workers: int, cpu: float, main: float, wait: float = 
 
 def test_workers_busy_most_of_a_core_are_not_idle_and_get_no_more_than_the_cores_hold() -> None:
     # 16 cores, 15 workers at 70% each, steps waiting half their time: about 30 workers would end
-    # the wait, but each wants most of a core, and the cores leave room for 15.
+    # the wait, but each takes 0.7 of a core, and the 15 cores beside the training process's
+    # leave room for 21 (not 15: workers below the CPU-bound level are not counted a core each).
     (f,) = fired(_cpu_bound(16, 15, 70.0, 30.0, wait=0.05))
     assert "mostly idle" not in f.recommendation and "storage" not in f.recommendation
     assert f.recommendation.startswith(
         "The loader workers are busy (15 workers at 70% CPU each, 16 cores) and about 30 would be "
-        "needed, more than the 15 the cores leave room for per training process"
+        "needed, more than the 21 the cores leave room for per training process"
     )
     assert "cut the CPU cost per sample" in f.recommendation
+    assert "meanwhile set num_workers=21" in f.recommendation
+    (f,) = fired(_cpu_bound(16, 15, 90.0, 30.0, wait=0.05))  # CPU-bound: a core each
+    assert "more than the 15 the cores leave room for" in f.recommendation
     (f,) = fired(_cpu_bound(16, 15, 70.0, 30.0, wait=0.05), **{RULE: {"idle_worker_cpu": 75.0}})
     assert "mostly idle" in f.recommendation and "num_workers=30" in f.recommendation
     (f,) = fired(_cpu_bound(16, 4, 70.0, 30.0, wait=0.05))  # room on the cores: sized, not capped
@@ -255,6 +259,29 @@ def test_on_several_hosts_the_worker_budget_is_each_hosts_cores_over_its_own_ran
     (f,) = fired(combine([*parts, small.build()]))
     assert "Set num_workers=1 " in f.recommendation
     assert "itself; 8 cores)" in f.recommendation and f.evidence["cpu_count"] == 8
+
+
+def test_workers_seen_on_hosts_that_sample_at_their_own_times_are_counted_per_host() -> None:
+    # No DataLoader hooked (the count comes from process samples), 2 hosts x 2 ranks x 3
+    # workers; node-b's sampler ticks 0.05 s after node-a's: each time stamp holds one host's
+    # workers, and counting them per time over all ranks halved the workers (and doubled
+    # their CPU each).
+    from gpufeed.analysis.combine import combine
+    from gpufeed.analysis.rules.context import Context
+
+    parts = []
+    for h, host in enumerate(("node-a", "node-b")):
+        b = RunBuilder(cpu_count=16, host=host)
+        for rank in (2 * h, 2 * h + 1):
+            b.steps([0.1] * 100, waits=0.04, rank=rank, batch_kind=None)
+            b.process(1000 + rank, "main", 100.0)
+            for k in range(3):
+                b.process(2000 + 10 * rank + k, "worker", 50.0)
+        run = b.build()
+        run.processes["time"] += 0.05 * h
+        parts.append(run)
+    ctx = Context(combine(parts))
+    assert ctx.worker_count == 3.0 and ctx.worker_cpu == 50.0
 
 
 def _full_host(workers: int, worker_cpu: float, main_cpu: float = 10.0) -> RunBuilder:

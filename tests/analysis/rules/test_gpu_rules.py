@@ -104,6 +104,19 @@ def test_gpu_rules_judge_only_the_gpus_the_job_could_use(builder: RunBuilder) ->
     assert not {"LowGPUUtilization", "BatchSize"} & set(rules(hidden))
 
 
+def test_a_one_gpu_job_on_an_eight_gpu_node_is_not_judged_by_the_seven_idle_ones(
+    builder: RunBuilder,
+) -> None:
+    # `python train.py` on cuda:0, no CUDA_VISIBLE_DEVICES: the other GPUs never run a kernel
+    builder.steps([0.066] * 300, waits=0.001, samples=256).gpu(97.0, mem_used=30e9, device="0")
+    for idle in range(1, 8):
+        builder.gpu(0.0, mem_used=0.5e9, device=str(idle))
+    assert "LowGPUUtilization" not in rules(builder.build(env={}))
+    builder.gpu(30.0, mem_used=20e9, device="3")  # a second GPU the job (or another) drives
+    f = rules(builder.build(env={}))["LowGPUUtilization"]
+    assert "gpu3_util_p95" in f.evidence and "gpu1_util_p95" not in f.evidence
+
+
 def test_a_cpu_only_job_on_a_gpu_host_gets_no_gpu_advice(builder: RunBuilder) -> None:
     builder.steps([0.05] * 200, samples=16).gpu(0.0, mem_used=1e9)
     assert {"LowGPUUtilization", "BatchSize"} <= set(rules(builder.build()))

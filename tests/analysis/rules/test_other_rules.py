@@ -20,6 +20,19 @@ def test_gpu_memory_growing_steadily_projects_when_it_runs_out(builder: RunBuild
     assert f.evidence["minutes_until_full"] < 10 and f.severity == "critical"
 
 
+def test_a_growing_gpu_on_one_of_several_hosts_is_named_with_its_host() -> None:
+    # both hosts have a GPU 0: "GPU 0 memory" alone does not say which one runs out
+    from gpufeed.analysis.combine import combine
+
+    parts = []
+    for rank, host in enumerate(("node-a", "node-b")):
+        grows = lambda t, r=rank: 10e9 + r * 0.2e9 * t  # noqa: E731 - only node-b's grows
+        b = RunBuilder(host=host).steps([0.1] * 600, rank=rank).gpu(90.0, mem_used=grows)
+        parts.append(b.build())
+    f = rules(combine(parts))["GPUMemoryIncrease"]
+    assert f.evidence["memory"] == "GPU 0 memory on node-b" and "on node-b" in f.title
+
+
 def test_host_memory_of_the_training_process_on_cpu_runs(builder: RunBuilder) -> None:
     builder.steps([0.1] * 300).process(1000, "main", 100.0, rss=lambda t: 4e8 + 2e7 * t)
     f = rules(builder.build())["GPUMemoryIncrease"]

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from gpufeed.analysis.run import Run
 
 WARMUP_ID = "warmup"
+BUSY = 80.0  # % of a core at which a process counts as CPU-saturated (CPUBottleneck's default)
+IDLE_GPU_UTIL = 5.0  # NVML utilization % that a GPU no process runs kernels on never exceeds
 WARMUP_PARAMS: dict[str, Param] = {
     "steps": Param(5, "steps skipped at the start of each rank before rules look at it"),
     "seconds": Param(2.0, "seconds after each rank's first step that are skipped as well"),
@@ -134,12 +136,17 @@ class Context:
         """NVML indices of the GPUs the job used; None: all that NVML reported (cannot tell).
 
         No GPU when no training process initialized CUDA (ranks' "cuda" flag); else those
-        `visible_gpus` lists.
+        `visible_gpus` lists; where CUDA_VISIBLE_DEVICES is not set, those that ran kernels in
+        the window (a one-GPU job on an 8-GPU node leaves 7 at 0%: not the job's to judge).
         """
         flags = [r.get("cuda") for r in self.meta.get("ranks") or [] if r.get("cuda") is not None]
         if flags and not any(flags):
             return set()
-        return None if self.visible_gpus is None else set(self.visible_gpus)
+        if self.visible_gpus is not None:
+            return set(self.visible_gpus)
+        util = self._by_metric.get("gpu.util", _EMPTY_SYSTEM)
+        worked = {str(d) for d, g in util.groupby("device") if g["value"].max() > IDLE_GPU_UTIL}
+        return worked if worked and worked != set(util["device"].astype(str)) else None
 
     @cached_property
     def visible_gpus(self) -> list[str] | None:
@@ -326,14 +333,16 @@ class Context:
         """(host, workers): the loader workers per training process there are cores for where
         there are fewest. On each host, its cores per training process less the one that process
         needs itself, and no more than the workers now plus the host's `free_cores` shared by its
-        training processes; each worker wants a core, or its CPU where it keeps more than one busy
-        (threads inside it); at least 1. Needs steps."""
+        training processes; each worker takes a core where workers are CPU-bound now (`BUSY`)
+        or not measured, more with threads inside it, and where they also wait on reads the CPU
+        they take now (at least a quarter of a core); at least 1. Needs steps."""
         now = round(self.worker_count)
 
         def room(host: str) -> int:
             ranks = self.rank_hosts[host]
             cpu = self.worker_cpu_on(host)
-            each = cpu / 100 if cpu > 100 else 1.0  # cores one worker keeps busy
+            each = 1.0 if not math.isfinite(cpu) or cpu >= BUSY else max(cpu / 100, 0.25)
+            each = max(each, cpu / 100)
             most = int((self.cores_of(host) // ranks - 1) / each)
             return max(1, min(most, now + int(self.free_cores(host) / ranks / each)))
 
@@ -377,7 +386,8 @@ class Context:
     def worker_count(self) -> float:
         """Loader workers per training process: what its DataLoader hooks saw feeding training
         steps (workers living under a second escape process sampling), else the workers alive at
-        a typical sample time."""
+        a typical sample time of each host (hosts sample at their own times), per training
+        process there."""
         hooked = [r.get("loader_workers") for r in self.meta.get("ranks") or []]
         hooked = [int(n) for n in hooked if n is not None]
         if hooked:
@@ -385,11 +395,14 @@ class Context:
         p = self.processes
         if len(p) == 0:
             return 0.0
-        times = p["time"].unique()
-        workers = p[p["role"] == "worker"].groupby("time")["pid"].nunique()
-        per_time = workers.reindex(times, fill_value=0)
-        mains = max(1, len(self.ranks) or int(p[p["role"] == "main"]["pid"].nunique()))
-        return float(np.median(per_time.to_numpy())) / mains
+        counts, mains = [], []
+        for host, on in p.groupby("host", sort=True):
+            workers = on[on["role"] == "worker"].groupby("time")["pid"].nunique()
+            per_time = workers.reindex(on["time"].unique(), fill_value=0)
+            n = self.rank_hosts.get(str(host)) or int(on[on["role"] == "main"]["pid"].nunique())
+            counts.append(float(np.median(per_time.to_numpy())))
+            mains.append(max(1, n))
+        return sum(counts) / sum(mains)
 
     @cached_property
     def worker_cpu(self) -> float:

@@ -10,6 +10,7 @@ import numpy as np
 from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.rules.base import GPU_UTIL_P95, INPUT_BOUND, Param, Rule
 from gpufeed.analysis.rules.context import (
+    BUSY,
     Context,
     fmt_pct,
     one_thread_each,
@@ -44,7 +45,7 @@ class CPUBottleneck(Rule):
     id = "CPUBottleneck"
     params: ClassVar[dict[str, Param]] = {
         "gpu_util_p95": Param(70.0, f"{GPU_UTIL_P95} below which the GPU counts as underused"),
-        "busy": Param(80.0, "% of one core at which a process counts as CPU-saturated"),
+        "busy": Param(BUSY, "% of one core at which a process counts as CPU-saturated"),
         "host_busy": Param(90.0, "median whole-host CPU % at which the host counts as saturated"),
         "wait_share": Param(
             INPUT_BOUND,

@@ -145,11 +145,12 @@ def _series(ctx: Context) -> Iterator[tuple[str, np.ndarray, np.ndarray, float, 
     if ctx.has_gpu:
         rows = ctx.metric("gpu.mem_used")
         totals = ctx.metric("gpu.mem_total")
+        hosts = rows["host"].nunique() > 1
         for (host, device), g in rows.groupby(["host", "device"], sort=True):
             g = g.sort_values("time")
             cap = totals[(totals["host"] == host) & (totals["device"] == device)]["value"]
             yield (
-                f"GPU {device} memory",
+                f"GPU {device} memory" + (f" on {host}" if hosts else ""),
                 g["time"].to_numpy(dtype=float),
                 g["value"].to_numpy(dtype=float),
                 float(cap.max()) if len(cap) else 0.0,
