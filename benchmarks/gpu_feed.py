@@ -20,6 +20,12 @@ skips the others.
 earlier call it adds (or replaces) those rows beside the earlier ones, so a run that does not fit
 in one call can be finished by the next (shares use the synthetic row, whichever call made it).
 
+Device time: all rows (about 25) take 12-15 minutes on one H100 (36 s per training row and 16 s
+per loader-alone row on 2026-11-23, data generation 60-90 s), more than one 600-s call. First run
+what no GPU has run yet and needs no extra wheels:
+`--only synthetic "GPU (nvJPEG)" "workers decode"` (about 8 rows, under 6 minutes); then, with
+DALI carried over (below), `--only "DALI"` (its decoder and its own pipeline), then the rest.
+
 DALI on a GPU machine without registry access: its wheels travel with the working tree, which
 carries at most 64 MiB per call, so they go in 60 MiB pieces over consecutive calls (the machine
 stays warm between them). Here, in the repo root (Python 3.12 there):
@@ -45,7 +51,6 @@ installs and runs the benchmark:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
 import os
@@ -477,12 +482,13 @@ def main() -> None:
     import torch
 
     from gpufeed.data.dali import dali_importable
+    from gpufeed.extras import installed
 
     cuda = torch.cuda.is_available()
     have = {
         "cuda": cuda,
         "dali": dali_importable(),
-        "nvimgcodec": importlib.util.find_spec("nvidia.nvimgcodec") is not None,
+        "nvimgcodec": installed("nvimgcodec"),  # find_spec raises without an nvidia package
     }
     if args.smoke:
         args.images, args.batch_size, args.loads, args.epochs = 32, 8, [1], 2

@@ -367,16 +367,18 @@ class DeviceStage:
                 decoded[i] = img.permute(2, 0, 1).to(self.device, non_blocking=True)
                 del bad[i]
         corrupt = self._report(keys, bad)
-        done = torch.cuda.Event()  # the slot's bytes are read: it may be reused after this
-        done.record(self.stream)
         keep = sorted(decoded)
         canvases = fill_canvases([decoded[i] for i in keep])
+        # The slot's bytes are read and the decoded images copied: the feeder waits for this
+        # before the next decode. torchvision allocates its outputs on this stream but writes
+        # them from its own, without waiting for this one: the next batch's images could land
+        # in these images' memory (freed on return) while the fill above still reads it.
         filled = torch.cuda.Event()
         filled.record(self.stream)
         params = self.slots.params[index, :n][keep]
         labels = self.slots.labels[index, :n][keep]
         part = (at, canvases, params, labels, corrupt, meta, filled)
-        return part, done
+        return part, filled
 
     def _library_to_canvas(self, at: Position, index: int, meta: dict[str, Any]) -> Any:
         """DALI (one padded batch) or nvImageCodec (one image each) decodes the slot's images,

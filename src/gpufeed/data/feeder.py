@@ -118,8 +118,14 @@ class Feeder:
                 item = out.get(timeout=0.5)
                 break
             except queue.Empty:
-                if not self._threads or not all(t.is_alive() for t in self._threads):
-                    raise RuntimeError("the loader's feeder thread is not running") from None
+                # the thread that fills `out` (the resample thread when split) passes on what
+                # the other raised, after the batches before it: wait while it runs
+                if not self._threads or not self._threads[0].is_alive():
+                    try:
+                        item = out.get_nowait()  # put just before it ended
+                        break
+                    except queue.Empty:
+                        raise RuntimeError("the loader's feeder thread is not running") from None
         if isinstance(item, _Failure):
             self.stop()  # the stream ended with the error: a new iteration restarts it
             raise item.error

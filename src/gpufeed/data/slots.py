@@ -63,7 +63,9 @@ class Slots:
             nbytes = t.numel() * t.element_size()
             if nbytes == 0:
                 continue
-            err = cudart.cudaHostRegister(t.data_ptr(), nbytes, 0)
+            # cudaHostRegisterPortable: page-locked for every device's context, not only the
+            # one current here (Loader(device="cuda:1") without torch.cuda.set_device)
+            err = cudart.cudaHostRegister(t.data_ptr(), nbytes, 1)
             if int(err) != 0:
                 self.unpin()
                 return False
