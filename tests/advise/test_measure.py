@@ -36,3 +36,25 @@ def test_diagnose_and_tune_refuse_it_before_they_read_the_data(tmp_path) -> None
     for run in (diagnose, tune):
         with pytest.raises(MeasureError, match="--image-size 100000: one batch"):
             run(missing, batch_size=64, device="cpu", image_size=100_000, progress=False)
+
+
+def test_the_model_alone_is_timed_on_the_batch_shape_the_loader_gives() -> None:
+    # a 64×256 batch (segmentation strips) was timed as 256×256: a ceiling 4× too low
+    import torch
+    from torch import nn
+
+    from gpufeed.advise.measure import measure_model
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc, self.seen = nn.Conv2d(3, 4, 3), nn.Linear(4, 10), set()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.seen.add(tuple(x.shape))
+            return self.fc(self.conv(x).mean((2, 3)))
+
+    net = Net()
+    rate = measure_model(net, (4, 3, 16, 64), "cpu", seconds=0.2, max_steps=5)
+    assert (4, 3, 16, 64) in net.seen and {shape[2:] for shape in net.seen} == {(16, 64)}
+    assert rate.batch_shape == (4, 3, 16, 64)

@@ -31,6 +31,20 @@ def test_a_host_short_of_cores_is_told_how_many_remote_cores_and_how_much_networ
     assert "add ~24 remote cores" in advice.text() and "Gbit/s" in advice.text()
 
 
+def test_no_remote_cores_for_training_that_hardly_waits_for_data():
+    # 16-core H100 host: the loader alone is a little slower than RN-50 alone, but end to end
+    # training waits 5% of the time: "compute-bound", and remote cores would gain at most 5%
+    sizes = (2900, 15, 3000, 15)
+    assert offload_advice(*sizes).helps  # the sizes alone say 16 cores > 15
+    advice = offload_advice(*sizes, data_wait_share=0.05)
+    assert not advice.helps and advice.remote_cores == 0 and advice.network_bytes_per_s == 0
+    assert advice.text().startswith(
+        "offload to CPU nodes: not needed, training waits for data only 5% of the time; "
+        "preprocessing needs 15.5 cores"
+    )
+    assert offload_advice(*sizes, data_wait_share=0.3).helps
+
+
 def test_the_advice_names_a_readme_section_that_exists():
     # it said README 'Ray cluster', a heading the README does not have
     text = offload_advice(250, 2, 4000, host_cores=15).text()

@@ -142,6 +142,29 @@ def test_max_seconds_stops_an_endless_loader() -> None:
     assert 1 <= result.steps < 300
 
 
+def test_max_seconds_counts_from_the_end_of_the_warm_up() -> None:
+    # torch.compile compiles in the first step, for minutes with RN-50: a time limit counted
+    # from the start stopped after that one step and timed the compilation as throughput
+    class CompilesFirst(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net, self.calls = tiny_model(), 0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            if self.calls == 1:
+                time.sleep(0.6)
+            return self.net(x)
+
+    def endless():
+        while True:
+            yield batches(1, size=16)[0]
+
+    result = fit(CompilesFirst(), endless(), warmup=2, max_seconds=0.3, device="cpu", verbose=False)
+    assert result.steps > 2 and result.measured_steps == result.steps - 2
+    assert result.seconds >= 0.9  # the warm-up, then 0.3 s of measured steps
+
+
 def test_dict_batches_are_accepted() -> None:
     data = [{"images": x, "labels": y} for x, y in batches(2, size=16)]
     assert fit(tiny_model(), data, device="cpu", verbose=False).steps == 2

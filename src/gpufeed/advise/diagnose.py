@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from gpufeed.advise.inputs import SAMPLE_IMAGES, DataSpec, pack_sample, resolve_data
 from gpufeed.advise.measure import (
     DEFAULT_AUGMENT_LOAD,
+    WAITING,
     MeasureError,
     Rate,
     TrainSettings,
@@ -44,8 +45,6 @@ if TYPE_CHECKING:
 
     from gpufeed.advise.offload import OffloadAdvice
     from gpufeed.data.augment import Augment
-
-WAITING = 0.1  # together, steps blocked on the loader this share of the time or more: input-bound
 
 
 @dataclass
@@ -162,6 +161,7 @@ def _offload_dict(d: Diagnosis) -> dict[str, Any]:
         "model_images_per_s": advice.model_images_per_s,
         "host_cores": advice.host_cores,
         "image_bytes": advice.image_bytes,
+        "data_wait_share": advice.data_wait_share,
         "cores_needed": advice.cores_needed,
         "helps": advice.helps,
         "remote_cores": advice.remote_cores,
@@ -475,7 +475,9 @@ def _offload(d: Diagnosis, workers: int) -> tuple[OffloadAdvice, str]:
     a = next((a for a in d.alternatives if a.cluster_pipeline), None)
     if a is None:
         rates = (d.loader.images_per_s, workers, d.model_rate.images_per_s)
-        return offload_advice(*rates, host, hw, d.loader.cpu_s_per_image), d.loader_desc
+        wait = d.together.data_wait_share if d.together is not None else math.nan
+        advice = offload_advice(*rates, host, hw, d.loader.cpu_s_per_image, wait)
+        return advice, d.loader_desc
     # beside training the loader gets the host's cores, not the training process's one too: an
     # alternative that kept up with the model on them needs no remote cores
     rates = (a.images_per_s, min(a.workers or 0, host), d.ceiling_beside(a))

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 __all__ = ["MeasureError", "Rate", "measure_loader", "measure_model", "measure_together"]
 
+# steps waiting for data this share of step time or more, end to end: input-bound (the rules'
+# INPUT_BOUND); less: the loader keeps up
+WAITING = 0.1
+
 
 def measure_model(
     model: Any,
@@ -42,7 +46,7 @@ def measure_model(
     try:
         model = model.to(device)
         classes = model_classes(model, h, w, device)
-        data = SyntheticData(n, max(h, w), classes, steps=max_steps + warmup)
+        data = SyntheticData(n, h, classes, steps=max_steps + warmup, image_width=w)
         result = _fit(model, data, device, seconds, max_steps, warmup, settings)
     except Exception as e:
         raise MeasureError(
@@ -114,7 +118,7 @@ def _fit(
     warmup: int,
     settings: TrainSettings | None,
 ) -> Any:
-    """`fit` quietly, for at most `seconds` (warm-up included) or `max_steps` after the warm-up."""
+    """`fit` quietly: the warm-up (compilation included), then at most `seconds` or `max_steps`."""
     from gpufeed.train.loop import fit
 
     kwargs = (settings or TrainSettings()).fit_kwargs()

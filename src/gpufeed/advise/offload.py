@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gpufeed.advise.measure import WAITING
 from gpufeed.present.numbers import count
 
 HEADROOM = 1.2  # remote cores are sized 20% above the bare need: node jitter, network stalls
@@ -27,6 +28,12 @@ class OffloadAdvice:
     model_images_per_s: float  # what the model alone consumes
     host_cores: int  # cores this host can give preprocessing (the training loop keeps one)
     image_bytes: int  # bytes of one uint8 image sent back (H×W×3)
+    data_wait_share: float = math.nan  # training's, end to end (NaN: not measured)
+
+    @property
+    def waiting(self) -> bool:
+        """False where training, measured end to end, hardly waits for data: nothing to gain."""
+        return not self.data_wait_share < WAITING
 
     @property
     def cores_needed(self) -> float:
@@ -35,8 +42,8 @@ class OffloadAdvice:
 
     @property
     def helps(self) -> bool:
-        """True when the host's cores cannot keep up with the model."""
-        return self.cores_needed > self.host_cores
+        """True when the host's cores cannot keep up with the model, and training waits."""
+        return self.waiting and self.cores_needed > self.host_cores
 
     @property
     def remote_cores(self) -> int:
@@ -58,6 +65,11 @@ class OffloadAdvice:
             f"({self.cpu_s_per_image * 1e3:.1f} ms CPU/image × {self.model_images_per_s:,.0f} "
             f"images/s); this host gives the loader {count(self.host_cores, 'core')}"
         )
+        if not self.waiting:
+            return (
+                f"offload to CPU nodes: not needed, training waits for data only "
+                f"{self.data_wait_share:.0%} of the time; {need}"
+            )
         if not self.helps:
             return f"offload to CPU nodes: not needed, {need}"
         gbit = self.network_bytes_per_s * 8 / 1e9
@@ -74,12 +86,14 @@ def offload_advice(
     host_cores: int,
     image_size: tuple[int, int] = (224, 224),
     cpu_s_per_image: float = math.nan,
+    data_wait_share: float = math.nan,
 ) -> OffloadAdvice:
     """Advice from a loader measured alone with `loader_cores` workers (0: the training process
     loads) and the model alone. An image costs the CPU time measured meanwhile
     (`cpu_s_per_image`: workers that wait on storage or sleep cost little), and at most what
     the loader's cores could spend: alone, it keeps at most every core busy, the training
-    process's one too (`host_cores` + 1), however many workers it has."""
+    process's one too (`host_cores` + 1), however many workers it has. `data_wait_share`:
+    training's end to end; below `WAITING` remote cores are not advised, whatever the sizes say."""
     if loader_images_per_s <= 0 or model_images_per_s <= 0:
         raise ValueError("offload advice needs positive loader and model rates (images/s)")
     h, w = image_size
@@ -90,4 +104,5 @@ def offload_advice(
         model_images_per_s=model_images_per_s,
         host_cores=max(1, host_cores),
         image_bytes=h * w * 3,
+        data_wait_share=data_wait_share,
     )

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpufeed.advise.measure import (
     DEFAULT_AUGMENT_LOAD,
+    WAITING,
     MeasureError,
     Rate,
     TrainSettings,
@@ -58,7 +59,6 @@ if TYPE_CHECKING:
     from gpufeed.advise.offload import OffloadAdvice
 
 DEFAULT_OUT = "gpufeed-tune.json"
-WAITING = 0.1  # end to end, steps waiting for data less than this share: the loader keeps up
 
 
 @dataclass(frozen=True)
@@ -250,7 +250,9 @@ def tune(
                 rates = (alone.images_per_s, best.num_workers, result.model_images_per_s)
                 hw = (image_size, image_size)
                 cores = max(1, usable_cores() - 1)
-                result.offload = offload_advice(*rates, cores, hw, alone.cpu_s_per_image)
+                result.offload = offload_advice(
+                    *rates, cores, hw, alone.cpu_s_per_image, best.data_wait_share
+                )
     if out is not None:
         result.out = Path(out)
         try:

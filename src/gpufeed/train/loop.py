@@ -28,15 +28,19 @@ class SyntheticData:
     """One random batch, created once on the training device and fed ``steps`` times per epoch.
 
     Training on it measures what the model alone can do: no decoding, no copies, no waiting.
+    Images are ``image_size`` square, or ``image_size`` high and ``image_width`` wide.
     """
 
     batch_size: int
     image_size: int = 224
     num_classes: int = 1000
     steps: int = 100
+    image_width: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "image_size", "num_classes", "steps"):
+        if self.image_width is None:
+            self.image_width = self.image_size
+        for name in ("batch_size", "image_size", "num_classes", "steps", "image_width"):
             if getattr(self, name) < 1:
                 raise ValueError(
                     f"SyntheticData.{name} must be at least 1, got {getattr(self, name)}"
@@ -48,7 +52,8 @@ class SyntheticData:
     def resident(self, device: torch.device, channels_last: bool = False) -> _ResidentBatch:
         """The batch, materialised on ``device`` (in channels_last layout if asked)."""
         gen = torch.Generator().manual_seed(0)
-        images = torch.randn(self.batch_size, 3, self.image_size, self.image_size, generator=gen)
+        shape = (self.batch_size, 3, self.image_size, self.image_width)
+        images = torch.randn(*shape, generator=gen)
         labels = torch.randint(0, self.num_classes, (self.batch_size,), generator=gen)
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
@@ -173,8 +178,10 @@ def fit(
 ) -> FitResult:
     """Train ``model`` on ``loader`` (``(images, labels)`` batches) and measure its throughput.
 
-    ``steps`` caps the total number of steps, ``max_seconds`` the wall time (under DDP every rank
-    stops at the same step, the first check after any rank's time is up); under torchrun the model
+    ``steps`` caps the total number of steps, ``max_seconds`` the wall time after the ``warmup``
+    steps, which always run (torch.compile's compilation or cuDNN's autotuning may take longer;
+    under DDP every rank stops at the same step, the first check after any rank's time is up);
+    under torchrun the model
     is wrapped in DDP (call `setup_distributed` first). Throughput counts the steps after ``warmup``.
     A loader that keeps its own position (gpufeed's Loader: ``state_dict``) goes on from it, a
     restored one resumes; another with ``set_epoch`` is given epochs 0, 1, ...
@@ -262,7 +269,11 @@ def fit(
                 measured_samples += n
                 measured_steps += 1
             log.step(len(step_times), epoch, loss, step_times, data_waits, n)
-            out_of_time = max_seconds is not None and t2 - t_begin >= max_seconds
+            # the clock of max_seconds starts after the warm-up (compilation can take minutes)
+            since = measure_start if warmup > 0 else t_begin
+            out_of_time = (
+                max_seconds is not None and since is not None and t2 - since >= max_seconds
+            )
             if distributed and max_seconds is not None:
                 out_of_time = _any_rank(out_of_time, len(step_times), device)
             if (steps is not None and len(step_times) >= steps) or out_of_time:
