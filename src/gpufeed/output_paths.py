@@ -1,10 +1,11 @@
 """Output paths checked before a command does any work: a file that is a folder, a path under a
-file, a missing folder, two options naming one file. Each refusal is a GpufeedError that names the
+file, a missing folder, a profiled run's own data files, two options naming one file. Each refusal is a GpufeedError that names the
 option and says what to give instead."""
 
 from __future__ import annotations
 
 import os
+import re
 
 from gpufeed.errors import GpufeedError
 
@@ -24,10 +25,24 @@ def check_output_file(
         )
     _check_ancestors(option, path)
     folder = os.path.dirname(os.path.abspath(path))
+    if _run_data(folder, os.path.basename(path)):
+        suggest = os.path.join(os.path.dirname(path), example or _example(option))
+        raise GpufeedError(
+            f"{option} {path} is a file of the run recorded in {folder}: writing it would destroy "
+            f"the run; give another file, e.g. {option} {suggest}"
+        )
     if not make_parents and not os.path.isdir(folder):
         raise GpufeedError(
             f"{option} {path}: folder {os.path.dirname(path) or '.'} does not exist; create it first"
         )
+
+
+def _run_data(folder: str, name: str) -> bool:
+    """Whether `name` in `folder` is (or would be) a profiled run's own data: its meta.json or
+    a store (`*.db` and SQLite's journals), in a folder holding a meta.json."""
+    if not os.path.isfile(os.path.join(folder, "meta.json")):  # profiler.session.META_FILE
+        return False
+    return name == "meta.json" or re.search(r"\.db(-wal|-shm|-journal)?$", name) is not None
 
 
 def check_output_dir(option: str, path: str | None) -> None:

@@ -50,6 +50,26 @@ def test_an_output_that_is_a_folder_or_named_twice_is_refused(make_run, tmp_path
     assert not default.exists()
 
 
+@pytest.mark.parametrize(
+    ("command", "option"), [("report", "-o"), ("report", "--json"), ("trace", "-o")]
+)
+def test_an_output_naming_the_runs_own_data_is_refused_and_the_run_stays_readable(
+    make_run, command, option
+):
+    # `-o RUN/steps-….db` (a tab completion too far) wrote over the store: the run was lost
+    run_dir = make_run(ranks=STEPS)
+    stores = sorted(run_dir.glob("*.db"))
+    for target in [*stores, run_dir / "meta.json", run_dir / f"{stores[0].name}-wal"]:
+        before = target.read_bytes() if target.exists() else None
+        res = runner.invoke(app, [command, str(run_dir), option, str(target)])
+        assert res.exit_code == 2, (target, res.output)
+        assert f"{target} is a file of the run recorded in {run_dir}: writing it would " in (
+            res.stderr
+        )
+        assert (target.read_bytes() if target.exists() else None) == before
+    assert runner.invoke(app, ["show", str(run_dir)]).exit_code == 0
+
+
 def test_json_findings_are_strict_json_also_without_a_system_store(make_run, tmp_path):
     run_dir = make_run(ranks=STEPS)
     for db in run_dir.glob("system-*.db"):
