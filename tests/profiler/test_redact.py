@@ -122,6 +122,12 @@ def test_redact_env_keeps_relevant_variables_and_hides_secrets():
     [
         (["mysql", "-p", "Pw9x"], ["mysql", "-p", REDACTED]),
         (["mysql", "-p=Pw9x"], ["mysql", f"-p={REDACTED}"]),
+        (["mysql", "-uroot", "-pPw9x", "db"], ["mysql", "-uroot", f"-p{REDACTED}", "db"]),
+        (["curl", "-u", "alice:Pw9x", "h"], ["curl", "-u", f"alice:{REDACTED}", "h"]),
+        (["curl", "-ualice:Pw9x"], ["curl", f"-ualice:{REDACTED}"]),
+        (["curl", "--user=alice:Pw9x"], ["curl", f"--user=alice:{REDACTED}"]),
+        (["wget", "--proxy-user", "al:Pw9x"], ["wget", "--proxy-user", f"al:{REDACTED}"]),
+        (["bash", "-c", "curl -u al:Pw9x h"], ["bash", "-c", f"curl -u al:{REDACTED} h"]),
         (["--pwd", "Pw9x"], ["--pwd", REDACTED]),
         (["--db-pwd=Pw9x"], [f"--db-pwd={REDACTED}"]),
         (["--bearer", "Tk7z"], ["--bearer", REDACTED]),
@@ -178,6 +184,7 @@ def test_redact_argv_covers_every_spelling(argv, expected):
         ["pip", "install", "git+https://github.com/org/repo@v1.0"],
         ["http://localhost:8080/a@b", "http://[::1]:8080/a@b"],
         ["PWD=/root", "--port", "8080", "--use-auth"],
+        ["python", "-u", "train.py", "--user", "alice"],  # unbuffered; a user name alone
     ],
 )
 def test_redact_argv_leaves_ordinary_arguments_alone(argv):

@@ -2,7 +2,8 @@
 
 What is hidden:
 - the value of an option or variable whose name says it is secret, in every spelling: `--token X`,
-  `--token=X`, `-p X` (the password of mysql & co), `KEY=X`, `db.password=X`;
+  `--token=X`, `-p X` and `-pX` (the password of mysql & co), `KEY=X`, `db.password=X`;
+- the password of `-u USER:PW` / `--user USER:PW` (curl, wget);
 - URL userinfo: a token (`https://***@host`) or the whole password (`https://user:***@host`), also
   when the password holds `/` or `@`;
 - secret-named keys inside JSON arguments (`--config '{"password": "X"}'`) and inside `key: value` /
@@ -79,8 +80,10 @@ _SECRET_OWNERS = (
 )
 # Names that contain a secret word but are well known not to be secret.
 _NOT_SECRET_NAMES = {"PWD"}  # the shell's working directory
-# Short options whose value is a secret (`mysql -p PW`, `sshpass -p PW`).
+# Short options whose value is a secret, apart or glued (`mysql -pPW`, `sshpass -p PW`).
 _SECRET_SHORT_OPTIONS = {"-p"}
+# Options whose value is USER:PASSWORD (curl, wget): the password after the first colon.
+_USERINFO_OPTIONS = {"-u", "--user", "-U", "--proxy-user"}
 # Values that are secrets whatever they are called.
 _SECRET_VALUES = re.compile(
     r"(?:AKIA|ASIA)[0-9A-Z]{16}"  # AWS access key id
@@ -149,8 +152,9 @@ def redact_value(value: str) -> str:
 
 
 def redact_argv(argv: Iterable[str]) -> list[str]:
-    """argv with the values of secret options (`--token X`, `--token=X`, `-p X`, `KEY=X`) and the
-    secrets `redact_value` finds in any argument (shell strings, JSON, URLs) redacted."""
+    """argv with the values of secret options (`--token X`, `--token=X`, `-p X`, `-pX`, `KEY=X`),
+    the password of `-u USER:PW`, and the secrets `redact_value` finds in any argument (shell
+    strings, JSON, URLs) redacted."""
     return _redact_argv(argv, 0)
 
 
@@ -165,20 +169,30 @@ def redact_env(env: Mapping[str, str], prefixes: tuple[str, ...] = ENV_PREFIXES)
 
 def _redact_argv(argv: Iterable[str], depth: int) -> list[str]:
     out: list[str] = []
-    hide_next = False
+    hide_next = user_next = False
     for arg in argv:
         arg = str(arg)
         if hide_next and not _PLAIN_OPTION.fullmatch(arg):  # `--token --epochs 10`: no value
             out.append(REDACTED)
-            hide_next = False
+            hide_next = user_next = False
             continue
-        hide_next = False
+        if user_next and ":" in arg:  # `curl -u alice:PW`
+            out.append(f"{arg.split(':', 1)[0]}:{REDACTED}")
+            hide_next = user_next = False
+            continue
+        hide_next = user_next = False
         name, sep, value = arg.partition("=")
         option_like = bool(sep) and _OPTION_NAME.fullmatch(name) is not None
         if option_like and _is_secret_option(name):
             out.append(f"{name}={REDACTED}")
+        elif option_like and name in _USERINFO_OPTIONS and ":" in value:
+            out.append(f"{name}={value.split(':', 1)[0]}:{REDACTED}")
+        elif arg[:2] in _SECRET_SHORT_OPTIONS and len(arg) > 2 and not sep:  # `-pPW`
+            out.append(arg[:2] + REDACTED)
+        elif arg[:2] in _USERINFO_OPTIONS and ":" in arg[3:] and not sep:  # `-uUSER:PW`
+            out.append(f"{arg.split(':', 1)[0]}:{REDACTED}")
         elif not sep and arg.startswith("-") and _OPTION_NAME.fullmatch(arg):
-            hide_next = _is_secret_option(arg)
+            hide_next, user_next = _is_secret_option(arg), arg in _USERINFO_OPTIONS
             out.append(arg if hide_next else _redact_text(arg, depth))
         elif option_like:
             out.append(f"{name}={_redact_text(value, depth)}")
