@@ -86,3 +86,16 @@ def test_identity_of_a_single_process(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     who = identity()
     assert (who["rank"], who["local_rank"], who["world_size"]) == (0, 0, 1)
+
+
+def test_identity_takes_empty_or_odd_rank_variables_without_failing(monkeypatch, capsys):
+    # `export LOCAL_RANK=$SLURM_LOCALID` outside srun exports an empty variable: int('') raised
+    # inside the recorder's start-up, and no step of the run was recorded
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "")
+    monkeypatch.setenv("WORLD_SIZE", " 4 ")
+    who = identity()
+    assert (who["rank"], who["local_rank"], who["world_size"]) == (3, 3, 4)
+    monkeypatch.setenv("WORLD_SIZE", "four")
+    assert identity()["world_size"] == 1
+    assert "$WORLD_SIZE='four' is not a number: recorded as 1" in capsys.readouterr().err

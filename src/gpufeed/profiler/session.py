@@ -84,13 +84,30 @@ def identity() -> dict[str, Any]:
                 rank, world = dist.get_rank(), dist.get_world_size()
         except Exception:
             pass
+    rank_no = _whole("RANK", rank, 0)
     return {
         "host": hostname(),
-        "rank": int(rank or 0),
-        "local_rank": int(local_rank if local_rank is not None else (rank or 0)),
-        "world_size": int(world or 1),
+        "rank": rank_no,
+        "local_rank": _whole("LOCAL_RANK", local_rank, rank_no),
+        "world_size": _whole("WORLD_SIZE", world, 1),
         "pid": os.getpid(),
     }
+
+
+def _whole(name: str, value: Any, fallback: int) -> int:
+    """`value` of the environment variable `name` as a number; unset or empty: `fallback`; not a
+    number: `fallback`, said once (`LOCAL_RANK=$SLURM_LOCALID` outside srun exports an empty one:
+    recording must not stop over it)."""
+    if isinstance(value, int):
+        return value
+    text = str(value or "").strip()
+    if not text:
+        return fallback
+    try:
+        return int(text)
+    except ValueError:
+        warn_once(f"env-{name}", f"${name}={text!r} is not a number: recorded as {fallback}")
+        return fallback
 
 
 _LAUNCHER_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
