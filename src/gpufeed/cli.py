@@ -740,7 +740,11 @@ def tune_cmd(
 
 
 def main() -> None:
-    """Console-script entry point; `Commands` turns every GpufeedError into a one-line error."""
+    """Console-script entry point; `Commands` turns every GpufeedError into a one-line error, and
+    a warning (a store file of a run left out) reads `gpufeed: warning: ...`, not a source line."""
+    import warnings
+
+    warnings.showwarning = _warn_now
     app()
 
 

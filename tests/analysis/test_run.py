@@ -132,3 +132,30 @@ def test_text_in_a_number_column_is_a_clear_error(make_run):
     run_dir = make_run(ranks={0: [(0, "yesterday", 1011.0, 0.25, 32.0, None)]})
     with pytest.raises(RunError, match=r"holds a value that is not a number .*profile it again"):
         gpufeed.load(run_dir)
+
+
+def test_a_damaged_store_is_left_out_and_named_and_the_rest_is_read(make_run):
+    # one store cut short (an interrupted copy) made the whole run unreadable, in every command
+    steps = [(i, 1010.0 + i, 1011.0 + i, 0.2, 32.0, None) for i in range(20)]
+    run_dir = make_run(ranks={0: steps, 1: steps})
+    damaged, kept = sorted(run_dir.glob("steps-*.db"))
+    damaged.write_bytes(b"SQLite format 3\x00" + b"\x13" * 4000)
+    with pytest.warns(RuntimeWarning, match=rf"left out 1 store file.*{damaged.name} \("):
+        run = gpufeed.load(run_dir)
+    assert len(run.steps) == 20 and run.steps["rank"].nunique() == 1
+    (note,) = run.meta["damaged_stores"]
+    assert note.startswith(f"{damaged.name} (")
+
+    from typer.testing import CliRunner
+
+    from gpufeed.cli import app
+
+    with pytest.warns(RuntimeWarning, match="left out 1 store file"):
+        res = CliRunner().invoke(app, ["show", str(run_dir)])
+    assert res.exit_code == 0, res.output
+    assert f"1 store file could not be read and is left out: {damaged.name}" in res.stdout
+    for store in run_dir.glob("*.db"):
+        store.write_bytes(b"not a database" * 100)
+    (run_dir / "meta.json").unlink()
+    with pytest.raises(RunError, match="no file of the run could be read"):
+        gpufeed.load(run_dir)

@@ -97,6 +97,9 @@ def combine(runs: list[Run]) -> Run:
     intervals = [m["interval"] for m in metas if isinstance(m.get("interval"), (int, float))]
     meta["interval"] = max(intervals, default=meta.get("interval"))  # the sparsest host's
     meta["dropped_events"] = sum(int(m.get("dropped_events") or 0) for m in metas)
+    damaged = [d for r in runs for d in r.meta.get("damaged_stores") or []]
+    if damaged:
+        meta["damaged_stores"] = damaged
     meta["parts"] = [str(r.path) for r in runs]
     precisions = {m["precision"] for m in metas if m.get("precision")}
     meta.pop("precision", None)

@@ -56,6 +56,8 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     interval, hosts (list[str]), cpu_count (cores the run may use: `gpufeed.cores.usable_cores`),
     cpu_model, gpus (list of {index, name, memory_total}),
     gpu_unavailable (str reason, absent when GPUs were read), versions (dict), dropped_events (int),
+    damaged_stores (list of "FILE (why)": store files that could not be read and are left out;
+    absent when every one was read),
     ranks (list of {host, rank, local_rank, world_size, pid, start, end, precision}: process
     start/end per training process, for the initialization and finalization phases; precision as
     below, None where that process did not show it; cuda: whether it initialized CUDA, None if
@@ -85,6 +87,7 @@ import os
 import shutil
 import sqlite3
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -230,11 +233,13 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
     ranks: list[dict[str, Any]] = []
     hosts: set[str] = set(meta.get("hosts") or [])
     dropped = 0
+    damaged: list[str] = []
     for store in stores:
         try:
             data = _read_store(store)
-        except Exception as e:
-            raise RunError(f"cannot read store file {store}: {e}") from None
+        except Exception as e:  # the others still tell what they recorded
+            damaged.append(f"{store.name} ({e})")
+            continue
         info = data["info"]
         host = str(info.get("host") or "")
         if not host:
@@ -290,6 +295,19 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
     system_df = system_df.sort_values("time", kind="stable").reset_index(drop=True)
     proc_df = proc_df.sort_values("time", kind="stable").reset_index(drop=True)
 
+    if damaged and len(damaged) == len(stores) and not meta:
+        raise RunError(
+            f"cannot read store file {run_dir / damaged[0].split(' ', 1)[0]}: "
+            f"{damaged[0].split(' ', 1)[1][1:-1]}; no file of the run could be read"
+        )
+    if damaged:
+        warnings.warn(
+            f"{run_dir}: left out {len(damaged)} store file(s) that cannot be read: "
+            f"{'; '.join(damaged)}; the rest of the run is read",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        meta["damaged_stores"] = damaged
     meta["hosts"] = sorted(hosts)
     meta["ranks"] = sorted(ranks, key=lambda r: (str(r["host"]), r["rank"] or 0))
     meta["dropped_events"] = dropped + int(meta.get("dropped_events") or 0)

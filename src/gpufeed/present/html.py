@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpufeed.analysis.stats import bin_index, device_key, role_totals, time_bins
-from gpufeed.present.numbers import after_warmup, count, cpu_counts, figure, number
+from gpufeed.present.numbers import after_warmup, count, cpu_counts, damaged_text, figure, number
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -92,13 +92,14 @@ def readable(text: str) -> str:
 
 def findings_json(run: Run, findings: list[Finding]) -> str:
     """Findings for machines: run identity, `dropped_events` (profiler events lost: the figures
-    miss them), `healthy` (no warning or worse) and each finding's dict; strict JSON (a value that was not measured is null, never NaN)."""
+    miss them), `damaged_stores` (store files left out, unreadable), `healthy` (no warning or worse) and each finding's dict; strict JSON (a value that was not measured is null, never NaN)."""
     return strict_json(
         {
             "run": str(run.path),
             "name": run.meta.get("name"),
             "finished": bool(run.meta.get("finished")),
             "dropped_events": int(run.meta.get("dropped_events") or 0),
+            "damaged_stores": list(run.meta.get("damaged_stores") or []),
             "healthy": not any(f.severity != "info" for f in findings),
             "findings": [f.to_dict() for f in findings],
         },
@@ -184,6 +185,7 @@ def render_html(
         unfinished=stopped or meta.get("not_finished") or "",
         live=not meta.get("finished") and stopped is None,
         dropped=int(meta.get("dropped_events") or 0),
+        damaged=damaged_text(meta["damaged_stores"]) if meta.get("damaged_stores") else "",
         generated=datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
         summary=_summary(run, t0, t1, steady),
         step_phases=_step_phases(run),

@@ -58,3 +58,13 @@ def after_warmup(steady: tuple[int, float] | None, ranks: int) -> str:
         f"{number(100 * steady[1], 1, '%')} after the {count(steady[0], 'warm-up step')}{each} "
         "the findings leave out"
     )
+
+
+def damaged_text(damaged: list[str]) -> str:
+    """The line that says which store files of a run could not be read and are left out."""
+    files = "; ".join(damaged)
+    return (
+        f"{count(len(damaged), 'store file')} could not be read and "
+        f"{'is' if len(damaged) == 1 else 'are'} left out: {files}; the figures miss what "
+        f"{'it' if len(damaged) == 1 else 'they'} recorded"
+    )

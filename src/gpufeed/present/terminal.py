@@ -15,7 +15,14 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from gpufeed.present.numbers import after_warmup, count, cpu_counts, finite, number
+from gpufeed.present.numbers import (
+    after_warmup,
+    count,
+    cpu_counts,
+    damaged_text,
+    finite,
+    number,
+)
 
 if TYPE_CHECKING:
     from gpufeed.analysis.finding import Finding
@@ -81,6 +88,8 @@ def print_run(
     head.add_row("status", status)
     if meta.get("dropped_events"):
         head.add_row("", _text(f"{meta['dropped_events']} profiler events were dropped", "yellow"))
+    if meta.get("damaged_stores"):
+        head.add_row("", _text(damaged_text(meta["damaged_stores"]), "yellow"))
     console.print(Padding(head, (0, 0, 0, 2), expand=False))
 
     ph = phases(run)
