@@ -3,6 +3,7 @@ a symlink keeps pointing at its (rewritten) target, a FIFO or device is written 
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -77,3 +78,15 @@ def test_a_pipe_whose_reader_left_is_an_error_naming_the_path_given():
         assert error.value.filename == f"/dev/fd/{write_end}"
     finally:
         os.close(write_end)
+
+
+def test_a_failed_write_names_the_file_asked_for(tmp_path: Path):
+    # a full disk raised an error naming no file, a failed rename named the hidden temporary one
+    with pytest.raises(OSError) as err:
+        write_atomic("/dev/full", "x" * 10_000)
+    assert err.value.filename == "/dev/full" and err.value.errno == errno.ENOSPC
+    (tmp_path / "report.html").mkdir()
+    with pytest.raises(OSError) as err:
+        write_atomic(tmp_path / "report.html", "<html>")
+    assert err.value.filename == str(tmp_path / "report.html")
+    assert [p.name for p in tmp_path.iterdir()] == ["report.html"]  # no temporary file left

@@ -44,9 +44,13 @@ def write_atomic(
     except OSError:  # not there yet
         special = False
     if special:
-        with open(path, "wb") as f:
-            f.write(payload)
+        try:
+            with open(path, "wb") as f:
+                f.write(payload)
+        except OSError as e:  # e.g. /dev/full: a write error names no file
+            raise OSError(e.errno, e.strerror, os.fspath(path)) from None
         return
+    given = os.fspath(path)
     path = Path(os.path.realpath(path))
     if make_parents:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -58,6 +62,10 @@ def write_atomic(
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:  # named by the file asked for: not the temporary one, nor none (ENOSPC)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise OSError(e.errno, e.strerror, given) from None
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()

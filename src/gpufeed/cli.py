@@ -89,6 +89,14 @@ def written(error: OSError, *targets: str | None) -> str:
     return named[0] if named else where
 
 
+def cannot_write(error: OSError, option: str, *given: str | None) -> str:
+    """`cannot write FILE: why`; where FILE is the command's default (no option named it), how
+    to write elsewhere (a run on a read-only mount is read fine, its report goes elsewhere)."""
+    path = written(error, *given)
+    hint = "" if path in given else f"; give {option} FILE in a folder you can write to"
+    return f"cannot write {path}: {error.strerror or error}{hint}"
+
+
 def echo_result(result: object, err: bool = False) -> None:
     """Print what a command returned (it renders itself: `__rich__`) on stdout (stderr with
     `err`); long lines of evidence stay whole for the terminal to wrap."""
@@ -284,7 +292,7 @@ def report_cmd(
             on_findings=lambda findings: echo_result(findings_view(findings), err),
         )
     except OSError as e:
-        raise GpufeedError(f"cannot write {written(e, out, json_out)}: {e.strerror}") from None
+        raise GpufeedError(cannot_write(e, "--out", out, json_out)) from None
 
 
 @app.command("trace")
@@ -338,7 +346,7 @@ def trace_cmd(
         echo = say(onto_stdout(out))
         write_trace(runs, out, start=start, end=end, max_mb=max_mb, echo=echo, merge=merge)
     except OSError as e:
-        raise GpufeedError(f"cannot write {written(e, out)}: {e.strerror}") from None
+        raise GpufeedError(cannot_write(e, "--out", out)) from None
 
 
 @app.command("export")

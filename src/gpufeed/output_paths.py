@@ -16,8 +16,12 @@ def check_output_file(
     """Refuse, before any work or any other file is written, an output file that cannot be: an
     existing folder, a path under a file, or (unless the command creates folders) a missing
     folder. `example`: the file name to suggest in a folder (the command's default's name)."""
-    if not path:
+    if path is None:
         return
+    if not path.strip():
+        raise GpufeedError(
+            f"{option} {path!r}: give a file name, e.g. {option} {example or _example(option)}"
+        )
     if os.path.isdir(path):
         raise GpufeedError(
             f"{option} {path} is a folder: give a file name in it, "

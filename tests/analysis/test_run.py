@@ -138,7 +138,7 @@ def test_a_damaged_store_is_left_out_and_named_and_the_rest_is_read(make_run):
     # one store cut short (an interrupted copy) made the whole run unreadable, in every command
     steps = [(i, 1010.0 + i, 1011.0 + i, 0.2, 32.0, None) for i in range(20)]
     run_dir = make_run(ranks={0: steps, 1: steps})
-    damaged, kept = sorted(run_dir.glob("steps-*.db"))
+    damaged, _ = sorted(run_dir.glob("steps-*.db"))
     damaged.write_bytes(b"SQLite format 3\x00" + b"\x13" * 4000)
     with pytest.warns(RuntimeWarning, match=rf"left out 1 store file.*{damaged.name} \("):
         run = gpufeed.load(run_dir)

@@ -129,3 +129,21 @@ def test_watch_stops_soon_after_the_profiler_and_its_training_are_killed(tmp_pat
     assert watch.returncode == 0, watch.stderr
     assert "have exited" in watch.stdout and "stopped watching" in watch.stdout, watch.stdout
     assert time.time() - started < 30  # seconds, not STALE_S
+
+
+def test_a_report_that_cannot_be_written_names_the_file_and_how_to_write_elsewhere(make_run):
+    # it said "cannot write RUN/.report.html.1234.tmp: Is a directory" (or a read-only mount's
+    # error) and nothing about --out
+    run_dir = make_run(ranks=STEPS)
+    (run_dir / "report.html").mkdir()
+    res = runner.invoke(app, ["report", str(run_dir)])
+    assert res.exit_code == 2
+    assert (
+        f"cannot write {run_dir / 'report.html'}: Is a directory; give --out FILE in a folder "
+        "you can write to"
+    ) in res.stderr
+    res = runner.invoke(app, ["report", str(run_dir), "-o", "/dev/full"])
+    assert res.exit_code == 2 and "cannot write /dev/full: No space left on device" in res.stderr
+    assert "give --out" not in res.stderr  # the user named this file
+    res = runner.invoke(app, ["report", str(run_dir), "--json", ""])
+    assert res.exit_code == 2 and "--json '': give a file name" in res.stderr
