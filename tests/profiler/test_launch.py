@@ -314,6 +314,31 @@ def test_missing_command_exits_127_before_anything_starts(tmp_path, profile_cli)
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize(
+    ("first_line", "code", "message"),
+    [
+        (
+            b"#!/usr/bin/python3\r\n",
+            127,
+            "its #! line ends in a carriage return ('/usr/bin/python3' + '\\r'): the file "
+            "has Windows (CRLF) line endings",
+        ),
+        (b"#!/no/such/python\n", 127, "its #! interpreter '/no/such/python' is not found"),
+        (b"print('hi')\n", 126, "not a program and no #! line; run it with its interpreter"),
+    ],
+)
+def test_a_script_that_exists_but_cannot_start_says_why(
+    tmp_path, profile_cli, first_line, code, message
+):
+    # all three read "No such file or directory" or "Exec format error", for a file that is there
+    script = tmp_path / "train.py"
+    script.write_bytes(first_line + b"print('hi')\n")
+    script.chmod(0o755)
+    cp = profile_cli("--out", str(tmp_path / "runs"), "--", str(script))
+    assert cp.returncode == code, cp.stderr
+    assert message in cp.stderr and "Traceback" not in cp.stderr
+
+
 @pytest.mark.parametrize("interval", ["0.01", "61", "-1"])
 def test_interval_out_of_range_is_a_clear_error(tmp_path, profile_cli, interval):
     cp = profile_cli("--interval", interval, "--", sys.executable, "-c", "pass")

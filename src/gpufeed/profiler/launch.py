@@ -8,6 +8,7 @@ its process group), passes the command's exit code through and finishes meta.jso
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -67,6 +68,32 @@ def child_env(run_dir: Path) -> dict[str, str]:
     return env
 
 
+def _spawn_failure(executable: str, error: OSError) -> str:
+    """Why an existing file could not be run: a script whose #! interpreter is missing (or ends
+    in a carriage return: CRLF line endings) reads as 'No such file or directory' otherwise."""
+    why = error.strerror or str(error)
+    try:
+        with open(executable, "rb") as f:
+            first = f.readline(512)
+    except OSError:
+        return why
+    if not first.startswith(b"#!"):
+        if error.errno == errno.ENOEXEC:
+            return f"{why}: not a program and no #! line; run it with its interpreter"
+        return why
+    interpreter = first[2:].rstrip(b"\n").decode("utf-8", "replace")
+    if interpreter.endswith("\r"):
+        return (
+            f"its #! line ends in a carriage return ({interpreter.strip()!r} + '\\r'): the file "
+            "has Windows (CRLF) line endings; convert it (dos2unix) or run it with its interpreter"
+        )
+    if error.errno == errno.ENOENT:
+        return (
+            f"its #! interpreter {interpreter.strip()!r} is not found; install it or fix the line"
+        )
+    return why
+
+
 def profile_command(
     command: list[str],
     out: str | os.PathLike[str] | None = None,
@@ -108,12 +135,13 @@ def profile_command(
                 setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
             )
         except OSError as e:
+            code = 127 if e.errno == errno.ENOENT else 126  # as a shell: not found, not runnable
             if run_dir is not None:
                 save_meta(
-                    run_dir, **{**meta, "end_time": time.time(), "exit_code": 126, "error": str(e)}
+                    run_dir, **{**meta, "end_time": time.time(), "exit_code": code, "error": str(e)}
                 )
             raise ProfileError(
-                f"cannot run {command[0]!r}: {e.strerror or e}", exit_code=126
+                f"cannot run {command[0]!r}: {_spawn_failure(executable, e)}", exit_code=code
             ) from None
         sampler = None
         if run_dir is not None:
