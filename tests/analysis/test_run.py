@@ -119,6 +119,8 @@ def test_damaged_meta_is_a_clear_error(make_run):
         ('{"hosts": 5}', r"meta\.json: 'hosts' is 5, expected list"),
         ('{"hosts": [5]}', r"'hosts' must be a list of host names"),
         ('{"end_time": "soon"}', r"'end_time' is 'soon', expected int or float or null"),
+        ('{"gpus": [1]}', r"'gpus' must be a list of objects"),  # was an AttributeError
+        ('{"start_time": 1e300}', r"'start_time' is 1e\+300, not a time"),  # an OverflowError
     ],
 )
 def test_meta_of_the_wrong_shape_is_a_clear_error(make_run, content, message):
@@ -159,3 +161,30 @@ def test_a_damaged_store_is_left_out_and_named_and_the_rest_is_read(make_run):
     (run_dir / "meta.json").unlink()
     with pytest.raises(RunError, match="no file of the run could be read"):
         gpufeed.load(run_dir)
+
+
+@pytest.mark.parametrize(
+    ("table", "change", "why"),
+    [
+        ("info", "UPDATE info SET value='null' WHERE key='rank'", "its info 'rank' is None"),
+        ("info", "UPDATE info SET value='\"x\"' WHERE key='pid'", "its info 'pid' is 'x'"),
+        ("processes", "UPDATE processes SET pid=NULL", "a process sample without a process id"),
+    ],
+)
+def test_a_store_holding_what_no_writer_writes_is_left_out_naming_the_key(
+    make_run, table, change, why
+):
+    # a null rank or pid (a damaged or hand-edited file) was a TypeError deep in the rules
+    import sqlite3
+
+    run_dir = make_run(
+        ranks={0: [(i, 1010.0 + i, 1011.0 + i, 0.2, 32.0, None) for i in range(5)]},
+        processes=[(1010.0, 100, "main", 50.0, 1e8)],
+    )
+    (store,) = run_dir.glob("steps-*.db" if table == "info" else "system-*.db")
+    with sqlite3.connect(store) as db:
+        db.execute(change)
+    with pytest.warns(RuntimeWarning, match=rf"{store.name} \({why}"):
+        run = gpufeed.load(run_dir)
+    assert run.meta["damaged_stores"][0].startswith(f"{store.name} ({why}")
+    gpufeed.analyze(run)  # the rest is analyzed

@@ -237,6 +237,7 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
     for store in stores:
         try:
             data = _read_store(store)
+            _check_store(data)
         except Exception as e:  # the others still tell what they recorded
             damaged.append(f"{store.name} ({e})")
             continue
@@ -358,6 +359,40 @@ def _check_meta(meta: Any, path: Path) -> None:
             raise RunError(f"{path}: {key!r} is {value!r}, expected {want}: {fix}")
     if any(not isinstance(h, str) for h in meta.get("hosts") or []):
         raise RunError(f"{path}: 'hosts' must be a list of host names: {fix}")
+    if any(not isinstance(g, dict) for g in meta.get("gpus") or []):
+        raise RunError(f"{path}: 'gpus' must be a list of objects (index, name, ...): {fix}")
+    for key in ("start_time", "end_time"):
+        value = meta.get(key)
+        if value is not None and not 0 <= value <= LATEST_TIME:
+            raise RunError(f"{path}: {key!r} is {value!r}, not a time (epoch seconds): {fix}")
+
+
+LATEST_TIME = 253_402_300_799  # 9999-12-31 23:59:59 UTC, the last time Python's datetime shows
+# a store's info keys and the types they hold where present
+_INFO_TYPES: dict[str, tuple[type, ...]] = {
+    "rank": (int,),
+    "local_rank": (int,),
+    "world_size": (int,),
+    "pid": (int,),
+    "dropped_events": (int, type(None)),
+    "start": (int, float, type(None)),
+    "end": (int, float, type(None)),
+}
+
+
+def _check_store(data: dict[str, Any]) -> None:
+    """A ValueError naming the key when a store's info, or a process sample's pid, is not of the
+    type its writer records (a damaged or hand-edited file): the store is then left out."""
+    info = data["info"]
+    for key, types in _INFO_TYPES.items():
+        if key not in info:
+            continue
+        value = info[key]
+        bad = isinstance(value, bool) or not isinstance(value, types)
+        if bad or (isinstance(value, float) and not 0 <= value <= LATEST_TIME):
+            raise ValueError(f"its info {key!r} is {value!r}, not what gpufeed writes there")
+    if any(not isinstance(row[1], int) for row in data.get("processes") or ()):
+        raise ValueError("a process sample without a process id")
 
 
 def _read_store(path: Path) -> dict[str, Any]:
