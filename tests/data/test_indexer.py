@@ -283,6 +283,14 @@ def test_a_json_label_written_as_a_whole_float_is_a_class_id(image_folder: Path,
     index_shards(str(_one_tar(tmp_path / "j" / "j.tar", members)), progress=False)
     ds = ShardDataset(tmp_path / "j", shuffle=False)
     assert {s.key: s.label for s in ds.iter_worker(0, 1)} == {"a": 1, "b": 0}
+    # "2" as text is the class id 2, as a .cls file says it; not a name sorted before "10"
+    labels = {f"k{i:02d}": i for i in range(12)}
+    members = {}
+    for key, i in labels.items():
+        members |= {f"{key}.jpg": jpg, f"{key}.json": f'{{"label": "{i}"}}'.encode()}
+    index_shards(str(_one_tar(tmp_path / "j" / "j.tar", members)), progress=False)
+    ds = ShardDataset(tmp_path / "j", shuffle=False)
+    assert {s.key: s.label for s in ds.iter_worker(0, 1)} == labels
     _one_tar(tmp_path / "j" / "j.tar", {"a.jpg": jpg, "a.json": b'{"label": 1.5}'})
     with pytest.raises(
         ShardError, match=r"j\.tar: label 1\.5 in sample 'a' is not an integer or a class name"

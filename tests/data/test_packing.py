@@ -191,6 +191,29 @@ def test_a_pack_finished_by_an_older_gpufeed_is_still_recognised(
     assert pack(src, tmp_path / "out", workers=1, progress=False).already_packed
 
 
+def test_a_pack_into_a_folder_with_files_of_its_own_touches_only_its_own(
+    image_folder: Path, tmp_path: Path
+):
+    # every *.tmp-* was deleted (a user's results.tmp-2024 too), and shards another tool wrote
+    # there as shard-00000.tar were written over without a word
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.tmp-2024").write_text("mine")
+    (out / "shard-00000.tar.tmp-99999").write_text("a killed pack's")
+    (out / "notes.txt").write_text("mine")
+    pack(image_folder, out, workers=1, progress=False)
+    assert (out / "results.tmp-2024").read_text() == "mine" and (out / "notes.txt").exists()
+    assert not (out / "shard-00000.tar.tmp-99999").exists()
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "shard-00000.tar").write_bytes(b"precious")
+    (theirs / "shard-00001.tar").write_bytes(b"precious")
+    with pytest.raises(PackError, match=r"shard-00000\.tar \(and 1 more shard files\) already "):
+        pack(image_folder, theirs, workers=1, progress=False)
+    assert (theirs / "shard-00000.tar").read_bytes() == b"precious"
+
+
 def test_interrupted_pack_leaves_no_complete_looking_shard_and_resumes_identically(
     image_folder: Path, tmp_path: Path
 ):
@@ -480,9 +503,10 @@ def test_broken_symlinks_fifos_and_stray_files_are_listed_with_their_reason_hidd
     (src / ".gpufeed-synth.json").write_text("{}")
     (src / "stray.jpg").write_bytes((src / "a" / "ok0.jpg").read_bytes())
     (src / "a" / "linked").symlink_to(src / "a", target_is_directory=True)
+    (src / "b").symlink_to(tmp_path / "unmounted", target_is_directory=True)  # a class folder
     res = pack(src, tmp_path / "out", workers=1, progress=False)
     skipped = {Path(p).name: why for p, why in res.skipped}
-    assert skipped["gone.jpg"] == "broken symbolic link"
+    assert skipped["gone.jpg"] == skipped["b"] == "broken symbolic link"
     assert skipped["pipe.jpg"] == "a FIFO, not an image file"
     assert skipped["stray.jpg"] == "not in a class sub-folder"
     assert not [name for name in skipped if name.startswith(".")]  # hidden: ignored, not listed
@@ -613,6 +637,19 @@ def test_list_labels_that_are_not_class_numbers_are_refused(image_folder, tmp_pa
     with pytest.raises(PackError, match=message):
         pack(lst, tmp_path / "out", workers=1, progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_header_line_among_numeric_labels_is_refused_naming_it(image_folder, tmp_path):
+    # "path,label" made every label a class name, sorted as text: 10 < 2, so 2 became 4
+    paths = sorted(image_folder.glob("*/*.jpg"))[:12]
+    lst = tmp_path / "list.csv"
+    lst.write_text("filename,label\n" + "".join(f"{p},{i}\n" for i, p in enumerate(paths)))
+    with pytest.raises(PackError, match=r"list\.csv:1: label 'label' is not a number, but 12 "):
+        pack(lst, tmp_path / "out", workers=1, progress=False)
+    lst.write_text("# filename,label\n" + "".join(f"{p},{i}\n" for i, p in enumerate(paths)))
+    pack(lst, tmp_path / "out", workers=1, progress=False)
+    labels = {s.key: s.label for s in ShardDataset(tmp_path / "out").iter_worker(0, 1)}
+    assert sorted(labels.values()) == list(range(12))
 
 
 def test_binary_or_unreadable_list_files_are_clear_errors(image_folder, tmp_path):

@@ -485,6 +485,23 @@ def test_a_url_without_a_bucket_is_a_clear_error_and_writes_nothing(
     assert list(tmp_path.iterdir()) == []  # no local folder `s3:` taken for the bucket
 
 
+@pytest.mark.parametrize(
+    ("url", "meant"), [("s3:/bkt/x", "s3://bkt/x"), ("s3:bkt/x", "s3://bkt/x")]
+)
+def test_a_url_missing_its_slashes_is_not_taken_for_a_local_folder(
+    url: str, meant: str, image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # `pack SRC s3:/bkt/x` packed into ./s3:/bkt/x and said "wrote ... to s3:/bkt/x"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PackError, match=rf"{url} looks like a mistyped URL .*: write {meant}, "):
+        pack(image_folder, url, workers=1, progress=False)
+    with pytest.raises(ShardError, match="looks like a mistyped URL"):
+        Source(url)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / url).mkdir(parents=True)  # a local folder of that name: taken as it is
+    assert Destination(url).url == url
+
+
 def test_cache_dir_is_a_folder_with_home_expanded(shards: Path, monkeypatch):
     with pytest.raises(OptionError, match=r"cache_dir='': give a folder"):
         Source(shards, cache_dir="")

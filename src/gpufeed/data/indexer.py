@@ -324,6 +324,8 @@ def _label_of(key: str, parts: dict[str, bytes], field: str | None, where: str) 
             )
         if isinstance(value, float) and value.is_integer():
             value = int(value)  # 1.0, as some writers store class ids
+        if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value.strip()):
+            value = int(value)  # "2", as a .cls file holds it: a class id, not a name
         if isinstance(value, (int, str)) and not isinstance(value, bool):
             return value
         raise ShardError(

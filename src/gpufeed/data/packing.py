@@ -71,6 +71,11 @@ from gpufeed.present.numbers import count, figure
 
 STATE_NAME = ".pack-state.json"  # the journal of older versions (`.done`: a finished pack's mark)
 SKIPPED_NAME = "pack-skipped.txt"
+# the files a pack writes in DST (shards, index, journal records, the skipped list)
+_PACK_FILES = re.compile(
+    r"shard-\d{5,}\.tar|gpufeed-index\.json|\.pack-state(?:\.\d{5,})?\.json(?:\.done)?"
+    r"|pack-skipped\.txt"
+)
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*((?:[kmgt]i?)?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -258,8 +263,17 @@ def _read_list(src: Path) -> str:
 
 def _list_labels(src: Path, labels: list[tuple[int, str]]) -> list[str]:
     """Class names for the labels of a list file: numbers 0..max when every label is a number
-    (a negative or absurdly large one is a PackError naming its line), else the sorted names."""
-    if not labels or not all(re.fullmatch(r"[+-]?\d+", x) for _, x in labels):
+    (a negative or absurdly large one is a PackError naming its line), else the sorted names.
+    Numbers beside a few names (a header line, `path,label`) are a PackError naming the line:
+    read as names, 2 and 10 would sort as '10' < '2' and every label would change."""
+    numeric = [re.fullmatch(r"[+-]?\d+", x) is not None for _, x in labels]
+    if any(numeric) and not all(numeric) and sum(numeric) > len(numeric) // 2:
+        n, x = next(label for label, ok in zip(labels, numeric, strict=True) if not ok)
+        raise PackError(
+            f"{src}:{n}: label {x!r} is not a number, but {sum(numeric):,} other lines' labels "
+            "are class numbers (a header line?): delete the line or start it with #"
+        )
+    if not labels or not all(numeric):
         return sorted({x for _, x in labels})
     for n, x in labels:
         if int(x) < 0:
@@ -321,7 +335,10 @@ def list_inputs(
             raise PackError(f"{src} has no class sub-folders: expected SRC/<class>/<image> files")
         for p in entries:
             if p not in class_dirs and not p.name.startswith("."):
-                skipped.append((str(p), "not in a class sub-folder"))
+                broken = p.is_symlink() and not p.exists()  # a class folder's link, maybe
+                skipped.append(
+                    (str(p), "broken symbolic link" if broken else "not in a class sub-folder")
+                )
         for d in class_dirs:
             rows += _walk_class(src, d, skipped)
         classes = [d.name for d in class_dirs]
@@ -675,7 +692,10 @@ def _pack_into(
     result = PackResult(dst=str(dst), classes=len(classes))
     sig = sigs[0]
     journal = _load_journal(out, sigs)
-    if journal is None and out.exists(INDEX_NAME):
+    owned = journal is not None or out.exists(INDEX_NAME)  # shards in DST are a pack's
+    if not owned:
+        _refuse_foreign_shards(out)
+    if journal is None and owned:
         done = _existing_index(out, sigs)
         if done is None:
             raise OtherPackError(
@@ -687,7 +707,7 @@ def _pack_into(
         result.repacked = done.repacked
         out.remove(INDEX_NAME)  # first: no index may list shards that are being rewritten
         out.remove(STATE_NAME + ".done")
-    out.remove_stale_tmp()
+    out.remove_stale_tmp(_PACK_FILES)
     journal = journal or _Journal()
     entries, consumed = journal.entries, journal.consumed
     result.converted = journal.converted
@@ -933,6 +953,23 @@ class _Journal:
         self.converted += converted
         self.skipped += skipped
         return True
+
+
+def _refuse_foreign_shards(out: Destination) -> None:
+    """An OtherPackError when DST holds shard files that no pack journal or index owns (another
+    tool's `shard-%05d.tar`, a pack whose index was deleted): packing would write over them,
+    and a later `gpufeed index` would mix the rest in."""
+    try:
+        names = sorted(n for n in out.sizes() if re.fullmatch(r"shard-\d{5,}\.tar", n))
+    except (FileNotFoundError, ShardError):  # no DST yet
+        return
+    if names:
+        more = f" (and {len(names) - 1} more shard files)" if len(names) > 1 else ""
+        raise OtherPackError(
+            f"{out.path(names[0])}{more} already exists, and no gpufeed index or pack journal "
+            "in DST owns it: packing would write over it; use an empty DST, or move the "
+            "shards away first"
+        )
 
 
 def record_name(number: int) -> str:

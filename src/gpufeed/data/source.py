@@ -74,12 +74,23 @@ def is_remote(url: str) -> bool:
     return "://" in str(url) and not str(url).startswith("file://")
 
 
+# `s3:/bucket/x`, `s3:bucket/x`: a remote scheme without its `//`, which would name a local folder
+_MISTYPED_URL = re.compile(r"(s3a?|gs|gcs|az|abfss?|https?):/?(?!/)[^/]*", re.IGNORECASE)
+
+
 def base_url(url: str | os.PathLike[str]) -> str:
     """`url` without trailing slashes (and `~` expanded); a ShardError for a remote URL that
     names no bucket (`s3://`, `s3:///prefix`), which would otherwise be taken for a local folder
     `s3:`."""
     text = str(url)
     if not is_remote(text):
+        typo = _MISTYPED_URL.match(text)
+        if typo and not os.path.exists(typo[0].rstrip("/")):
+            scheme, rest = text.split(":", 1)
+            raise ShardError(
+                f"{text} looks like a mistyped URL (one slash or none after '{scheme}:'): write "
+                f"{scheme.lower()}://{rest.lstrip('/')}, or ./{text} for a local folder"
+            )
         return os.path.expanduser(text).rstrip("/")
     scheme, rest = text.split("://", 1)
     rest = rest.rstrip("/")
@@ -1070,11 +1081,14 @@ class Destination:
             return p
         return f"{self.path(name)}.tmp-{os.getpid()}"
 
-    def remove_stale_tmp(self) -> int:
-        """Delete temporary files a previous, interrupted pack left behind; returns how many."""
+    def remove_stale_tmp(self, own: re.Pattern[str]) -> int:
+        """Delete the temporary files (`local_tmp`) of the files `own` names that a previous,
+        interrupted writer left behind; never another file (a user's `results.tmp-2024`).
+        Returns how many."""
         if self.remote:
             return 0
-        stale = list(Path(self.url).glob("*.tmp-*"))
+        tmp = re.compile(rf"(?:{own.pattern})\.tmp-\d+")
+        stale = [p for p in Path(self.url).glob("*.tmp-*") if tmp.fullmatch(p.name)]
         for p in stale:
             p.unlink(missing_ok=True)
         return len(stale)
