@@ -60,7 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument(
-        "--workers", type=int, default=None, help="loader worker processes (default: all cores)"
+        "--workers",
+        type=int,
+        default=None,
+        help="loader worker processes (default: every core but one, per local rank)",
     )
     p.add_argument("--preprocess", choices=["cpu", "gpu", "auto"], default="cpu")
     p.add_argument(

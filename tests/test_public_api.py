@@ -29,3 +29,16 @@ def test_importing_every_submodule_leaves_the_public_functions_in_place():
     from gpufeed.data.loader import Loader
 
     assert gpufeed.data.Loader is Loader
+    from gpufeed.data.augment import Augment
+
+    assert gpufeed.data.Augment is Augment  # an error message names it so
+
+
+def test_gpufeed_data_is_there_after_import_gpufeed():
+    # the README's `Loader(data, **gpufeed.data.load_settings(path))` after `import gpufeed`
+    import subprocess
+    import sys
+
+    code = "import gpufeed; gpufeed.data.load_settings; gpufeed.data.Augment"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

@@ -6,7 +6,8 @@ Public API (kept small on purpose):
 - ``gpufeed.step(samples=None)``: mark a training step where autopatching cannot see one.
 - ``gpufeed.load(path) -> Run``: a run directory as pandas frames.
 - ``gpufeed.analyze(run) -> list[Finding]``: the built-in bottleneck rules.
-- ``gpufeed.data``: ``pack``, ``ShardDataset``, ``Loader``, ``load_settings``.
+- ``gpufeed.data``: ``pack``, ``ShardDataset``, ``Loader``, ``Augment``, ``load_settings`` (there
+  after ``import gpufeed``: its names are imported on first use).
 
 Packages: ``profiler`` (COLLECT), ``analysis`` (UNDERSTAND), ``present`` (SHOW: renders only),
 ``commands`` (load → analyze → render → write: show, ls, report, trace, export), ``data`` (FEED),
@@ -18,6 +19,7 @@ Packages: ``profiler`` (COLLECT), ``analysis`` (UNDERSTAND), ``present`` (SHOW: 
 
 from __future__ import annotations
 
+from gpufeed import data as data  # costs nothing: its names are imported on first use
 from gpufeed.analysis.api import analyze, load
 from gpufeed.profiler.api import profile, step
 

@@ -7,6 +7,7 @@ hand-off decoded on the feeder thread, corrupt samples, dead workers, bounded ho
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -56,6 +57,7 @@ STATE_KEYS = {
     "drop_last",
     "shuffle",
     "shuffle_buffer",
+    "index",
 }
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -428,7 +430,9 @@ def test_state_dict_says_where_the_rank_is(shards: Path, make: MakeLoader):
         "drop_last": True,
         "shuffle": True,
         "shuffle_buffer": loader.dataset.shuffle_buffer,
+        "index": loader.state_dict()["index"],
     }
+    assert re.fullmatch(r"[0-9a-f]{16}", loader.state_dict()["index"])
     it = iter(loader)
     next(it), next(it)
     assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (0, 2)
@@ -487,6 +491,81 @@ def test_resume_on_another_world_size_or_data_set_is_refused(shards: Path, make:
         make(shards, 4, num_workers=0, rank=0, world_size=2).load_state_dict(
             {**state, "samples": 50}
         )
+
+
+def test_a_state_of_the_same_images_packed_another_way_is_refused(
+    shards: Path, id_list: Path, tmp_path: Path, make: MakeLoader
+):
+    # same 48 samples in other shards (another --shard-size): another order, so the position
+    # meant other samples (duplicates and gaps), and only the count was compared
+    from gpufeed.data.packing import pack
+
+    with pytest.warns(UserWarning, match="outside 1-128 MB"):
+        pack(id_list, tmp_path / "other", shard_size="40KB", workers=1, progress=False)
+    state = _state_after(make(shards, 4, num_workers=0), 0, 3)
+    other = make(tmp_path / "other", 4, num_workers=0)
+    with pytest.raises(ValueError, match=r"saved with index='[0-9a-f]{16}'.*the same index"):
+        other.load_state_dict(state)
+    older = {k: v for k, v in state.items() if k != "index"}  # saved before it was recorded
+    other.load_state_dict(older)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_set_epoch_mid_epoch_keeps_state_dict_where_the_loop_is(
+    shards: Path, make: MakeLoader, num_workers: int
+):
+    # a hook calling set_epoch(current) mid-epoch made every later checkpoint of the epoch say
+    # "epoch start": resuming replayed the batches already trained on
+    whole = make(shards, 4, num_workers=num_workers, seed=3)
+    whole.set_epoch(0)
+    expected = _batches(whole)
+    loader = make(shards, 4, num_workers=num_workers, seed=3)
+    seen = []
+    for _, labels in loader:
+        seen.append(labels.tolist())
+        if len(seen) == 2:
+            loader.set_epoch(0)
+        if len(seen) == 5:
+            state = loader.state_dict()
+            break
+    assert (state["epoch"], state["batch"]) == (0, 5)
+    resumed = make(shards, 4, num_workers=num_workers, seed=3)
+    resumed.load_state_dict(state)
+    assert seen + [y for _, y in _batches(resumed)] == [y for _, y in expected]
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("drop_last", "False"), ("shuffle", "False"), ("strict", "no"), ("channels_last", 0)],
+)
+def test_on_off_options_given_as_text_are_refused(shards: Path, option: str, value: Any):
+    # drop_last="False" (a YAML or argparse string) dropped the last batch: read as True
+    with pytest.raises(OptionError, match=rf"{option} must be True or False, got {value!r}"):
+        Loader(shards, 4, num_workers=0, device="cpu", **{option: value})
+
+
+def test_a_forked_child_lets_go_of_the_parents_workers(shards: Path, make: MakeLoader):
+    # the child's iteration moved the parent's workers on (the parent then waited forever), and
+    # the child's garbage collection stopped them
+    loader = make(shards, 4, num_workers=2, seed=3)
+    expected = _epoch(make(shards, 4, num_workers=2, seed=3))
+    it = iter(loader)
+    first = [int(x) for x in next(it)[1]]
+    pid = os.fork()
+    if pid == 0:  # the child: iterating is refused; dropping the copy touches nothing
+        code = 3
+        try:
+            iter(loader)
+        except RuntimeError as e:
+            code = 0 if "belong to the process it was forked from" in str(e) else 4
+        finally:  # whatever happens, the child never goes on running the tests
+            with contextlib.suppress(BaseException):
+                del it
+                loader.close()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert first + [int(x) for _, labels in it for x in labels] == expected
 
 
 def test_a_state_from_before_whole_batches_is_refused_clearly(shards: Path, make: MakeLoader):

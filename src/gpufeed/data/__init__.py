@@ -17,13 +17,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from gpufeed.data.augment import Augment
     from gpufeed.data.dataset import ShardDataset
     from gpufeed.data.loader import Loader
     from gpufeed.data.packing import pack
     from gpufeed.data.settings import load_settings
 
-__all__ = ["Loader", "ShardDataset", "load_settings", "pack"]
+__all__ = ["Augment", "Loader", "ShardDataset", "load_settings", "pack"]
 _WHERE = {
+    "Augment": "gpufeed.data.augment",
     "ShardDataset": "gpufeed.data.dataset",
     "Loader": "gpufeed.data.loader",
     "load_settings": "gpufeed.data.settings",

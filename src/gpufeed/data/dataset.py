@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.data.indexer import expand_urls, is_shard_pattern, split_shards
-from gpufeed.data.options import whole
+from gpufeed.data.options import flag, whole
 from gpufeed.data.shards import IMAGE_EXTS, Index, ShardError
 from gpufeed.data.source import MB, Source
 from gpufeed.errors import OptionError
@@ -105,6 +105,7 @@ class ShardDataset:
                 f"shuffle_buffer={shuffle_buffer!r}: give a number of samples, 1 or more "
                 "(1 keeps the shard order; pass shuffle=False to not shuffle at all)"
             )
+        shuffle, drop_last = flag("shuffle", shuffle), flag("drop_last", drop_last)
         seed = whole("seed", seed)
         rank = None if rank is None else whole("rank", rank)
         world_size = None if world_size is None else whole("world_size", world_size, 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import inspect
 import os
 import time
@@ -27,7 +28,7 @@ from gpufeed.data.choose import PREPROCESS_MODES, choose_preprocess, trial_rate
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.device import CANVAS_ELEMENTS, DeviceStage, decoder_name
 from gpufeed.data.feeder import Feeder
-from gpufeed.data.options import known, whole
+from gpufeed.data.options import flag, known, whole
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.remote import RayPool, cluster_option, default_remote_workers, release_cluster
 from gpufeed.data.slots import Slots
@@ -44,7 +45,8 @@ DEVICE_DEPTH = 2  # batches the feeder keeps ready on the device
 # what fixes the order a state's position counts in; not the rank: every rank has the same
 # batches per epoch, and DDP trainers (Lightning) save rank 0's state and load it on every rank
 _STATE_KEYS = ("seed", "world_size", "num_workers", "batch_size", "samples", "drop_last")
-_ORDER_KEYS = ("shuffle", "shuffle_buffer")  # checked where saved (older states lack them)
+# checked where saved (older states lack them); "index": which shards, in which order
+_ORDER_KEYS = ("shuffle", "shuffle_buffer", "index")
 
 try:  # the profiler measures data wait in DataLoader iterators' __next__: be one of them
     from torch.utils.data.dataloader import _BaseDataLoaderIter as _IterBase
@@ -195,6 +197,10 @@ class Loader:
             )
         batch_size = whole("batch_size", batch_size, 1)
         prefetch = whole("prefetch", prefetch, 1)
+        channels_last, strict = flag("channels_last", channels_last), flag("strict", strict)
+        drop_last, non_blocking = flag("drop_last", drop_last), flag("non_blocking", non_blocking)
+        if pin_memory is not None:
+            pin_memory = flag("pin_memory", pin_memory)
         worker_nice = 0 if worker_nice is None else whole("worker_nice", worker_nice, -20)
         if num_workers is not None:
             num_workers = whole("num_workers", num_workers, 0)
@@ -255,6 +261,7 @@ class Loader:
         self._live: Any = None  # weakref to that iteration
         self._delivered = 0  # batches of the current epoch handed to the loop
         self._token = 0  # the iteration in progress
+        self._index_key: str | None = None  # `_index_id`, once computed
         self._feeder: Feeder | None = None
         self._pool: WorkerPool | InlinePool | RayPool | None = None
         self._slots: Slots | None = None
@@ -386,6 +393,11 @@ class Loader:
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         """The epoch's batches, (images, labels) on the device; see the class docstring for
         which epoch."""
+        if self._forked():
+            raise RuntimeError(
+                "this Loader's workers belong to the process it was forked from: make a new "
+                "Loader in this process (iterating the inherited one would stop the parent's)"
+            )
         if self._next is not None:
             at = self._next
         elif self._fresh is not None:  # nothing was taken from the last one: not an epoch
@@ -515,7 +527,11 @@ class Loader:
 
     def close(self, wait: float = 1.0) -> None:
         """Stop the feeder thread and the worker processes (also done when the Loader is freed).
-        Waits at most `wait` seconds for the feeder: one stuck in a read ends when it returns."""
+        Waits at most `wait` seconds for the feeder: one stuck in a read ends when it returns.
+        A forked copy (another process) lets go of them: they are its parent's."""
+        if self._forked():
+            self._feeder = self._pool = self._slots = None
+            return
         if getattr(self, "cluster", None) is not None:  # also after a failed __init__
             release_cluster()  # disconnect what cluster= connected, if no pool uses it
         if self._feeder is not None:
@@ -530,6 +546,12 @@ class Loader:
             self._slots.unpin()
         self._feeder = self._pool = self._slots = None
         _OPEN.pop(self, None)
+
+    def _forked(self) -> bool:
+        """True in a process forked from the one whose workers this Loader runs: they share its
+        pipes, and a word from here would stop them or move them on under the parent."""
+        owner = _OPEN.get(self)
+        return owner is not None and owner != os.getpid()
 
     def __del__(self) -> None:
         # may run on any thread, even one the feeder waits for: signal, never wait
@@ -546,7 +568,11 @@ class Loader:
 
     def state_dict(self) -> dict[str, Any]:
         """Where this rank is: the epoch and how many of its batches were delivered."""
-        if self._next is not None:  # load_state_dict or set_epoch, not iterated yet
+        live = self._live() if self._live is not None else None
+        running = (  # an epoch part delivered: set_epoch mid-epoch applies to the next one
+            live is not None and live._token == self._token and 0 < self._delivered < len(self)
+        )
+        if self._next is not None and not running:  # load_state_dict or set_epoch, not iterated
             epoch, batch = self._next.epoch, self._next.batch
         else:
             epoch, batch = self._epoch, self._delivered
@@ -565,7 +591,17 @@ class Loader:
             "drop_last": self.drop_last,
             "shuffle": ds.shuffle,
             "shuffle_buffer": ds.shuffle_buffer,
+            "index": self._index_id(),
         }
+
+    def _index_id(self) -> str:
+        """Which shards, with which samples, in which order: the same count of images packed
+        another way (another shard size) orders an epoch differently, so a position in it means
+        other samples."""
+        if self._index_key is None:
+            shards = [(s.name, s.samples, s.sha256) for s in self.dataset.index.shards]
+            self._index_key = hashlib.sha256(repr(shards).encode()).hexdigest()[:16]
+        return self._index_key
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration delivers exactly the batches not yet delivered."""
@@ -601,8 +637,9 @@ class Loader:
     # --- reporting ---------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Throughput, data wait, first-batch wait per epoch, corrupt samples (shard, key,
-        reason), retries and memory bounds."""
+        """Throughput, data wait, first-batch wait per epoch, corrupt samples (`corrupt`: how
+        many; `corrupt_samples`: the first 100, shard, key and reason), retries and memory
+        bounds."""
         st = dict(self._stats)
         st["first_batch_waits"] = list(st["first_batch_waits"])
         st["images_per_s"] = st["images"] / st["seconds"] if st["seconds"] else 0.0

@@ -39,6 +39,14 @@ def real(
     return number
 
 
+def flag(name: str, value: Any) -> bool:
+    """`value` where it is True or False (a numpy bool too); text such as "False" from a config
+    file or the command line is refused: read by truthiness it would mean True."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise OptionError(f"{name} must be True or False, got {value!r}")
+
+
 def _number(value: Any) -> float | None:
     """A finite number as a float (numpy and 0-d torch values too); None for a bool, text,
     NaN or anything else."""
