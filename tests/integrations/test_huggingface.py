@@ -54,5 +54,8 @@ def test_training_is_profiled_and_reported(tmp_path: Path) -> None:
     run = gpufeed.load(callback.run_dir)
     assert run.meta["finished"] and run.meta["exit_code"] == 0
     assert len(run.steps) == 20
+    # accelerate reads a batch ahead, and the model takes keyword inputs: step 0 counted both
+    # batches it fetched (16) where its forward saw 8
+    assert run.steps["samples"].tolist() == [8.0] * 20
     assert callback.report == callback.run_dir / "report.html"
     assert "hf-train" in callback.report.read_text()

@@ -192,11 +192,13 @@ def _forward_begins(module: Any, args: Any, kwargs: Any = None) -> None:
     _forwards.append((perf_counter(), n, torch.is_grad_enabled(), bool(module.training)))
 
 
-def _forward_ends(module: Any) -> None:
+def _forward_ends(module: Any, kwargs: Any = None) -> None:
     t1 = perf_counter()
     if not _forwards:
         return
     t0, n, grad, training = _forwards.pop()
+    if n is None and kwargs:  # a global pre-hook sees no kwargs: model(x=..., labels=...)
+        n = _input_size((), kwargs)
     rec = _recorder
     if rec:
         rec.on_forward(id(module), t0, t1, n, grad, training)
@@ -269,12 +271,14 @@ def _global_pre(module: Any, args: Any) -> None:
             hook_failed(e)
 
 
-def _global_post(module: Any, args: Any, output: Any) -> None:
+def _global_post(module: Any, args: Any, *rest: Any) -> None:
+    """The global forward hook: (module, args, kwargs, output) where torch passes kwargs to
+    global hooks, (module, args, output) where it does not."""
     global _depth
     _depth = max(0, _depth - 1)
     if _depth == 0:
         try:
-            _forward_ends(module)
+            _forward_ends(module, rest[0] if len(rest) == 2 else None)
         except Exception as e:
             hook_failed(e)
 
@@ -386,7 +390,13 @@ def _patch_optimizer(module: Any) -> None:
 def _patch_modules(module: Any) -> None:
     if not _global_hooks and not _model_ids:
         _global_hooks.append(module.register_module_forward_pre_hook(_global_pre))
-        _global_hooks.append(module.register_module_forward_hook(_global_post, always_call=True))
+        try:  # with the forward's kwargs (HF models take model(input_ids=..., labels=...))
+            post = module.register_module_forward_hook(
+                _global_post, with_kwargs=True, always_call=True
+            )
+        except TypeError:  # a torch whose global hooks take no kwargs
+            post = module.register_module_forward_hook(_global_post, always_call=True)
+        _global_hooks.append(post)
 
 
 def _patch_dataloader(module: Any) -> None:
