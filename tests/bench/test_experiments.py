@@ -127,7 +127,10 @@ def test_batch_reports_whether_the_batch_size_rule_fires(tmp_path: Path, cache: 
 
     out = run_bench("batch", tmp_path / "b", full=False, cache=cache, **TINY)
     rows = read_rows(out)
-    assert [r["batch_size"] for r in rows] == ["4", "64"]
+    # 32 images: the large batch is all of them, and the table says so (it said 64, which
+    # never ran: every step got 32)
+    assert [r["batch_size"] for r in rows] == ["4", "32"]
+    assert "Only 32 images: the large batch is 32, not 64" in (out / "results.md").read_text()
     assert all(r["batchsize_rule"] in ("fires", "silent") for r in rows)
     if not torch.cuda.is_available():  # the rule reads GPU utilization and memory
         assert all(r["batchsize_rule"] == "silent" for r in rows)
@@ -273,6 +276,16 @@ def test_bench_workers_compares_one_worker_with_the_workers_option(
     r = CliRunner().invoke(app, ["bench", "workers", "--workers", "1", "-o", str(tmp_path / "x")])
     assert r.exit_code == 2 and "--workers 1: `bench workers` compares 1 loader worker" in r.output
     assert not (tmp_path / "x").exists()
+
+
+def test_a_batch_larger_than_the_data_is_refused_before_anything_runs(
+    tmp_path: Path, cache: Path
+) -> None:
+    from gpufeed.bench.workload import BenchError
+
+    with pytest.raises(BenchError, match=r"32 images .* fewer than one batch of 64"):
+        run_bench("workers", tmp_path / "w", full=False, cache=cache, **{**TINY, "batch_size": 64})
+    assert not (tmp_path / "w" / "results.json").exists()
 
 
 def test_workers_below_one_is_refused_by_the_command_line_with_its_minimum(

@@ -44,3 +44,13 @@ def test_markdown_formats_values_and_marks_missing_ones(tmp_path: Path) -> None:
     assert text.startswith("# Demo\n\nHardware: 2-core test CPU\n\nParameters: batch=8\n")
     assert "| model | img/s | gain |\n|---|---|---|\n" in text
     assert "| resnet18 | 123.5 | – |" in text and "| resnet50 | – | +12.3% |" in text
+
+
+def test_a_new_run_in_the_same_folder_leaves_no_earlier_table_or_chart(tmp_path: Path) -> None:
+    # a rerun stopped after its first row left the earlier run's complete-looking results.md,
+    # results.png and summary.csv beside its own partial rows
+    for name in ("results.md", "results.png", "summary.csv", "notes.txt"):
+        (tmp_path / name).write_text("earlier run")
+    ResultSet(tmp_path, "demo", {}, {}).add({"a": 1})
+    left = {p.name for p in tmp_path.iterdir()}
+    assert not left & {"results.md", "results.png", "summary.csv"} and "notes.txt" in left

@@ -60,6 +60,28 @@ def test_bad_options_are_refused_by_name():
         demo_config(tiny=True, steps=2)
     with pytest.raises(ValueError, match="--images 40 is too few for --batch-size 32"):
         demo_config(tiny=True, images=40, batch_size=32)
+    with pytest.raises(ValueError, match="--batch-size must be at least 2, got 1"):
+        demo_config(tiny=True, images=8, batch_size=1)  # BatchNorm refused it mid-training
+
+
+def test_both_demo_pipelines_train_on_the_same_whole_batches(tmp_path: Path):
+    # the gpufeed run kept each epoch's short last batch (the naive one dropped it): 9 images in
+    # batches of 4 ended in a batch of 1, which BatchNorm refuses at 16-32 px
+    import argparse
+
+    from gpufeed.demo.compare import demo_images, demo_shards
+    from gpufeed.demo.train import build_loader
+
+    cfg = replace(demo_config(tiny=True), images=9, classes=2, short_side=(64, 80), batch_size=4)
+    images = demo_images(tmp_path, cfg)
+    common = {"batch_size": 4, "workers": 0, "image_size": 16, "prefetch": 1}
+    sizes = {}
+    for pipeline, data in (("naive", images), ("gpufeed", demo_shards(images, cfg))):
+        args = argparse.Namespace(pipeline=pipeline, data=str(data), preprocess="cpu", **common)
+        loader = build_loader(args)
+        sizes[pipeline] = [len(labels) for _, labels in loader]
+        getattr(loader, "close", lambda: None)()
+    assert sizes["naive"] == sizes["gpufeed"] == [4, 4]
 
 
 def test_bad_model_on_the_command_line_exits_2_with_a_clear_message(tmp_path: Path, gpufeed_cli):

@@ -208,3 +208,15 @@ def test_fp16_with_grad_scaler_and_channels_last_on_the_gpu() -> None:
     )
     assert result.steps == 5 and torch.isfinite(torch.tensor(result.final_loss))
     assert next(model.parameters()).is_cuda
+
+
+def test_an_empty_loader_is_an_error_not_a_rate_of_zero() -> None:
+    with pytest.raises(ValueError, match="the loader yielded no batch"):
+        fit(tiny_model(), [], device="cpu", verbose=False)
+
+
+def test_channels_last_leaves_inputs_that_are_not_images_as_they_are() -> None:
+    # a 2-D (tabular) or 3-D input raised "required rank 4 tensor to use channels_last format"
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+    data = [(torch.randn(4, 3, 4), torch.randint(0, 3, (4,))) for _ in range(3)]
+    assert fit(model, data, device="cpu", channels_last=True, verbose=False).steps == 3

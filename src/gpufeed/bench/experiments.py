@@ -66,13 +66,26 @@ def run_bench(
 
 
 def _start(
-    cfg: BenchConfig, out_dir: Path, name: str, data: Sequence[Shards], **params: Any
+    cfg: BenchConfig,
+    out_dir: Path,
+    name: str,
+    data: Sequence[Shards],
+    *,
+    largest_batch: int,
+    **params: Any,
 ) -> ResultSet:
     """The experiment's results, first saved here: called once its inputs are checked and its
     ``data`` is packed, so that a run refused for bad input leaves an earlier results folder
-    untouched."""
+    untouched. Data with fewer images than `largest_batch` is refused: its rows would name a
+    batch size that never ran."""
     from gpufeed.hardware import hardware
 
+    if data[0].images < largest_batch:
+        raise BenchError(
+            f"{count(data[0].images, 'image')} (--images / --data) are fewer than one batch of "
+            f"{largest_batch}: every step would get a smaller batch than the table says; give "
+            f"at least {largest_batch} images or a smaller --batch-size"
+        )
     params = {**params, **cfg.params(), "images": data[0].images}  # the real count of --data
     try:
         res = ResultSet(out_dir, name, params, hardware())
@@ -156,7 +169,10 @@ def augload(cfg: BenchConfig, out_dir: Path) -> ResultSet:
     models = ("resnet18", "resnet50", "resnet152") if cfg.full else ("resnet18",)
     packed = shards(cfg)
     data, n_images = packed.path, packed.images
-    res = _start(cfg, out_dir, "augload", [packed], models=list(models), loads=list(AUG_LOADS))
+    res = _start(
+        cfg, out_dir, "augload", [packed], largest_batch=cfg.batch_size, models=list(models),
+        loads=list(AUG_LOADS),
+    )  # fmt: skip
     if cfg.device == "cpu":
         res.note(
             "The `gpu` path runs its batched decode + augmentation on the CPU here, in the training "
@@ -233,10 +249,8 @@ def augload_summary(
                 row[f"{mode}_epoch_s"] = round(n_images / med, 3) if med else None
                 row[f"{mode}_efficiency"] = round(med / ceiling, 3) if med and ceiling else None
                 row["repeats"] = max(row.get("repeats", 0), len(got or ()))
-            cpu_s, gpu_s = row["cpu_epoch_s"], row["gpu_epoch_s"]
-            row["gpu_gain_pct"] = (
-                round(100.0 * (cpu_s - gpu_s) / cpu_s, 1) if cpu_s and gpu_s else None
-            )
+            cpu, gpu = row["cpu_ips"], row["gpu_ips"]  # the medians, not the rounded seconds
+            row["gpu_gain_pct"] = round(100.0 * (1 - cpu / gpu), 1) if cpu and gpu else None
             if row["repeats"]:
                 out.append(row)
     return out
@@ -392,8 +406,8 @@ def workers(cfg: BenchConfig, out_dir: Path) -> ResultSet:
     resize = round(cfg.image_size * 256 / 224)  # the usual 256-for-224 short side
     sets = {"resize on read": shards(cfg), f"pre-resized to {resize}px": shards(cfg, resize)}
     res = _start(
-        cfg, out_dir, "workers", list(sets.values()), model=model, worker_counts=[1, many],
-        pre_resize=resize,
+        cfg, out_dir, "workers", list(sets.values()), largest_batch=cfg.batch_size, model=model,
+        worker_counts=[1, many], pre_resize=resize,
     )  # fmt: skip
     if cores - 1 < 2 and many == 2:
         res.note(f"Only {cores} cores: 'many' workers is {many}, not cores-1.")
@@ -443,13 +457,21 @@ def workers(cfg: BenchConfig, out_dir: Path) -> ResultSet:
 def batch(cfg: BenchConfig, out_dir: Path) -> ResultSet:
     """Utilization and throughput of a small and a large batch, and whether BatchSize fires."""
     model = "resnet50" if cfg.full else "resnet18"
-    sizes = (64, 512) if cfg.full else (4, 64)
+    sizes = planned = (64, 512) if cfg.full else (4, 64)
     resize = round(cfg.image_size * 256 / 224)
     packed = shards(cfg, resize)
     data = packed.path
+    if packed.images < planned[1]:  # the large batch is the whole data set: said, not claimed
+        sizes = (min(planned[0], packed.images), packed.images)
     res = _start(
-        cfg, out_dir, "batch", [packed], model=model, batch_sizes=list(sizes), pre_resize=resize
-    )
+        cfg, out_dir, "batch", [packed], largest_batch=sizes[0], model=model,
+        batch_sizes=list(sizes), pre_resize=resize,
+    )  # fmt: skip
+    if sizes != planned:
+        res.note(
+            f"Only {count(packed.images, 'image')}: the large batch is {sizes[1]}, not "
+            f"{planned[1]} (--images sets how many)."
+        )
     for b, kind in progress(
         cfg, list(zip(sizes, ("small", "large"), strict=True)), lambda it: f"batch {it[0]}", "batch"
     ):

@@ -66,7 +66,8 @@ class LocalCluster:
         self.env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
         self.nodes: list[subprocess.Popen[bytes]] = []
         head = ["--head", "--port", str(self.port), "--temp-dir", str(self.dir)]
-        head += ["--include-dashboard=false", "--ray-client-server-port", str(free_port())]
+        self.client_port = free_port()  # Ray Client's server: ray://127.0.0.1:client_port
+        head += ["--include-dashboard=false", "--ray-client-server-port", str(self.client_port)]
         self.head = self._start(head, head_cpus, cores, "head")
 
     def _start(

@@ -63,6 +63,10 @@ class ResultSet:
         self.notes: list[str] = []
         self.started = time.time()
         self.complete = False
+        # an earlier run's table, chart and summary would stand, complete-looking, beside this
+        # run's rows until it writes its own (and for good where it is stopped first)
+        for stale in ("results.md", "results.png", "summary.csv"):
+            (self.out_dir / stale).unlink(missing_ok=True)
 
     @property
     def csv_path(self) -> Path:

@@ -199,7 +199,7 @@ def demo_config(
     for name, least in (
         ("images", cfg.classes),
         ("steps", 8),
-        ("batch_size", 1),
+        ("batch_size", 2),  # BatchNorm cannot train on one image per batch
         ("image_size", 16),
     ):
         if getattr(cfg, name) < least:
@@ -416,6 +416,7 @@ def run_demo(
     console = Console(stderr=True, quiet=not progress)
     work = Path(work)
     claim_work_dir(work)
+    (work / "demo-result.json").unlink(missing_ok=True)  # an earlier run's, were this one to fail
     hw = hardware()
     console.print(f"[bold]gpufeed demo[/] on {describe(hw)}")
     console.print(

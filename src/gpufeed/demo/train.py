@@ -55,6 +55,7 @@ def build_loader(args: argparse.Namespace) -> Any:
         prefetch=args.prefetch,
         preprocess=args.preprocess,
         augment=recipe,
+        drop_last=True,  # as the naive loader: the same whole batches (a batch of 1 breaks BN)
     )
 
 

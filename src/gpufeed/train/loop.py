@@ -243,7 +243,7 @@ def fit(
             images, labels = _split_batch(batch)
             images = images.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
-            if channels_last:
+            if channels_last and images.dim() == 4:  # N×C×H×W: other inputs have no such layout
                 images = images.contiguous(memory_format=torch.channels_last)
             with torch.autocast(
                 device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
@@ -283,6 +283,11 @@ def fit(
             break
     _sync(device)
     t_end = time.perf_counter()
+    if not step_times:  # a misconfigured loader, not a measurement of 0 images/s
+        raise ValueError(
+            "the loader yielded no batch: nothing was trained (an empty data set, or a "
+            "drop_last loader with fewer samples than one batch?)"
+        )
     if measure_start is None or measured_samples == 0:  # too few steps to skip warm-up: count all
         measure_start, measured_samples, measured_steps = t_begin, samples, len(step_times)
     elapsed = max(t_end - measure_start, 1e-9)
