@@ -181,6 +181,26 @@ def test_cluster_address_errors_are_gpufeed_errors_and_still_connection_errors(s
     assert isinstance(err.value, ConnectionError)
 
 
+def test_a_ray_version_mismatch_names_both_versions(monkeypatch: pytest.MonkeyPatch):
+    # only Ray's first line was kept ("Version mismatch: The cluster was started with:") and the
+    # advice was to start a cluster. No second Ray is installed here: its refusal is replayed.
+    from gpufeed.data import remote
+
+    refusal = (
+        "Version mismatch: The cluster was started with:\n    Ray: 2.59.0\n    Python: 3.11.7"
+        "\nThis process on node 127.0.0.1 was started with:\n    Ray: 2.60.0\n    Python: 3.11.7"
+    )
+    monkeypatch.setattr(remote, "_check_reachable", lambda address: None)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+
+    def init(**_: object) -> None:
+        raise RuntimeError(refusal)
+
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(GpufeedError, match=r"Ray: 2\.59\.0 .* Ray: 2\.60\.0.*install the cluster"):
+        remote.connect("127.0.0.1:6379")
+
+
 def test_a_process_connected_to_another_cluster_is_refused_naming_the_option(
     shards: Path, cluster: LocalCluster
 ):
@@ -194,6 +214,34 @@ def test_a_process_connected_to_another_cluster_is_refused_naming_the_option(
     with _loader(shards, f"localhost:{cluster.port}", num_workers=1) as same:
         assert len(next(iter(same))[1]) == 4
     assert ray.get_runtime_context().gcs_address == connected
+
+
+def test_a_ray_client_address_in_a_process_that_drives_a_cluster_is_refused(
+    shards: Path, cluster: LocalCluster
+):
+    # this process is the cluster's driver (ray.init, as Ray Tune/Train do): a ray:// address
+    # was not compared, and the actors started on the connected cluster while stats() named the
+    # other one
+    assert wait_until(lambda: _accepts(cluster.client_port), timeout=120)
+    with pytest.raises(OptionError, match=r"connected to a Ray cluster already \(as its driver"):
+        _loader(shards, f"ray://127.0.0.1:{cluster.client_port}", num_workers=1)
+
+
+def test_a_second_loader_finding_every_cpu_held_says_so(
+    shards: Path, cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+):
+    # train and val Loaders with the default num_workers (all the cluster's CPUs): the second
+    # waited for a CPU, then said only "no Ray node is left"
+    from gpufeed.data import remote
+
+    monkeypatch.setattr(remote, "START_TIMEOUT_S", 5.0)
+    with _loader(shards, cluster.address, num_workers=2) as train:
+        it = iter(train)
+        next(it)  # its 2 actors hold both CPUs
+        val = _loader(shards, cluster.address)
+        with val, pytest.raises(LoaderWorkerError, match=r"CPUs are all held by other actors"):
+            next(iter(val))
+        assert sum(len(labels) for _, labels in it) == 44  # train goes on: 48 less the first 4
 
 
 def test_a_loader_closed_without_being_iterated_disconnects_what_it_connected(

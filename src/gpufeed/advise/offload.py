@@ -47,16 +47,17 @@ class OffloadAdvice:
 
     @property
     def remote_cores(self) -> int:
-        """Remote CPU cores to add (0 when the host suffices)."""
+        """CPU cores the Ray cluster needs (0 when the host suffices): all of the preprocessing,
+        with headroom, since Loader(cluster=...) runs all of it there (the README's head gives
+        the GPU host's cores none)."""
         if not self.helps:
             return 0
-        return max(1, math.ceil(self.cores_needed * HEADROOM) - self.host_cores)
+        return max(1, math.ceil(self.cores_needed * HEADROOM))
 
     @property
     def network_bytes_per_s(self) -> float:
-        """Bytes/s of uint8 batches the remote cores send at the model's pace."""
-        share = self.remote_cores / max(self.cores_needed * HEADROOM, 1e-9)
-        return min(1.0, share) * self.model_images_per_s * self.image_bytes
+        """Bytes/s of uint8 batches the cluster sends at the model's pace (every image)."""
+        return self.model_images_per_s * self.image_bytes if self.helps else 0.0
 
     def text(self) -> str:
         """One line of advice for diagnose/tune output."""
@@ -74,8 +75,9 @@ class OffloadAdvice:
             return f"offload to CPU nodes: not needed, {need}"
         gbit = self.network_bytes_per_s * 8 / 1e9
         return (
-            f"offload to CPU nodes: would help, {need}; add ~{self.remote_cores} remote cores "
-            f"(Loader(cluster=...), {README_SECTION}) and ~{gbit:.1f} Gbit/s into this host"
+            f"offload to CPU nodes: would help, {need}; give Loader(cluster=...) a Ray cluster "
+            f"of ~{self.remote_cores} CPU cores (it preprocesses everything there, "
+            f"{README_SECTION}) and ~{gbit:.1f} Gbit/s into this host"
         )
 
 

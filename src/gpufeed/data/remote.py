@@ -64,6 +64,12 @@ def connect(address: str) -> bool:
     try:
         ray.init(address=address, log_to_driver=False, namespace="gpufeed")
     except (ConnectionError, ValueError, RuntimeError) as e:
+        text = " ".join(str(e).split()) or type(e).__name__
+        if text.startswith("Version mismatch"):  # its versions are on the lines after the first
+            raise ClusterError(
+                f"cluster={address!r}: {text[:600]}; install the cluster's Ray (and Python) "
+                "version here, or start the cluster with this one's"
+            ) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ClusterError(
             f"cluster={address!r}: no Ray cluster to connect to ({first}); start one with "
@@ -84,11 +90,20 @@ def release_cluster() -> None:
 
 def _check_connected_to(address: str) -> None:
     """An OptionError naming `cluster=` where this process is connected to another Ray cluster
-    than `address` names. Only a GCS address HOST:PORT is compared ("auto": RAY_ADDRESS if set,
-    else whichever cluster is connected; a "ray://" client server has another port)."""
+    than `address` names. A GCS address HOST:PORT is compared ("auto": RAY_ADDRESS if set, else
+    whichever cluster is connected); a "ray://" address (a client server, on another port) is
+    refused where this process is a cluster's driver, not a Ray Client."""
     wanted = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
     host, sep, port = wanted.rpartition(":")
-    if wanted.startswith("ray://") or not sep or not port.isdigit():
+    if wanted.startswith("ray://"):
+        if not import_ray().util.client.ray.is_connected():  # a driver of a cluster, no client
+            raise OptionError(
+                f"cluster={address!r}: this process is connected to a Ray cluster already (as "
+                "its driver, not through Ray Client), where the loader actors would start; pass "
+                "that cluster's address HOST:PORT, or call ray.shutdown() before making the Loader"
+            )
+        return
+    if not sep or not port.isdigit():
         return
     try:
         connected = str(import_ray().get_runtime_context().gcs_address or "")
@@ -170,13 +185,15 @@ def _answers_grpc(conn: socket.socket, timeout: float = 5.0) -> bool:
     return head[3] == 4
 
 
-def cluster_cpus(timeout: float = 10.0) -> int:
-    """CPUs of the live nodes of the connected cluster; ClusterError where its head does not
-    answer within `timeout` s (Ray would wait for it until its core ends the process)."""
+def cluster_cpus(timeout: float = 10.0, free: bool = False) -> int:
+    """CPUs of the live nodes of the connected cluster (`free`: those no actor holds now);
+    ClusterError where its head does not answer within `timeout` s (Ray would wait for it until
+    its core ends the process)."""
     ray = import_ray()
     pool = ThreadPoolExecutor(1, thread_name_prefix="gpufeed-ray-cpus")
+    ask = ray.available_resources if free else ray.cluster_resources
     try:
-        resources = pool.submit(ray.cluster_resources).result(timeout=timeout)
+        resources = pool.submit(ask).result(timeout=timeout)
     except FutureTimeout:
         raise ClusterError(f"the Ray cluster's head did not answer within {timeout:g} s") from None
     finally:
@@ -260,11 +277,12 @@ class RayPool:
         address: str,
         *,
         depth: int,
-        start_timeout: float = START_TIMEOUT_S,
+        start_timeout: float | None = None,
     ) -> None:
         ray = import_ray()
         self.plan, self.slots, self.address = plan, slots, address
-        self.depth, self.start_timeout = max(1, depth), start_timeout
+        self.depth = max(1, depth)
+        self.start_timeout = START_TIMEOUT_S if start_timeout is None else start_timeout
         self.gen = 0
         self.processes: list[Any] = []  # no local worker processes
         self.bytes_received = 0
@@ -321,10 +339,18 @@ class RayPool:
                 with contextlib.suppress(Exception):
                     ray.kill(actor)
         if not self._actors:
+            held = ""
+            with contextlib.suppress(Exception):  # a CPU left but none free: others hold them
+                if cluster_cpus() > 0 and cluster_cpus(free=True) < 1:
+                    held = (
+                        "; or its CPUs are all held by other actors (another Loader on this "
+                        "cluster? Loaders on one cluster share its CPUs: pass num_workers= to "
+                        "each so that together they fit)"
+                    )
             raise self._fatal(
                 f"no Ray node is left to preprocess on: the cluster at {self.address!r} could not "
                 f"start a loader actor (1 CPU) within {self.start_timeout:.0f} s; add a node with "
-                "`ray start --address HEAD_IP:PORT` (see README)"
+                f"`ray start --address HEAD_IP:PORT` (see README){held}"
             )
         for w in range(self.plan.workers):  # workers without a live owner get one
             if self._owner.get(w) not in self._actors:
