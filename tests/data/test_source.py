@@ -634,8 +634,9 @@ def test_an_endpoint_answering_503_inside_botocores_own_retries_is_not_called_si
     # while it sleeps, and the error said "no answer; check that the endpoint is up"
     monkeypatch.setenv("AWS_ENDPOINT_URL", faulty_proxy.url)
     faulty_proxy.every = 10**9
-    source = Source(s3_shards, storage_options={"timeout": 1.5})
-    entry = source.read_index().shards[0]
+    source = Source(s3_shards, storage_options={"timeout": 60})
+    entry = source.read_index().shards[0]  # with time to spare on a busy machine
+    source.timeout = 1.5  # then a deadline shorter than botocore's pauses between its retries
     faulty_proxy.down_until = math.inf
     with pytest.raises(ShardError) as err:
         source.open(entry).read()
