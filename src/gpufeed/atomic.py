@@ -62,13 +62,11 @@ def write_atomic(
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:  # named by the file asked for: not the temporary one, nor none (ENOSPC)
+    except BaseException as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        raise OSError(e.errno, e.strerror, given) from None
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        if isinstance(e, OSError):  # named by the file asked for: not the temporary, nor none
+            raise OSError(e.errno, e.strerror, given) from None
         raise
 
 

@@ -1,6 +1,6 @@
 """Output paths checked before a command does any work: a file that is a folder, a path under a
-file, a missing folder, a profiled run's own data files, two options naming one file. Each refusal is a GpufeedError that names the
-option and says what to give instead."""
+file, a missing folder, a profiled run's own data files, two options naming one file. Each refusal
+is a GpufeedError that names the option and says what to give instead."""
 
 from __future__ import annotations
 

@@ -233,13 +233,13 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
     ranks: list[dict[str, Any]] = []
     hosts: set[str] = set(meta.get("hosts") or [])
     dropped = 0
-    damaged: list[str] = []
+    damaged: list[tuple[Path, Exception]] = []  # store files left out, and why
     for store in stores:
         try:
             data = _read_store(store)
             _check_store(data)
         except Exception as e:  # the others still tell what they recorded
-            damaged.append(f"{store.name} ({e})")
+            damaged.append((store, e))
             continue
         info = data["info"]
         host = str(info.get("host") or "")
@@ -297,18 +297,16 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
     proc_df = proc_df.sort_values("time", kind="stable").reset_index(drop=True)
 
     if damaged and len(damaged) == len(stores) and not meta:
-        raise RunError(
-            f"cannot read store file {run_dir / damaged[0].split(' ', 1)[0]}: "
-            f"{damaged[0].split(' ', 1)[1][1:-1]}; no file of the run could be read"
-        )
+        store, e = damaged[0]
+        raise RunError(f"cannot read store file {store}: {e}; no file of the run could be read")
     if damaged:
+        meta["damaged_stores"] = [f"{store.name} ({e})" for store, e in damaged]
         warnings.warn(
             f"{run_dir}: left out {len(damaged)} store file(s) that cannot be read: "
-            f"{'; '.join(damaged)}; the rest of the run is read",
+            f"{'; '.join(meta['damaged_stores'])}; the rest of the run is read",
             RuntimeWarning,
             stacklevel=2,
         )
-        meta["damaged_stores"] = damaged
     meta["hosts"] = sorted(hosts)
     meta["ranks"] = sorted(ranks, key=lambda r: (str(r["host"]), r["rank"] or 0))
     meta["dropped_events"] = dropped + int(meta.get("dropped_events") or 0)

@@ -71,9 +71,10 @@ from gpufeed.present.numbers import count, figure
 
 STATE_NAME = ".pack-state.json"  # the journal of older versions (`.done`: a finished pack's mark)
 SKIPPED_NAME = "pack-skipped.txt"
+_SHARD_FILE = r"shard-\d{5,}\.tar"  # the names `shard_name` gives
 # the files a pack writes in DST (shards, index, journal records, the skipped list)
 _PACK_FILES = re.compile(
-    r"shard-\d{5,}\.tar|gpufeed-index\.json|\.pack-state(?:\.\d{5,})?\.json(?:\.done)?"
+    rf"{_SHARD_FILE}|gpufeed-index\.json|\.pack-state(?:\.\d{{5,}})?\.json(?:\.done)?"
     r"|pack-skipped\.txt"
 )
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
@@ -960,7 +961,7 @@ def _refuse_foreign_shards(out: Destination) -> None:
     tool's `shard-%05d.tar`, a pack whose index was deleted): packing would write over them,
     and a later `gpufeed index` would mix the rest in."""
     try:
-        names = sorted(n for n in out.sizes() if re.fullmatch(r"shard-\d{5,}\.tar", n))
+        names = sorted(n for n in out.sizes() if re.fullmatch(_SHARD_FILE, n))
     except (FileNotFoundError, ShardError):  # no DST yet
         return
     if names:

@@ -45,7 +45,7 @@ import tempfile
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
 from pathlib import Path
@@ -211,6 +211,17 @@ class _Heard:
 # the call whose requests are made in this context (several Sources share one filesystem);
 # asyncio runs a call's coroutine in a copy of its caller's context
 _HTTP_CALL: ContextVar[_Heard | None] = ContextVar("gpufeed_http_call", default=None)
+
+
+@contextlib.contextmanager
+def _hearing(on_retry: Callable[[], None]) -> Iterator[_Heard]:
+    """What botocore sees of the requests made inside the block (see `_Heard`)."""
+    heard = _Heard(on_retry)
+    token = _HTTP_CALL.set(heard)
+    try:
+        yield heard
+    finally:
+        _HTTP_CALL.reset(token)
 
 
 def _counting_s3_class() -> Any:
@@ -683,14 +694,10 @@ class Source:
         fs = filesystem(self.url, self.storage_options)
         if isinstance(fn, str):
             method, fn = fn, lambda timeout: call_remote(fs, method, *args, timeout=timeout)
-        heard = _Heard(self._count_http)
-        token = _HTTP_CALL.set(heard)
-        try:
+        with _hearing(self._count_http) as heard:
             out, self._reached, expired = _retrying(
                 fn, self.retries, self.backoff, self.timeout, self._reached, self._count
             )
-        finally:
-            _HTTP_CALL.reset(token)
         if isinstance(out, BaseException):
             if isinstance(out, (FileNotFoundError, ShardError)):
                 raise out
@@ -995,9 +1002,7 @@ class Destination:
         """`fs.method(*args, **kwargs)` with retries within the deadline; failures are one
         ShardError."""
         fs = self._fs()
-        heard = _Heard(lambda: None)
-        token = _HTTP_CALL.set(heard)
-        try:
+        with _hearing(lambda: None) as heard:
             out, self._reached, expired = _retrying(
                 lambda timeout: call_remote(fs, method, *args, timeout=timeout, **kwargs),
                 retries=4,
@@ -1006,8 +1011,6 @@ class Destination:
                 reached=self._reached,
                 on_retry=lambda: None,
             )
-        finally:
-            _HTTP_CALL.reset(token)
         if isinstance(out, BaseException):
             named = args and str(args[0]).startswith(f"{self.url}/")  # a file, not the bucket
             where = str(args[0]) if named else self.url

@@ -84,17 +84,17 @@ def identity() -> dict[str, Any]:
                 rank, world = dist.get_rank(), dist.get_world_size()
         except Exception:
             pass
-    rank_no = _whole("RANK", rank, 0)
+    rank_no = _env_int("RANK", rank, 0)
     return {
         "host": hostname(),
         "rank": rank_no,
-        "local_rank": _whole("LOCAL_RANK", local_rank, rank_no),
-        "world_size": _whole("WORLD_SIZE", world, 1),
+        "local_rank": _env_int("LOCAL_RANK", local_rank, rank_no),
+        "world_size": _env_int("WORLD_SIZE", world, 1),
         "pid": os.getpid(),
     }
 
 
-def _whole(name: str, value: Any, fallback: int) -> int:
+def _env_int(name: str, value: Any, fallback: int) -> int:
     """`value` of the environment variable `name` as a number; unset or empty: `fallback`; not a
     number: `fallback`, said once (`LOCAL_RANK=$SLURM_LOCALID` outside srun exports an empty one:
     recording must not stop over it)."""

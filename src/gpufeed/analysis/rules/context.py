@@ -341,8 +341,7 @@ class Context:
         def room(host: str) -> int:
             ranks = self.rank_hosts[host]
             cpu = self.worker_cpu_on(host)
-            each = 1.0 if not math.isfinite(cpu) or cpu >= BUSY else max(cpu / 100, 0.25)
-            each = max(each, cpu / 100)
+            each = max(cpu / 100, 1.0 if cpu >= BUSY else 0.25) if math.isfinite(cpu) else 1.0
             most = int((self.cores_of(host) // ranks - 1) / each)
             return max(1, min(most, now + int(self.free_cores(host) / ranks / each)))
 

@@ -85,10 +85,10 @@ class IOBottleneck(Rule):
                 )
                 evidence |= {"iowait_mean_pct": round(mean, 1), "iowait_cores": round(blocked, 2)}
         rates = (("disk.read", "disk reads"), ("net.rx", "network receive"))
+        sent = pct(ctx.metric("net.tx")["value"], 50)
         for metric, what in () if bound else rates:  # CPU-bound workers read as they decode
             rate = ctx.metric(metric)["value"]
             p50, p95 = pct(rate, 50), pct(rate, 95)
-            sent = pct(ctx.metric("net.tx")["value"], 50)
             if metric == "net.rx" and p50 < p["rx_over_tx"] * sent:
                 continue  # as much sent as received: a collective between hosts, not data
             if p95 > 0 and p50 >= p["min_rate_mb"] * MB and p50 >= p["plateau"] * p95:
