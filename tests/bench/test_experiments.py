@@ -57,8 +57,10 @@ def test_reduced_augload_grid_runs_end_to_end_and_writes_its_table(
             assert s[f"{mode}_ips"] == pytest.approx(med)
             assert s[f"{mode}_efficiency"] == pytest.approx(med / ceiling, abs=1e-3)
             assert s[f"{mode}_epoch_s"] == pytest.approx(32 / med, rel=1e-3)
-        cpu, gpu = s["cpu_epoch_s"], s["gpu_epoch_s"]
-        assert s["gpu_gain_pct"] == pytest.approx(100 * (cpu - gpu) / cpu, abs=0.1)
+        # from the medians, not the seconds per epoch rounded to 3 places (those drift by
+        # more than 0.1 point where an epoch takes a few milliseconds)
+        cpu, gpu = median("cpu", str(s["load"])), median("gpu", str(s["load"]))
+        assert s["gpu_gain_pct"] == pytest.approx(100 * (1 - cpu / gpu), abs=0.06)
         assert s["repeats"] == 2
 
     md = (out / "results.md").read_text()
