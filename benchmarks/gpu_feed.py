@@ -20,11 +20,11 @@ skips the others.
 earlier call it adds (or replaces) those rows beside the earlier ones, so a run that does not fit
 in one call can be finished by the next (shares use the synthetic row, whichever call made it).
 
-Device time: all rows (about 25) take 12-15 minutes on one H100 (36 s per training row and 16 s
-per loader-alone row on 2026-11-23, data generation 60-90 s), more than one 600-s call. First run
-what no GPU has run yet and needs no extra wheels:
-`--only synthetic "GPU (nvJPEG)" "workers decode"` (about 8 rows, under 6 minutes); then, with
-DALI carried over (below), `--only "DALI"` (its decoder and its own pipeline), then the rest.
+Device time: all rows (about 25) take 10-15 minutes on one H100 or H200 (25-36 s per training
+row, 16 s per loader-alone row, data generation 30-90 s), more than one 600-s call. On
+2026-11-28 nine GPU rows with nvImageCodec took 266 s on an H200 (benchmarks/results/
+gpu-feed-h200). Not yet run on a GPU: `--only "DALI"` (its decoder and its own pipeline), once
+DALI is carried over (below).
 
 DALI on a GPU machine without registry access: its wheels travel with the working tree, which
 carries at most 64 MiB per call, so they go in 60 MiB pieces over consecutive calls (the machine

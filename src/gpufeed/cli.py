@@ -550,7 +550,9 @@ def bench_cmd(
             name, out, full=full, data=data, budget_s=budget, steps=steps, repeats=repeats,
             images=images, batch_size=batch_size, workers=workers, cache=cache,
         )  # fmt: skip
-    for message in dict.fromkeys(str(w.message) for w in caught):
+    # not Python's own notices (3.12 warns of os.fork beside threads, as for any DataLoader)
+    ours = (w for w in caught if not issubclass(w.category, DeprecationWarning))
+    for message in dict.fromkeys(str(w.message) for w in ours):
         typer.secho(f"gpufeed: warning: {message}", err=True, fg=typer.colors.YELLOW)
     chart = ", .png" if (path / "results.png").is_file() else ""
     typer.echo(f"gpufeed: wrote {path}/results.md (+ .csv, .json{chart})")

@@ -36,6 +36,7 @@ def hardware() -> dict[str, Any]:
     if limit is not None and limit < info["memory_total"]:
         info["memory_limit"] = limit
     info["gpus"] = []
+    info["versions"]["torch"] = torch.__version__  # with its build: 2.11.0+cu130, not 2.11.0
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)

@@ -278,7 +278,10 @@ def test_resample_on_cuda_matches_cpu():
     cpu = resample_batch([im for im, _ in cases], boxes, theta, OUT)
     cuda = resample_batch([im.cuda() for im, _ in cases], boxes, theta.cuda(), OUT)
     assert cuda.is_cuda
-    torch.testing.assert_close(cuda.cpu(), cpu, atol=1.0, rtol=0)  # float16 canvas
+    diff = (cuda.cpu() - cpu).abs()
+    # a float16 canvas samples at float16 coordinates: up to ~0.1 px off, seen only at sharp edges
+    # on an H200: mean 0.10, 0.12% of values off by more than 1, at most 4.5 (a wrong crop: tens)
+    assert diff.mean() < 0.5 and (diff > 1.0).float().mean() < 0.01 and diff.max() < 16
 
 
 @gpu

@@ -1262,6 +1262,37 @@ def test_gpu_preprocess_on_cuda_delivers_device_batches(shards: Path, make: Make
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize(
+    ("decoder", "name"),
+    [
+        ("nvjpeg", "nvjpeg (torchvision)"),
+        ("nvimgcodec", "nvimgcodec (cuda)"),
+        ("dali", "dali (mixed)"),
+        ("cpu", "libjpeg-turbo (feeder thread)"),
+    ],
+)
+def test_each_device_decoder_on_cuda_gives_the_images_of_the_cpu_path(
+    decoder: str, name: str, shards: Path, make: MakeLoader
+):
+    if decoder in ("nvimgcodec", "dali"):
+        pytest.importorskip(f"nvidia.{decoder}")
+    if decoder == "nvjpeg" and not nvjpeg_available():
+        pytest.skip("needs torchvision's nvJPEG")
+    kw: dict[str, Any] = {"num_workers": 2, "augment": AUG, "seed": 1}
+    loader = make(shards, 8, preprocess="gpu", device="cuda", decoder=decoder, **kw)
+    batches = [(x.cpu(), y.cpu()) for x, y in loader]  # 6 batches: decode buffers reused
+    assert loader.stats()["decoder"] == name
+    assert sorted(torch.cat([y for _, y in batches]).tolist()) == list(range(48))
+    cpu = make(shards, 8, preprocess="cpu", device="cpu", **kw)
+    xc = torch.cat([x for x, _ in cpu])
+    xg = torch.cat([x for x, _ in batches])
+    # another decoder and resampling: the same crops and flips, so close statistics
+    torch.testing.assert_close(xg.mean((0, 2, 3)), xc.mean((0, 2, 3)), atol=0.05, rtol=0)
+    torch.testing.assert_close(xg.std((0, 2, 3)), xc.std((0, 2, 3)), atol=0.05, rtol=0)
+
+
+@gpu
+@needs_cuda
 def test_workers_decoding_for_cuda_matches_the_cpu_batches(shards: Path, make: MakeLoader):
     out = {}
     for device, mode in (("cpu", "cpu"), ("cuda", "gpu")):

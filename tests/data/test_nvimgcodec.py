@@ -47,6 +47,29 @@ def test_a_batch_decodes_to_the_pixels_of_libjpeg_turbo_leaving_out_what_cannot_
             assert (got.int() - torch.from_numpy(ref).int()).abs().max() <= 2
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_batch_decodes_on_cuda_in_the_stream_order_to_the_pixels_of_libjpeg_turbo(shards: Path):
+    samples = list(ShardDataset(shards, shuffle=False).iter_worker(0, 1))[:6]
+    data = [np.frombuffer(s.data, np.uint8) for s in samples]
+    decoder = NvImageCodecDecoder(torch.device("cuda"))
+    stream = torch.cuda.Stream()
+    for broken in (None, 3, None):  # the device buffers are reused from batch to batch
+        batch = list(data)
+        if broken is not None:  # not a JPEG (a truncated one decodes on the GPU, gray below)
+            batch[broken] = np.frombuffer(b"not an image " * 8, np.uint8)
+        with torch.cuda.stream(stream):
+            images, bad = decoder.decode_each(batch, stream)
+            got = [im.cpu() for im in images]  # read in the stream the decode ran in
+        assert list(bad) == ([] if broken is None else [broken])
+        want = [decode(s.data) for i, s in enumerate(samples) if i != broken]
+        assert len(images) == len(want) and all(im.is_cuda for im in images)
+        for g, ref in zip(got, want, strict=True):
+            assert g.dtype == torch.uint8 and g.shape == ref.shape
+            diff = (g.int() - torch.from_numpy(ref).int()).abs().float()
+            assert diff.mean() < 2.0  # another IDCT and chroma upsampling: close, not equal
+
+
 # --- RegionDecoder: the CPU workers' decode over the crop box (Loader(decoder="nvimgcodec")) ---
 
 

@@ -138,7 +138,8 @@ def build_batch(
             augment.finish(x, [w[i : i + 1] for w in later], out[j : j + 1], owned=True)
         else:
             firsts.append(x)
-    if firsts:
-        augment.finish(torch.cat(firsts), [w[idx] for w in later], out, owned=True)
+    if firsts:  # decoded here, finished where `out` is (the device, with decoder="cpu")
+        x = torch.cat(firsts).to(out.device, non_blocking=True)
+        augment.finish(x, [w[idx] for w in later], out, owned=True)
     labels = torch.tensor([samples[i].label for i in keep], dtype=torch.long)
     return out, labels, corrupt

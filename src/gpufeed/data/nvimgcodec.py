@@ -4,7 +4,8 @@ The library under DALI's decoders, without a pipeline: one batched `Decoder.deco
 stage's CUDA stream (hardware JPEG decoder where the GPU has one, else CUDA / hybrid), whose
 output images are reused from batch to batch (so their device buffers are not allocated again
 for every batch) and read by torch in place (`__cuda_array_interface__`). An image it cannot
-decode comes back as None: the others stay in the batch. On a CPU device it decodes on the CPU.
+decode comes back as None: the others stay in the batch (a truncated JPEG, which libjpeg-turbo
+refuses, may decode on the GPU, gray where its data ends). On a CPU device it decodes on the CPU.
 
 `RegionDecoder` is the CPU workers' decoder with CPU preprocessing: libjpeg-turbo through
 nvImageCodec's CPU backend, which can decode a region of a JPEG without the rest.
