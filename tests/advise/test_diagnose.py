@@ -283,6 +283,66 @@ def test_shards_are_measured_with_the_gpufeed_loader(
     assert [t.name for t in threading.enumerate() if t.name.startswith("gpufeed-")] == []
 
 
+def test_gpu_preprocessing_that_makes_training_wait_is_judged_by_training_on_it():
+    """A GPU decoder takes GPU time from the model: fast alone (3× what the model takes), it still
+    leaves training waiting (nvJPEG beside RN-50 on an H200). Its verdict comes from training on
+    it, shown beside its rate; an alternative not trained on keeps the verdict of its rate."""
+    import json
+
+    from rich.console import Console
+
+    from gpufeed.advise.diagnose import Alternative, Diagnosis
+    from gpufeed.advise.measure import Rate
+
+    shape = (256, 3, 224, 224)
+    gpu = Alternative("gpufeed Loader (GPU preprocessing, num_workers=15)", 13_000.0, 15)
+    gpu.trained = Rate(3_600, 1.0, shape, 0.38)
+    split = Alternative("gpufeed Loader (CPU decode, GPU warps ...)", 4_500.0, 15)
+    split.trained = Rate(4_400, 1.0, shape, 0.02)
+    cpu = Alternative("gpufeed Loader (CPU preprocessing, num_workers=15)", 1_100.0, 15)
+    d = Diagnosis(
+        "shards/", "gpufeed Loader, 8 workers", "resnet50", "cuda",
+        Rate(1_000, 1.0, shape), Rate(4_700, 1.0, shape),
+        alternatives=[gpu, split, cpu], together=Rate(1_000, 1.0, shape, 0.78),
+    )  # fmt: skip
+    assert [d.verdict_with(a) for a in (gpu, split, cpu)] == [
+        "input-bound",  # by its rate alone it would read compute-bound
+        "compute-bound",
+        "input-bound",
+    ]
+    console = Console(record=True, width=250)
+    console.print(d)
+    out = console.export_text()
+    assert "trained on it" in out
+    assert "3,600.0 (77% of the model alone)" in out and "4,400.0 (94% of the model alone)" in out
+    (row,) = [line for line in out.splitlines() if "CPU preprocessing, num_workers=15" in line]
+    assert "—" in row  # not trained on: a CPU path leaves the GPU to the model
+    alts = json.loads(json.dumps(d.to_dict()))["alternatives"]
+    assert [a["trained_images_per_s"] for a in alts] == [3_600, 4_400, None]
+    assert [a["trained_data_wait_share"] for a in alts] == [0.38, 0.02, None]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_gpu_alternatives_are_trained_on(photos: Path, tmp_path: Path):
+    import warnings
+
+    from gpufeed.data.packing import pack
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tiny shards, below the 1-128 MB advice
+        pack(photos, tmp_path / "shards", progress=False, workers=1)
+    d = diagnose(
+        str(tmp_path / "shards"), model=f"{THIS}:tiny_cnn", batch_size=16, device="cuda",
+        workers=1, image_size=32, seconds=1.5, augment_load=3,
+    )  # fmt: skip
+    assert d.verdict == "input-bound"  # a three-layer CNN outruns one worker's JPEG decoding
+    gpu = [a for a in d.alternatives if "GPU" in a.name]
+    assert len(gpu) == 2 and any("decoder='workers'" in a.name for a in gpu)  # load 3: the split
+    assert all(a.trained is not None and a.trained.images_per_s > 0 for a in gpu)
+    assert all(a.trained is None for a in d.alternatives if a not in gpu)
+
+
 runner = CliRunner()
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from gpufeed.advise.measure import MeasureError
-from gpufeed.advise.tune import Trial, TuneResult, _worker_counts, tune
+from gpufeed.advise.tune import GPU_ALONE_NOTE, Trial, TuneResult, _worker_counts, tune
 from gpufeed.cores import usable_cores
 from gpufeed.data import load_settings
 from gpufeed.data.augment import Augment
@@ -157,6 +157,9 @@ def test_on_cuda_a_heavy_recipe_also_tries_the_workers_and_gpu_split(shards: Pat
     )  # fmt: skip
     split = [t for t in r.trials if t.decoder == "workers"]
     assert [t.preprocess for t in split] == ["gpu"] and split[0].images_per_s > 0
+    # no model: a GPU decoder's rate alone hides what it takes from training, and the note says so
+    decodes_on_gpu = r.best.preprocess == "gpu" and r.best.decoder != "workers"
+    assert (GPU_ALONE_NOTE in r.notes) == decodes_on_gpu
     # the light recipe has no warps left for the GPU: no such trial
     light = tune(
         str(shards), batch_size=16, device="cuda", image_size=32, out=None, seconds=0.5,

@@ -6,7 +6,10 @@ pulled as fast as it delivers them), the model alone (one batch resident on the 
 ceiling), and both together (the model trained on the loader's batches). Each can be fast alone
 while together they stall, so the verdict comes from the together run: input-bound when its steps
 wait for data `WAITING` of the time or more; the end-to-end share of the ceiling is named. For an input-bound job, the usual fixes are
-measured too: more workers, pre-resized shards and GPU preprocessing where CUDA exists.
+measured too: more workers, pre-resized shards and GPU preprocessing where CUDA exists. GPU
+preprocessing shares the GPU with the model, so it is also trained on end to end: alone it may
+deliver 3× the images the model takes, and still make training wait (nvJPEG beside RN-50 on an
+H200: 13,000 images/s alone, 0.86 of the ceiling in training; benchmarks/results/gpu-feed-h200).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class Alternative:
     cluster_pipeline: bool = False  # what Loader(cluster=...) runs (CPU preprocessing)
     threads: int | None = None  # on a CPU device, the torch threads its workers leave the model
     ceiling: float | None = None  # the model alone timed with `threads`; None: the diagnosis's
+    trained: Rate | None = None  # GPU preprocessing: the model trained on its batches (together)
 
 
 @dataclass
@@ -115,7 +119,10 @@ class Diagnosis:
         return self.model_rate.images_per_s if a.ceiling is None else a.ceiling
 
     def verdict_with(self, a: Alternative) -> str:
-        """The verdict the job would get with alternative `a` as its loader."""
+        """The verdict the job would get with alternative `a` as its loader: from training on it
+        where that was measured (as the job's own verdict), else from its rate alone."""
+        if a.trained is not None and math.isfinite(a.trained.data_wait_share):
+            return "input-bound" if a.trained.data_wait_share >= WAITING else "compute-bound"
         return "input-bound" if a.images_per_s < self.ceiling_beside(a) else "compute-bound"
 
     def offload_text(self) -> str:
@@ -147,9 +154,17 @@ class Diagnosis:
             "verdict": self.verdict,
             "ratio": self.ratio,
             "gpu_idle_share": self.gpu_idle_share,
-            "alternatives": [vars(a) for a in self.alternatives],
+            "alternatives": [_alternative_dict(a) for a in self.alternatives],
             "offload": None if self.offload is None else _offload_dict(self),
         }
+
+
+def _alternative_dict(a: Alternative) -> dict[str, Any]:
+    """An alternative's fields, with what training on it measured as two numbers."""
+    out = {k: v for k, v in vars(a).items() if k != "trained"}
+    out["trained_images_per_s"] = a.trained.images_per_s if a.trained else None
+    out["trained_data_wait_share"] = a.trained.data_wait_share if a.trained else None
+    return out
 
 
 def _offload_dict(d: Diagnosis) -> dict[str, Any]:
@@ -213,7 +228,13 @@ def make_pipeline(
 
 
 def _gpufeed_loader(
-    shards: str, batch_size: int, workers: int, augment: Augment, device: str, preprocess: str
+    shards: str,
+    batch_size: int,
+    workers: int,
+    augment: Augment,
+    device: str,
+    preprocess: str,
+    decoder: str = "auto",
 ) -> Any:
     from gpufeed.data.loader import Loader
     from gpufeed.data.shards import ShardError
@@ -226,6 +247,7 @@ def _gpufeed_loader(
             preprocess=preprocess,
             device=device,
             augment=augment,
+            decoder=decoder,
         )
     except (ShardError, ValueError) as e:
         raise MeasureError(f"--data {shards}: {e}") from None
@@ -272,14 +294,42 @@ def alternatives(
     seconds: float,
     tmp: Path,
     note: Callable[[str], None] = lambda s: None,
+    train: Callable[[Any], Rate] | None = None,
 ) -> list[Alternative]:
-    """Measured alternatives for an input-bound job (only those that apply to this data)."""
+    """Measured alternatives for an input-bound job (only those that apply to this data). Those
+    that preprocess on the GPU are also trained on with `train(loader)` where it is given: they
+    take GPU time from the model, which their rate alone does not show."""
     import torch
 
     cores = most_workers(device)
     gpu = torch.cuda.is_available() and device == "cuda"
     # (name, its workers, whether Loader(cluster=...) runs it, how to make it)
     plans: list[tuple[str, int, bool, Callable[[], Any]]] = []
+
+    def on_gpu(where: Callable[[], str], nw: int, label: str) -> None:
+        """The GPU-preprocessing plans: the GPU decodes; with later warps (load > 1) also the
+        split, where the CPU workers decode and crop and the GPU makes the other warps."""
+        plans.append(
+            (
+                f"{label}gpufeed Loader (GPU preprocessing, num_workers={nw})",
+                nw,
+                False,
+                lambda: _gpufeed_loader(where(), batch_size, nw, augment, device, "gpu"),
+            )
+        )
+        if augment.load > 1:
+            plans.append(
+                (
+                    f"{label}gpufeed Loader (CPU decode, GPU warps: decoder='workers', "
+                    f"num_workers={nw})",
+                    nw,
+                    False,
+                    lambda: _gpufeed_loader(
+                        where(), batch_size, nw, augment, device, "gpu", decoder="workers"
+                    ),
+                )
+            )
+
     if spec.kind == "function":
         faster = _more_workers(loader, cores)
         if faster is not None:
@@ -316,14 +366,7 @@ def alternatives(
             )
         )
         if gpu:
-            plans.append(
-                (
-                    f"pre-resized shards, gpufeed Loader (GPU preprocessing, num_workers={cores})",
-                    cores,
-                    False,
-                    lambda: _gpufeed_loader(sample(), batch_size, cores, augment, device, "gpu"),
-                )
-            )
+            on_gpu(sample, cores, "pre-resized shards, ")
     else:
         if cores > workers:
             plans.append(
@@ -335,16 +378,7 @@ def alternatives(
                 )
             )
         if gpu:
-            plans.append(
-                (
-                    f"gpufeed Loader (GPU preprocessing, num_workers={workers})",
-                    workers,
-                    False,
-                    lambda: _gpufeed_loader(
-                        spec.where, batch_size, workers, augment, device, "gpu"
-                    ),
-                )
-            )
+            on_gpu(lambda: spec.where, workers, "")
     out = []
     for name, nw, cluster, make in plans:
         note(f"measuring alternative: {name}")
@@ -352,12 +386,18 @@ def alternatives(
             loader = make()
             try:
                 rate = measure_loader(loader, seconds=seconds)
+                trained = None
+                if train is not None and getattr(loader, "preprocess", "cpu") == "gpu":
+                    note(f"training on it: {name}")
+                    trained = train(loader)
             finally:
                 _close(loader)
         except MeasureError as e:  # this alternative cannot run here: say why, measure the rest
             note(f"skipped {name}: {e}")
             continue
-        out.append(Alternative(name, rate.images_per_s, nw, rate.cpu_s_per_image, cluster))
+        alt = Alternative(name, rate.images_per_s, nw, rate.cpu_s_per_image, cluster)
+        alt.trained = trained
+        out.append(alt)
     return out
 
 
@@ -375,6 +415,13 @@ def _alternative_ceilings(
                 rate = measure_model(net, shape, "cpu", seconds=seconds, settings=settings)
                 timed[threads] = rate.images_per_s
         a.threads, a.ceiling = threads, timed[threads]
+
+
+def _trained_cell(trained: Rate | None, ceiling: float) -> str:
+    """'3,606.0 (77% of the model alone)', or '—' where it was not trained on."""
+    if trained is None:
+        return "—"
+    return f"{trained.images_per_s:,.1f} ({trained.images_per_s / ceiling:.0%} of the model alone)"
 
 
 def _close(loader: Any) -> None:
@@ -452,10 +499,17 @@ def diagnose(
         if device == "cpu":
             result.threads = threads
         if result.input_bound:
+
+            def train(alternative: Any) -> Rate:
+                return measure_together(
+                    net, alternative, device, seconds=seconds, settings=settings, classes=classes
+                )
+
             with tempfile.TemporaryDirectory(prefix="gpufeed-diagnose-") as tmp:
                 result.alternatives = alternatives(
-                    spec, loader, workers, batch_size, augment, device, seconds, Path(tmp), note
-                )
+                    spec, loader, workers, batch_size, augment, device, seconds, Path(tmp), note,
+                    train=train,
+                )  # fmt: skip
             if device == "cpu":
                 _alternative_ceilings(result, net, seconds, note)
     finally:
@@ -537,6 +591,9 @@ def _render(d: Diagnosis) -> Group:
         beside = any(a.threads is not None for a in d.alternatives)
         if beside:  # a CPU device: the model trains with the threads the workers leave
             alt.add_column("model beside its workers", justify="right")
+        trained = any(a.trained is not None for a in d.alternatives)
+        if trained:  # GPU preprocessing: the model trained on its batches
+            alt.add_column("trained on it", justify="right")
         alt.add_column("verdict with it")
         for a in d.alternatives:
             row = [
@@ -547,6 +604,8 @@ def _render(d: Diagnosis) -> Group:
             if beside:
                 threads = f" ({count(a.threads, 'thread')})" if a.threads else ""
                 row.append(f"{d.ceiling_beside(a):,.1f}{threads}")
+            if trained:
+                row.append(_trained_cell(a.trained, d.model_rate.images_per_s))
             alt.add_row(*row, d.verdict_with(a))
         parts.append(alt)
     elif d.input_bound:

@@ -17,7 +17,8 @@ def choose_preprocess(
 ) -> tuple[str, str]:
     """(mode, reason): the mode asked for, else ("auto") CPU where the GPU cannot preprocess (no
     CUDA device, or a Ray cluster doing the work), else whichever of "cpu" and "gpu" `rate(mode)`
-    measures faster in images/s."""
+    measures faster in images/s: the loader alone, which does not count the GPU time a GPU
+    decoder takes from the model (`gpufeed tune --model` measures that end to end)."""
     import torch
 
     if requested != "auto":
