@@ -1222,6 +1222,21 @@ def test_a_device_this_machine_lacks_is_refused_when_the_loader_is_made(
         Loader(shards, 4, device=device)
 
 
+def test_a_loader_refuses_to_be_pickled_or_copied_saying_to_make_it_where_it_runs(
+    shards: Path, make: MakeLoader
+):
+    import copy
+    import pickle
+
+    loader = make(shards, 8, num_workers=1)
+    for how in (pickle.dumps, copy.deepcopy, copy.copy):
+        with pytest.raises(
+            TypeError, match=r"cannot be pickled or copied.*Create it in the process"
+        ):
+            how(loader)
+    assert sum(len(y) for _, y in loader) == 48  # still whole after the attempts
+
+
 # --- CUDA ---------------------------------------------------------------------------------------
 
 

@@ -558,6 +558,15 @@ class Loader:
         with contextlib.suppress(Exception):
             self.close(wait=0)
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Refused, by name: a Loader is made where it is iterated, never pickled or copied."""
+        raise TypeError(
+            "a gpufeed Loader cannot be pickled or copied: it owns worker processes, shared "
+            "memory and a feeder thread. Create it in the process that iterates it (e.g. in the "
+            "function that torch.multiprocessing.spawn or a DDP-spawn trainer runs), from the "
+            "same arguments; its state_dict() carries the position across"
+        )
+
     def __enter__(self) -> Loader:
         return self
 
