@@ -36,6 +36,7 @@ from gpufeed.data.spec import BatchSpec
 from gpufeed.data.workers import InlinePool, WorkerPool
 from gpufeed.devices import default_device
 from gpufeed.errors import OptionError
+from gpufeed.extras import installed
 from gpufeed.present.numbers import count
 
 # What the loop may receive: floats normalized, or uint8 pixels (augmented, not normalized)
@@ -159,9 +160,11 @@ class Loader:
     (`Augment.load_factor(L)`, L > 1) where the CPU cores keep up with decoding but not with L
     warps per image. The same crops, flips and angles as every other path.
 
-    With CPU preprocessing, `decoder="nvimgcodec"` has the workers decode each JPEG that they
-    would decode at full size over its crop box only (nvImageCodec's CPU backend, libjpeg-turbo):
-    the same pixels and batches, less CPU per image; the other decoder names change nothing there.
+    With CPU preprocessing, the workers decode each JPEG that they would decode at full size over
+    its crop box only, where nvImageCodec is installed (its CPU backend, libjpeg-turbo; it comes
+    with DALI): the same pixels and batches for 8-10% less CPU per image. `decoder="cpu"` has them
+    decode whole JPEGs (simplejpeg), `"nvimgcodec"` asks for the crop boxes (an error without
+    it); a Ray cluster's actors decode whole JPEGs unless asked; other names change nothing there.
 
     With `shuffle=False` (a `ShardDataset` option) batches arrive in the packed order, whatever
     `num_workers`: batch j holds the rank's samples j·batch_size.. (for an evaluation that
@@ -287,9 +290,14 @@ class Loader:
     def spec(self, preprocess: str | None = None) -> BatchSpec:
         """The batch every stage works to."""
         mode = preprocess or self.preprocess
-        handoff = "decoded"
+        handoff, decoder = "decoded", self.decoder
         if mode == "gpu":
             handoff = "first_pass" if self.decoder == "workers" else "encoded"
+        elif decoder == "auto" and self.cluster is None and installed("nvimgcodec"):
+            # the local workers decode each full-size JPEG over its crop box only: the same
+            # pixels for 8-10% less CPU (benchmarks/loader_throughput.py); a cluster's nodes
+            # may lack the library
+            decoder = "nvimgcodec"
         return BatchSpec(
             batch_size=self.batch_size,
             augment=self.augment,
@@ -300,7 +308,7 @@ class Loader:
             max_sample_bytes=self.dataset.max_sample_bytes(),
             # a cluster streams uint8 back (a quarter of float32's bytes); the device stage converts
             host_final=mode == "cpu" and self.device.type != "cuda" and self.cluster is None,
-            decoder=self.decoder,
+            decoder=decoder,
         )
 
     def _slot_layout(self, prefetch: int) -> tuple[int, int]:
