@@ -123,6 +123,24 @@ def test_loader_batches_decoded_over_crop_regions_are_the_batches_of_full_decode
             assert torch.equal(xr, xf)
 
 
+def test_an_nvimgcodec_that_fails_to_import_leaves_the_default_decoding_whole_images(
+    shards: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from gpufeed.data import nvimgcodec
+
+    def broken(extra: str) -> None:
+        raise OSError("libnvimgcodec.so.0: cannot open shared object file")
+
+    monkeypatch.setattr(nvimgcodec, "require", broken)
+    nvimgcodec.importable.cache_clear()
+    try:
+        with Loader(shards, 8, num_workers=0, augment=Augment(size=(32, 32))) as loader:
+            assert loader.stats()["decoder"] == "libjpeg-turbo (CPU workers)"
+            assert sum(len(y) for _, y in loader) == 48
+    finally:
+        nvimgcodec.importable.cache_clear()
+
+
 def test_loader_over_crop_regions_reports_the_corrupt_sample_as_the_other_paths_do(
     corrupt_shards: Path,
 ):

@@ -28,6 +28,7 @@ from gpufeed.data.choose import PREPROCESS_MODES, choose_preprocess, trial_rate
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.device import CANVAS_ELEMENTS, DeviceStage, decoder_name
 from gpufeed.data.feeder import Feeder
+from gpufeed.data.nvimgcodec import importable as nvimgcodec_importable
 from gpufeed.data.options import flag, known, whole
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.remote import RayPool, cluster_option, default_remote_workers, release_cluster
@@ -36,7 +37,6 @@ from gpufeed.data.spec import BatchSpec
 from gpufeed.data.workers import InlinePool, WorkerPool
 from gpufeed.devices import default_device
 from gpufeed.errors import OptionError
-from gpufeed.extras import installed
 from gpufeed.present.numbers import count
 
 # What the loop may receive: floats normalized, or uint8 pixels (augmented, not normalized)
@@ -293,7 +293,7 @@ class Loader:
         handoff, decoder = "decoded", self.decoder
         if mode == "gpu":
             handoff = "first_pass" if self.decoder == "workers" else "encoded"
-        elif decoder == "auto" and self.cluster is None and installed("nvimgcodec"):
+        elif decoder == "auto" and self.cluster is None and nvimgcodec_importable():
             # the local workers decode each full-size JPEG over its crop box only: the same
             # pixels for 8-10% less CPU (benchmarks/loader_throughput.py); a cluster's nodes
             # may lack the library

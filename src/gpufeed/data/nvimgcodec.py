@@ -13,6 +13,7 @@ nvImageCodec's CPU backend, which can decode a region of a JPEG without the rest
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,17 @@ import torch
 
 from gpufeed.errors import GpufeedError
 from gpufeed.extras import require
+
+
+@functools.cache
+def importable() -> bool:
+    """Whether nvImageCodec imports here: the CPU workers' default decoder then decodes crop
+    boxes. Any failure to import (a broken or foreign build) means whole-image decoding instead."""
+    try:
+        require("nvimgcodec")
+    except Exception:  # an optional speed-up must never stop the default Loader
+        return False
+    return True
 
 
 class NvImageCodecDecoder:
