@@ -3,9 +3,9 @@
 Same machine, same images (the embedded photo-like set), same output: 224×224 float32, normalized.
 1. baseline: torch DataLoader over `gpufeed.advise.naive.NaiveImageFolder` (per-image Pillow
    decode, random-resized crop, L × (hflip, vflip, rotation), to-tensor, normalize); num_workers = cores;
-2. gpufeed Loader on shards packed as-is, and packed with --resize 256 (where nvImageCodec is
-   installed its workers decode each full-size JPEG over its crop box only); on as-is shards
-   there also with decoder="cpu" (whole-image decode);
+2. gpufeed Loader on shards packed as-is, and packed with --resize 256; on as-is shards also
+   with decoder="nvimgcodec" (workers decode each full-size JPEG over its crop box only), where
+   nvImageCodec is installed;
 3. decode-only limit: libjpeg-turbo full-size decode of the stored images on all cores.
 Augmentation loads: "imagenet" is the ImageNet training recipe (random-resized crop + horizontal
 flip: no resampling beyond the resize); L = 1, 12 is the heavy recipe, L × (hflip, vflip, ±15°
@@ -172,11 +172,11 @@ def main() -> None:
                 ("gpufeed, as-is", partial(gpufeed, asis)),
                 ("gpufeed, resize 256", partial(gpufeed, small)),
                 ("gpufeed, as-is, fused load", partial(gpufeed, asis, fused=True)),
-                ("gpufeed, as-is, whole-image decode", partial(gpufeed, asis, decoder="cpu")),
+                ("gpufeed, as-is, crop regions", partial(gpufeed, asis, decoder="nvimgcodec")),
             ):
                 if name.endswith("fused load") and not load.isdigit():
                     continue
-                if name.endswith("whole-image decode") and not installed("nvimgcodec"):
+                if name.endswith("crop regions") and not installed("nvimgcodec"):
                     continue
                 results.setdefault((name, load), []).append(run(load=load, workers=cores))
                 first, steady, cpu = results[name, load][-1]

@@ -7,6 +7,7 @@ import os
 import torch
 
 from gpufeed.cores import usable_cores
+from gpufeed.extras import installed
 from gpufeed.hardware import describe, hardware
 
 
@@ -15,6 +16,8 @@ def test_records_cpu_cores_memory_gpus_and_versions() -> None:
     assert info["cpu_cores"] == usable_cores() == len(os.sched_getaffinity(0))
     assert info["memory_total"] > 0 and info["cpu_model"]
     assert info["versions"]["torch"] == torch.__version__
+    if installed("nvimgcodec"):  # a decoder the Loader can use: its version is recorded
+        assert any(k.startswith("nvidia-nvimgcodec-") for k in info["versions"])
     assert len(info["gpus"]) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
     if not torch.cuda.is_available():
         assert "gpu_unavailable" in info

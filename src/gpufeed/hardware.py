@@ -20,6 +20,8 @@ _EXTRA_LIBRARIES = (
     "torchvision",
     "nvidia-dali-cuda120",
     "nvidia-dali-cuda130",
+    "nvidia-nvimgcodec-cu12",
+    "nvidia-nvimgcodec-cu13",
 )
 
 

@@ -40,7 +40,6 @@ from gpufeed.data.loader import Loader
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.workers import LoaderWorkerError
 from gpufeed.errors import GpufeedError, OptionError
-from gpufeed.extras import installed
 
 SMALL = Augment(size=(16, 16))
 AUG = Augment.load_factor(2, size=(32, 32))
@@ -61,12 +60,6 @@ STATE_KEYS = {
     "index",
 }
 gpu = pytest.mark.gpu
-# who decodes on CPU workers by default: over each crop box where nvImageCodec is installed
-WORKERS_DECODE = (
-    "nvimgcodec crop regions (CPU workers)"
-    if installed("nvimgcodec")
-    else "libjpeg-turbo (CPU workers)"
-)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 MakeLoader = Callable[..., Loader]
@@ -692,7 +685,7 @@ def test_gpu_preprocess_on_cpu_gives_the_batches_of_the_cpu_path(
         assert xc.shape == xg.shape and xc.dtype == xg.dtype == torch.float32
         assert (xc - xg).abs().max() <= UINT8_TOL
     assert decoders["gpu"] == "libjpeg-turbo (feeder thread)"
-    assert decoders["cpu"] == WORKERS_DECODE
+    assert decoders["cpu"] == "libjpeg-turbo (CPU workers)"
     # the encoded path does not round: it is the float batch of build_batch
     planned = _planned(shards, 2, 8, num_workers, seed=1)
     want, _, _ = _cpu_batch(planned[3], 2, 3, torch.float32)
@@ -743,8 +736,7 @@ def test_workers_decoding_for_the_device_gives_the_batches_of_the_cpu_path(
         loader.set_epoch(2)
         out[mode] = _batches(loader)
         st = loader.stats()
-        want = WORKERS_DECODE if mode == "cpu" else "libjpeg-turbo (CPU workers)"
-        assert (st["preprocess"], st["decoder"]) == (mode, want)
+        assert (st["preprocess"], st["decoder"]) == (mode, "libjpeg-turbo (CPU workers)")
     assert [y for _, y in out["cpu"]] == [y for _, y in out["gpu"]]
     for (xc, _), (xg, _) in zip(out["cpu"], out["gpu"], strict=True):
         assert xc.shape == xg.shape and xg.dtype == torch.float32
@@ -1098,7 +1090,7 @@ def test_stats_report_throughput_waits_and_settings(shards: Path, make: MakeLoad
     assert (st["preprocess"], st["preprocess_reason"]) == ("cpu", "requested")
     assert (st["num_workers"], st["prefetch"], st["pinned"]) == (2, 2, False)
     assert st["device_bytes_bound"] > 0
-    assert st["decoder"] == WORKERS_DECODE
+    assert st["decoder"] == "libjpeg-turbo (CPU workers)"
 
 
 def test_a_resumed_iteration_also_records_its_first_batch_wait(shards: Path, make: MakeLoader):

@@ -389,7 +389,10 @@ def alternatives(
                 trained = None
                 if train is not None and getattr(loader, "preprocess", "cpu") == "gpu":
                     note(f"training on it: {name}")
-                    trained = train(loader)
+                    try:
+                        trained = train(loader)
+                    except MeasureError as e:  # its rate alone stands, judged as such
+                        note(f"could not train on {name}: {e}")
             finally:
                 _close(loader)
         except MeasureError as e:  # this alternative cannot run here: say why, measure the rest
@@ -584,7 +587,8 @@ def _render(d: Diagnosis) -> Group:
         + (f"; the {accel} idles about {d.gpu_idle_share:.0%} of the time" if d.input_bound else "")
     )
     if d.alternatives:
-        alt = Table(title="Measured alternatives (loader alone)", title_justify="left")
+        title = "Measured alternatives (images/s: the loader alone)"
+        alt = Table(title=title, title_justify="left")
         alt.add_column("alternative")
         alt.add_column("images/s", justify="right")
         alt.add_column("vs now", justify="right")

@@ -2,8 +2,8 @@
 
 The first trial is the Loader's defaults; then loader workers, prefetch depth, CPU vs GPU
 preprocessing (GPU only where CUDA exists; with `--augment-load` above 1 also the split of
-`decoder="workers"`: the CPU workers decode and crop, the GPU makes the other warps), the full
-decode against the default crop-box decode (where nvImageCodec is installed: `decoder="cpu"`) and, if
+`decoder="workers"`: the CPU workers decode and crop, the GPU makes the other warps), decoding
+only the crop boxes (where nvImageCodec is installed: `Loader(decoder="nvimgcodec")`) and, if
 allowed, the batch size, each varied around the best so far. Every trial's loader augments as
 `--augment-load` says (`measure.recipe`: the ImageNet recipe at 0, heavier rotations from 1, the
 default, as `diagnose` measures): the cost per image decides how many workers, and whether GPU
@@ -73,7 +73,7 @@ class Trial:
     note: str = ""
     spread: float = math.nan  # (max - min) / median of the repeats
     data_wait_share: float = math.nan  # end to end with a model: share of step time waiting
-    decoder: str = "auto"  # the Loader's decoder= ("auto": its default)
+    decoder: str = "auto"  # "nvimgcodec": the CPU workers decode only each crop box
 
     def settings(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in SETTING_KEYS}
@@ -408,10 +408,9 @@ def _search(
         if run(split):
             return
     best = result.best if result.trials else base
-    if best.preprocess == "cpu" and installed("nvimgcodec"):
-        # "auto" decodes each crop box only (nvImageCodec): is the full decode faster on this data?
-        full = Trial(batch_size, best.num_workers, best.prefetch, "cpu", decoder="cpu")
-        if run(full):
+    if best.preprocess == "cpu" and installed("nvimgcodec"):  # the workers decode crop boxes only
+        regions = Trial(batch_size, best.num_workers, best.prefetch, "cpu", decoder="nvimgcodec")
+        if run(regions):
             return
     if allow_batch_change:
         best = result.best if result.trials else base

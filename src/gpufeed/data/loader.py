@@ -28,7 +28,6 @@ from gpufeed.data.choose import PREPROCESS_MODES, choose_preprocess, trial_rate
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.device import CANVAS_ELEMENTS, DeviceStage, decoder_name
 from gpufeed.data.feeder import Feeder
-from gpufeed.data.nvimgcodec import importable as nvimgcodec_importable
 from gpufeed.data.options import flag, known, whole
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.remote import RayPool, cluster_option, default_remote_workers, release_cluster
@@ -160,11 +159,10 @@ class Loader:
     (`Augment.load_factor(L)`, L > 1) where the CPU cores keep up with decoding but not with L
     warps per image. The same crops, flips and angles as every other path.
 
-    With CPU preprocessing, the workers decode each JPEG that they would decode at full size over
-    its crop box only, where nvImageCodec is installed (its CPU backend, libjpeg-turbo; it comes
-    with DALI): the same pixels and batches for 8-10% less CPU per image. `decoder="cpu"` has them
-    decode whole JPEGs (simplejpeg), `"nvimgcodec"` asks for the crop boxes (an error without
-    it); a Ray cluster's actors decode whole JPEGs unless asked; other names change nothing there.
+    With CPU preprocessing, `decoder="nvimgcodec"` has the workers decode each JPEG that they
+    would decode at full size over its crop box only (nvImageCodec's CPU backend, libjpeg-turbo):
+    the same pixels and batches, less CPU per image, but damage inside a JPEG's data can decode
+    without a report; the other decoder names change nothing there.
 
     With `shuffle=False` (a `ShardDataset` option) batches arrive in the packed order, whatever
     `num_workers`: batch j holds the rank's samples j·batch_size.. (for an evaluation that
@@ -290,14 +288,9 @@ class Loader:
     def spec(self, preprocess: str | None = None) -> BatchSpec:
         """The batch every stage works to."""
         mode = preprocess or self.preprocess
-        handoff, decoder = "decoded", self.decoder
+        handoff = "decoded"
         if mode == "gpu":
             handoff = "first_pass" if self.decoder == "workers" else "encoded"
-        elif decoder == "auto" and self.cluster is None and nvimgcodec_importable():
-            # the local workers decode each full-size JPEG over its crop box only: the same
-            # pixels for 8-10% less CPU (benchmarks/loader_throughput.py); a cluster's nodes
-            # may lack the library
-            decoder = "nvimgcodec"
         return BatchSpec(
             batch_size=self.batch_size,
             augment=self.augment,
@@ -308,7 +301,7 @@ class Loader:
             max_sample_bytes=self.dataset.max_sample_bytes(),
             # a cluster streams uint8 back (a quarter of float32's bytes); the device stage converts
             host_final=mode == "cpu" and self.device.type != "cuda" and self.cluster is None,
-            decoder=decoder,
+            decoder=self.decoder,
         )
 
     def _slot_layout(self, prefetch: int) -> tuple[int, int]:

@@ -13,7 +13,6 @@ nvImageCodec's CPU backend, which can decode a region of a JPEG without the rest
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -23,17 +22,6 @@ import torch
 
 from gpufeed.errors import GpufeedError
 from gpufeed.extras import require
-
-
-@functools.cache
-def importable() -> bool:
-    """Whether nvImageCodec imports here: the CPU workers' default decoder then decodes crop
-    boxes. Any failure to import (a broken or foreign build) means whole-image decoding instead."""
-    try:
-        require("nvimgcodec")
-    except Exception:  # an optional speed-up must never stop the default Loader
-        return False
-    return True
 
 
 class NvImageCodecDecoder:
@@ -96,12 +84,17 @@ def _why_not(data: np.ndarray) -> str:
     return "cannot decode image with nvImageCodec (libjpeg-turbo can: try Loader(decoder='cpu'))"
 
 
+EOI = b"\xff\xd9"  # a JPEG's end-of-image marker: a file cut short lacks it
+
+
 class RegionDecoder:
     """The CPU workers' decoder with `Loader(preprocess="cpu", decoder="nvimgcodec")`: a JPEG that
     would be decoded at full size is decoded over its crop box only, by nvImageCodec's CPU
     backend (libjpeg-turbo). The pixels are those of a full decode, cropped; the CPU time is that
-    of the box's rows and columns (benchmarks/loader_throughput.py). JPEGs that DCT-scale, other
-    formats and images it cannot decode go through `cpu_decoder`, which says why they fail."""
+    of the box's rows and columns (benchmarks/loader_throughput.py). JPEGs that DCT-scale, that do
+    not end with their end-of-image marker (a file cut short), other formats and images it cannot
+    decode go through `cpu_decoder`, which says why they fail. nvImageCodec reports none of
+    libjpeg's warnings: damage inside the scan data can decode (garbled) without a report."""
 
     crops = True  # build_batch hands it the crop boxes
 
@@ -140,7 +133,7 @@ class RegionDecoder:
         for i, (data, (mh, mw), (y, x, h, w)) in enumerate(
             zip(datas, min_sizes, boxes, strict=True)
         ):
-            if full_size_decode(data, mh, mw):
+            if full_size_decode(data, mh, mw) and bytes(data[-2:]) == EOI:
                 stream = nic.CodeStream(bytes(data))
                 regions.append(stream.get_sub_code_stream(region=nic.Region(y, x, y + h, x + w)))
                 where.append(i)
