@@ -398,9 +398,9 @@ def alternatives(
         except MeasureError as e:  # this alternative cannot run here: say why, measure the rest
             note(f"skipped {name}: {e}")
             continue
-        alt = Alternative(name, rate.images_per_s, nw, rate.cpu_s_per_image, cluster)
-        alt.trained = trained
-        out.append(alt)
+        out.append(
+            Alternative(name, rate.images_per_s, nw, rate.cpu_s_per_image, cluster, trained=trained)
+        )
     return out
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from PIL.Image import Image as PILImage
 
 JPEG_MAGIC = b"\xff\xd8"
+JPEG_END = b"\xff\xd9"  # the end-of-image marker: a file cut short lacks it
 MAX_IMAGE_PIXELS: int | None = 178_956_970
 
 

@@ -84,9 +84,6 @@ def _why_not(data: np.ndarray) -> str:
     return "cannot decode image with nvImageCodec (libjpeg-turbo can: try Loader(decoder='cpu'))"
 
 
-EOI = b"\xff\xd9"  # a JPEG's end-of-image marker: a file cut short lacks it
-
-
 class RegionDecoder:
     """The CPU workers' decoder with `Loader(preprocess="cpu", decoder="nvimgcodec")`: a JPEG that
     would be decoded at full size is decoded over its crop box only, by nvImageCodec's CPU
@@ -125,7 +122,7 @@ class RegionDecoder:
     ) -> list:
         """Per image: a `Region` (its box), an H×W×3 uint8 tensor or an Exception."""
         from gpufeed.data.batch import Region, cpu_decoder
-        from gpufeed.data.decode import full_size_decode
+        from gpufeed.data.decode import JPEG_END, full_size_decode
 
         nic, decoder = self._library()
         out: list = [None] * len(datas)
@@ -133,7 +130,7 @@ class RegionDecoder:
         for i, (data, (mh, mw), (y, x, h, w)) in enumerate(
             zip(datas, min_sizes, boxes, strict=True)
         ):
-            if full_size_decode(data, mh, mw) and bytes(data[-2:]) == EOI:
+            if full_size_decode(data, mh, mw) and bytes(data[-2:]) == JPEG_END:
                 stream = nic.CodeStream(bytes(data))
                 regions.append(stream.get_sub_code_stream(region=nic.Region(y, x, y + h, x + w)))
                 where.append(i)
