@@ -660,10 +660,39 @@ def test_batches_the_loop_holds_are_never_overwritten_by_slot_reuse(shards: Path
     assert all(torch.equal(h, c) for h, c in zip(held, copies, strict=True))
 
 
-def test_cpu_batches_the_loop_lets_go_of_are_reused(shards: Path, make: MakeLoader):
+def test_cpu_batches_are_the_workers_slots_lent_and_reused_once_let_go_of(
+    shards: Path, make: MakeLoader
+):
     loader = make(shards, 2, num_workers=2, seed=5)
     buffers = {images.data_ptr() for images, _ in loader}  # each batch dropped at the next
-    assert len(buffers) <= 8  # of 24 batches: a few buffers went round
+    assert loader.stats()["lent_batches"] == 24  # not one copied out of its slot
+    assert len(buffers) <= 10  # 2 workers × (prefetch 2 + 1 + 2 for lent batches) slots
+
+
+def test_a_loop_that_keeps_every_batch_gets_copies_once_the_workers_have_no_slot_to_spare(
+    shards: Path, make: MakeLoader
+):
+    loader = make(shards, 2, num_workers=2, prefetch=1, seed=5)
+    held, copies = [], []
+    for images, _ in loader:
+        held.append(images)
+        copies.append(images.clone())
+    lent = loader.stats()["lent_batches"]
+    assert 0 < lent < 24  # each worker lends all of its slots but one, then copies
+    for _ in range(2):  # the slots go round again
+        _epoch(loader)
+    assert all(torch.equal(h, c) for h, c in zip(held, copies, strict=True))
+
+
+def test_a_lent_batch_outlives_its_loader(shards: Path, make: MakeLoader):
+    loader = make(shards, 2, num_workers=2, seed=5)
+    images, _ = next(iter(loader))
+    want = images.clone()
+    assert loader.stats()["lent_batches"] >= 1
+    loader.close()
+    del loader
+    gc.collect()
+    assert torch.equal(images, want)  # its shared memory stays mapped while the batch lives
 
 
 # --- preprocess="gpu": encoded hand-off, decoded on the feeder thread without CUDA ---------------

@@ -4,8 +4,9 @@ It runs on the feeder thread, never on the training thread, and on CUDA in its o
 high-priority stream, so its few kernels slot in between the training step's:
 - "decoded" slots (uint8 N×H×W×3 from CPU workers): one DMA copy from the page-locked slot, then
   one fused kernel for float conversion, normalization and layout (channels_last is free: the
-  slot already is N×H×W×3). When the device is the CPU, workers already wrote the final batch
-  and this is one copy out of the slot, into an output batch the loop has let go of (`outputs`);
+  slot already is N×H×W×3). When the device is the CPU, workers already wrote the final batch:
+  the loop gets the slot itself, lent (`lending`), or, where its worker has none to spare, a copy
+  in an output batch the loop has let go of (`outputs`);
 - "first_pass" slots (the same, after only the first warp of the load block, with the sampling
   matrices of the others): the same copy, then the other warps, batched, and normalization
   (`decoder="workers"`: the CPU decodes, the GPU does the heavy part of the augmentation);
@@ -205,22 +206,28 @@ class DeviceStage:
             and threads_are_per_thread()
         )
 
-    def first(self, at: Position, index: int, meta: dict[str, Any]) -> tuple[Any, Any]:
+    def first(
+        self, at: Position, index: int, meta: dict[str, Any], lend: torch.Tensor | None = None
+    ) -> tuple[Any, Any]:
         """Step one, from the slot: (a DeviceBatch, or what `second` finishes if `split`; an
-        event after which the slot may be reused, or None: at once)."""
+        event after which the slot may be reused, or None: at once). With `lend` (the slot's
+        images, from a `lending.Lender`; only where the workers wrote the final batch, on the
+        CPU: `BatchSpec.host_final`) the batch is a view of it, not a copy."""
         t = time.perf_counter()
         try:
             if self.stream is None:
-                return self._first(at, index, meta)
+                return self._first(at, index, meta, lend)
             with torch.cuda.stream(self.stream):
-                return self._first(at, index, meta)
+                return self._first(at, index, meta, lend)
         finally:
             self.seconds["first"] += time.perf_counter() - t
 
-    def _first(self, at: Position, index: int, meta: dict[str, Any]) -> tuple[Any, Any]:
+    def _first(
+        self, at: Position, index: int, meta: dict[str, Any], lend: torch.Tensor | None
+    ) -> tuple[Any, Any]:
         n = meta["n"]
         if self.spec.handoff != "encoded":
-            (images, labels), done = self._decoded(index, n)
+            (images, labels), done = self._decoded(index, n, lend)
             corrupt = list(meta["corrupt"])
         elif self.decoder == "nvjpeg":
             return self._decode_to_canvas(at, index, meta)
@@ -260,8 +267,10 @@ class DeviceStage:
 
     # --- decoded, first_pass: copy, then the later warps (first_pass) and normalize ---------
 
-    def _decoded(self, index: int, n: int) -> tuple[tuple[torch.Tensor, torch.Tensor], Any]:
-        src = self.slots.images[index, :n]
+    def _decoded(
+        self, index: int, n: int, lend: torch.Tensor | None = None
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], Any]:
+        src = self.slots.images[index, :n] if lend is None else lend[:n]
         labels = self.slots.labels[index, :n]
         warps = self.slots.params[index, :n]
         if self.cuda:
@@ -276,8 +285,11 @@ class DeviceStage:
             done = torch.cuda.Event()
             done.record(self.stream)
             return (self._finish(x.permute(0, 3, 1, 2), w), y), done
-        # the slot is reused once this returns: hand out a copy, never a view of it
+        # the slot is reused once this returns: hand out a copy, never a view of it, unless
+        # it is lent (the lender gives it back only once nothing holds the view)
         x = src.permute(0, 3, 1, 2) if src.shape[-1] == 3 else src
+        if lend is not None:
+            return (x, labels.clone()), None
         if warps.numel():
             return (self._finish(x, warps), labels.clone()), None
         if self.spec.host_final or self.spec.dtype == torch.uint8:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from gpufeed.data.device import DeviceBatch, DeviceStage
+from gpufeed.data.lending import Lender
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.workers import Pool, Stopped
 
@@ -29,8 +31,16 @@ class Feeder:
     """The device stage's thread(s) from a start position on: `pool` → `stage.first` (→ a second
     thread running `stage.second`, when the stage is split) → a bounded queue of ready batches."""
 
-    def __init__(self, pool: Pool, stage: DeviceStage, plan: BatchPlan, depth: int) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        stage: DeviceStage,
+        plan: BatchPlan,
+        depth: int,
+        lender: Lender | None = None,
+    ) -> None:
         self.pool, self.stage, self.plan, self.depth = pool, stage, plan, max(1, depth)
+        self.lender = lender  # hands out the slots themselves (CPU batches), where given
         self.expected: Position | None = None  # the next batch `take` returns
         self._threads: list[threading.Thread] = []
         self._left: list[threading.Thread] = []  # told to stop, not yet ended when last checked
@@ -76,18 +86,32 @@ class Feeder:
             torch.set_num_threads(1)  # this thread's own setting (OpenMP's is per thread)
         try:
             while not stop.is_set():
+                self._give_back()
                 t = time.perf_counter()
                 worker, slot, meta = self.pool.get(at, stop)
                 self.stage.seconds["wait_workers"] += time.perf_counter() - t
                 index = self.stage.slots.index(worker, slot)
+                lent = self.lender.lend(worker, slot) if self.lender is not None else None
+                made = False
                 try:
-                    item, done = self.stage.first(at, index, meta)
+                    if lent is None:
+                        item, done = self.stage.first(at, index, meta)
+                    else:
+                        item, done = self.stage.first(at, index, meta, lent)
                     if done is not None:
                         done.synchronize()  # the slot's bytes are on the device
+                    made = True
                 finally:
-                    self.pool.free(worker, slot)
-                if not _put(out, item, stop):
+                    if lent is None:
+                        self.pool.free(worker, slot)
+                    elif not made:
+                        assert self.lender is not None
+                        self.lender.cancel(worker, slot)
+                        self.pool.free(worker, slot)
+                lent = None  # only the batch may hold a lent slot: it goes back once that goes
+                if not _put(out, item, stop, self._give_back):
                     return
+                item = None
                 at = self.plan.next_position(at)
         except Stopped:
             return
@@ -109,6 +133,12 @@ class Feeder:
                     return
         except BaseException as e:
             _put(out, _Failure(e), stop)
+
+    def _give_back(self) -> None:
+        """Give lent slots that nothing holds any more back to their workers."""
+        if self.lender is not None:
+            for worker, slot in self.lender.returned():
+                self.pool.free(worker, slot)
 
     def take(self) -> DeviceBatch:
         """The next batch, waiting for it; raises what the feeder threads raised for it."""
@@ -154,13 +184,18 @@ class Feeder:
         self._left = [t for t in threads if t.is_alive()]
 
 
-def _put(out: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+def _put(
+    out: queue.Queue[Any],
+    item: Any,
+    stop: threading.Event,
+    waiting: Callable[[], None] | None = None,
+) -> bool:
+    """Put `item` on `out` unless `stop` is set first; `waiting()` runs while the queue is full."""
     while not stop.is_set():
         try:
-            out.put(item, timeout=0.1)
+            out.put(item, timeout=0.1 if waiting is None else 0.02)
             return True
-        except queue.Empty:
-            continue
         except queue.Full:
-            continue
+            if waiting is not None:
+                waiting()
     return False

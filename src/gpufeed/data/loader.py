@@ -28,7 +28,9 @@ from gpufeed.data.choose import PREPROCESS_MODES, choose_preprocess, trial_rate
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.device import CANVAS_ELEMENTS, DeviceStage, decoder_name
 from gpufeed.data.feeder import Feeder
+from gpufeed.data.lending import Lender
 from gpufeed.data.options import flag, known, whole
+from gpufeed.data.outputs import use_counts
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.remote import RayPool, cluster_option, default_remote_workers, release_cluster
 from gpufeed.data.slots import Slots
@@ -268,6 +270,7 @@ class Loader:
         self._slots: Slots | None = None
         self._pinned = False
         self._stage: DeviceStage | None = None
+        self._lender: Lender | None = None
         self._stats: dict[str, Any] = {
             "images": 0,
             "batches": 0,
@@ -275,11 +278,13 @@ class Loader:
             "wait_seconds": 0.0,
             "retried": 0,
             "first_batch_waits": [],
+            "lent_batches": 0,  # of lenders closed; the current one counts its own
         }
         self._corrupt: list[tuple[str, str, str]] = []
         self.preprocess, self.preprocess_reason = choose_preprocess(
             preprocess, self.device, self.cluster, self._trial_rate
         )
+        self._room = 0  # slots per worker beyond prefetch, for batches lent to the loop
         self.prefetch = self._bound_prefetch(prefetch)
         self._stats["decoder"] = decoder_name(self.spec(), self.device)
 
@@ -306,31 +311,42 @@ class Loader:
 
     def _slot_layout(self, prefetch: int) -> tuple[int, int]:
         """(workers, slots per worker) of the host buffers: each local worker runs `prefetch`
-        batches ahead; inline loading and a Ray cluster (whose batches wait in its object stores)
-        take two slots in turn."""
+        batches ahead, plus its share of the batches lent to the loop; inline loading and a Ray
+        cluster (whose batches wait in its object stores) take two slots in turn."""
         if self.num_workers > 0 and self.cluster is None:
-            return self.num_workers, prefetch + 1
+            return self.num_workers, prefetch + 1 + self._room
         return 1, 2
+
+    def _lends(self) -> bool:
+        """Whether the loop gets the workers' slots themselves (`lending`): CPU batches the
+        workers finish, from worker processes."""
+        return self.spec().host_final and self.num_workers > 0 and use_counts()
 
     def host_bytes_bound(self, prefetch: int) -> int:
         """Most host memory the loader's buffers can hold with this prefetch depth."""
         return host_bytes(self.spec(), self.dataset, *self._slot_layout(prefetch))
 
-    def _bound_prefetch(self, prefetch: int) -> int:
-        prefetch = max(1, prefetch)
-        while prefetch > 1 and self.host_bytes_bound(prefetch) > self.max_host_bytes:
-            prefetch -= 1
-        need = self.host_bytes_bound(prefetch)
-        if need > self.max_host_bytes:
-            raise OptionError(
-                f"max_host_bytes={self.max_host_bytes:,} is too small: "
-                f"{count(max(1, self.num_workers), 'worker')} with batches of "
-                f"{self.spec().slot_bytes:,} bytes and "
-                f"shuffle_buffer={self.dataset.shuffle_buffer} need at least {need:,} bytes; pass "
-                f"max_host_bytes={need} (this machine has {machine_memory():,}) or lower "
-                "batch_size, num_workers or shuffle_buffer"
-            )
-        return prefetch
+    def _bound_prefetch(self, asked: int) -> int:
+        """The deepest prefetch up to `asked` whose buffers fit `max_host_bytes`, with room for
+        lent batches (those in the feeder's queue and the loop's) if that fits too; lending
+        without the room still works, copying more often."""
+        lent_room = -(-(DEVICE_DEPTH + 2) // self.num_workers) if self._lends() else 0
+        for room in dict.fromkeys((lent_room, 0)):
+            self._room = room
+            prefetch = max(1, asked)
+            while prefetch > 1 and self.host_bytes_bound(prefetch) > self.max_host_bytes:
+                prefetch -= 1
+            need = self.host_bytes_bound(prefetch)
+            if need <= self.max_host_bytes:
+                return prefetch
+        raise OptionError(
+            f"max_host_bytes={self.max_host_bytes:,} is too small: "
+            f"{count(max(1, self.num_workers), 'worker')} with batches of "
+            f"{self.spec().slot_bytes:,} bytes and "
+            f"shuffle_buffer={self.dataset.shuffle_buffer} need at least {need:,} bytes; pass "
+            f"max_host_bytes={need} (this machine has {machine_memory():,}) or lower "
+            "batch_size, num_workers or shuffle_buffer"
+        )
 
     def device_bytes_bound(self) -> int:
         """Device memory the loader holds at most: batches ready and in the making (and, for
@@ -463,7 +479,8 @@ class Loader:
             )
         self._stage = stage
         self._stats["decoder"] = stage.decoder_name  # auto's fallback, if any
-        self._feeder = Feeder(self._pool, stage, self.plan, DEVICE_DEPTH)
+        self._lender = Lender(self._slots) if self._lends() else None
+        self._feeder = Feeder(self._pool, stage, self.plan, DEVICE_DEPTH, self._lender)
         _OPEN[self] = os.getpid()
 
     def _take(self, token: int, at: Position, first: bool = False) -> tuple[Any, Any]:
@@ -545,7 +562,9 @@ class Loader:
             self._pool.close()
         if self._slots is not None:
             self._slots.unpin()
-        self._feeder = self._pool = self._slots = None
+        if self._lender is not None:
+            self._stats["lent_batches"] += self._lender.lent
+        self._feeder = self._pool = self._slots = self._lender = None
         _OPEN.pop(self, None)
 
     def _forked(self) -> bool:
@@ -648,8 +667,8 @@ class Loader:
 
     def stats(self) -> dict[str, Any]:
         """Throughput, data wait, first-batch wait per epoch, corrupt samples (`corrupt`: how
-        many; `corrupt_samples`: the first 100, shard, key and reason), retries and memory
-        bounds."""
+        many; `corrupt_samples`: the first 100, shard, key and reason), retries, memory
+        bounds and `lent_batches` (CPU batches handed out as their workers' slots, uncopied)."""
         st = dict(self._stats)
         st["first_batch_waits"] = list(st["first_batch_waits"])
         st["images_per_s"] = st["images"] / st["seconds"] if st["seconds"] else 0.0
@@ -666,6 +685,7 @@ class Loader:
             st["remote_bytes"] = pool.bytes_received if pool else 0
             st["remote_actors_lost"] = pool.actors_lost if pool else 0
         st["pinned"] = self._pinned
+        st["lent_batches"] += self._lender.lent if self._lender is not None else 0
         st["stage_seconds"] = dict(self._stage.seconds) if self._stage is not None else {}
         st["host_bytes_bound"] = self.host_bytes_bound(self.prefetch)
         st["max_host_bytes"] = self.max_host_bytes

@@ -16,7 +16,12 @@ import torch
 _use_count: Any = getattr(torch._C, "_storage_Use_Count", None)
 
 
-def _only_pooled(buf: torch.Tensor) -> bool:
+def use_counts() -> bool:
+    """Whether this torch tells how many tensors hold a storage (without it nothing is reused)."""
+    return _use_count is not None
+
+
+def only_pooled(buf: torch.Tensor) -> bool:
     """Nothing but `buf` itself holds its storage (the temporary storage object counts one)."""
     return _use_count is not None and _use_count(buf.untyped_storage()._cdata) == 2
 
@@ -40,7 +45,7 @@ class OutputPool:
                 and buf.shape[1:] == shape[1:]
                 and buf.shape[0] >= shape[0]
                 and buf.is_contiguous(memory_format=memory_format)
-                and _only_pooled(buf)
+                and only_pooled(buf)
             ):
                 self.reused += 1
                 return buf[: shape[0]]
