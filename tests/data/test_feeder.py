@@ -39,7 +39,9 @@ class _SplitStage:
     def __init__(self) -> None:
         self.seconds = {"wait_workers": 0.0, "first": 0.0, "second": 0.0}
 
-    def first(self, at: Position, index: int, meta: dict[str, Any]) -> tuple[Any, None]:
+    def first(
+        self, at: Position, index: int, meta: dict[str, Any], lend: Any = None
+    ) -> tuple[Any, None]:
         return at, None
 
     def second(self, at: Position) -> _Batch:

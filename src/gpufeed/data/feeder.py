@@ -91,22 +91,18 @@ class Feeder:
                 worker, slot, meta = self.pool.get(at, stop)
                 self.stage.seconds["wait_workers"] += time.perf_counter() - t
                 index = self.stage.slots.index(worker, slot)
-                lent = self.lender.lend(worker, slot) if self.lender is not None else None
+                lender = self.lender
+                lent = lender.lend(worker, slot) if lender is not None else None
                 made = False
                 try:
-                    if lent is None:
-                        item, done = self.stage.first(at, index, meta)
-                    else:
-                        item, done = self.stage.first(at, index, meta, lent)
+                    item, done = self.stage.first(at, index, meta, lent)
                     if done is not None:
                         done.synchronize()  # the slot's bytes are on the device
                     made = True
                 finally:
-                    if lent is None:
-                        self.pool.free(worker, slot)
-                    elif not made:
-                        assert self.lender is not None
-                        self.lender.cancel(worker, slot)
+                    if lender is not None and lent is not None and not made:
+                        lender.cancel(worker, slot)
+                    if lent is None or not made:
                         self.pool.free(worker, slot)
                 lent = None  # only the batch may hold a lent slot: it goes back once that goes
                 if not _put(out, item, stop, self._give_back):
