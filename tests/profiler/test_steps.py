@@ -167,3 +167,26 @@ def test_recording_a_step_costs_microseconds(recorder):
         recorder.end_step(None)
     per_event = (time.perf_counter() - t) / (2 * n)
     assert per_event < 50e-6  # generous bound on a shared machine; the benchmark prints the figure
+
+
+def test_a_closures_forward_and_backward_inside_the_optimizer_step_are_not_optimizer_time():
+    from gpufeed.profiler.steps import split_step
+
+    model = 7
+    # opt.step(closure) from 1.0 to 2.0; inside it the closure's forward and backward; GPU marks
+    # named after the moment they were taken
+    events = [
+        ("f", 0.0, 0.5, 4, 1, False),
+        ("F", 1.1, 1.4, 4, model, True, True, "g1.1", "g1.4"),
+        ("B", 1.5, 1.9, "g1.5", "g1.9"),
+        ("O", 1.0, 2.0, "g1.0", "g2.0"),
+    ]
+    parts = split_step(0.0, events, frozenset({model}), set())
+    assert (parts.data_wait, parts.forward, parts.backward) == pytest.approx((0.5, 0.3, 0.4))
+    assert parts.optimizer == pytest.approx(0.3)  # 1.0-1.1, 1.4-1.5, 1.9-2.0
+    optimizer = [(b, e) for name, b, e in parts.gpu if name == "optimizer"]
+    assert optimizer == [("g1.0", "g1.1"), ("g1.4", "g1.5"), ("g1.9", "g2.0")]
+    # a forward inside the step without GPU marks: its GPU time cannot be taken out, none is kept
+    events[1] = ("F", 1.1, 1.4, 4, model, True, True, None, None)
+    parts = split_step(0.0, events, frozenset({model}), set())
+    assert [s for s in parts.gpu if s[0] == "optimizer"] == []

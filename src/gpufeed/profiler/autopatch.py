@@ -44,6 +44,7 @@ _model_ids: frozenset[int] = frozenset()  # ids of the models whose calls are ti
 _patched_classes: list[tuple[type, Any]] = []  # (model class, its own __call__ or None)
 _is_grad_enabled: Callable[[], bool] | None = None
 _roots: dict[int, Any] = {}  # id -> weakref of the outermost modules called before the first step
+_optimizers: set[int] = set()  # ids of the optimizers whose models are settled
 _depth = 0  # nesting of module calls while global hooks are on
 _forwards: list[tuple[float, int | None, bool, bool]] = []  # root forwards in progress
 _opt_t0 = 0.0
@@ -172,7 +173,7 @@ def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         rec = _recorder if _recorder is not None else _create()
         if rec:
             g1 = rec.gpu_mark() if g0 is not None else None
-            if rec.models is None:
+            if id(optimizer) not in _optimizers:
                 rec.models = _settle_models(optimizer, rec)
             rec.on_optimizer(_opt_t0 or t1, t1, g0, g1)
             rec.on_optimizer_step(optimizer)
@@ -284,26 +285,31 @@ def _global_post(module: Any, args: Any, *rest: Any) -> None:
 
 
 def _settle_models(optimizer: Any, rec: Recorder) -> frozenset[int]:
-    """The roots seen so far that hold the optimizer's parameters become the models, their calls
-    timed (`_timed_call`); the global module hooks go. On a CUDA model the recorder takes GPU marks
-    from now on. Returns their ids (empty: forward and backward stay unmeasured)."""
+    """At an optimizer's first step the roots seen before the first step that hold its parameters
+    join the models, their calls timed (`_timed_call`); the global module hooks go at the first.
+    Each optimizer adds its own: a GAN's generator, first called before the discriminator's
+    optimizer steps, is a model once its own optimizer steps. On a CUDA model the recorder takes
+    GPU marks from now on. Returns the models' ids (empty: forward and backward stay unmeasured)."""
     global _model_ids, _is_grad_enabled
+    _optimizers.add(id(optimizer))
     params = {id(p) for group in optimizer.param_groups for p in group["params"]}
     models = []
-    for ref in list(_roots.values()):
+    for key, ref in list(_roots.items()):
         module = ref()
-        if module is not None and any(id(p) in params for p in module.parameters()):
+        if module is None:
+            del _roots[key]
+        elif any(id(p) in params for p in module.parameters()):
             models.append(module)
+            del _roots[key]
     _remove_global_hooks()
-    _roots.clear()
     _is_grad_enabled = sys.modules["torch"].is_grad_enabled
-    _model_ids = frozenset(id(m) for m in models)
+    _model_ids = _model_ids | frozenset(id(m) for m in models)
     for cls in {type(m) for m in models}:
         if not any(cls is c for c, _ in _patched_classes):
             _patched_classes.append((cls, cls.__dict__.get("__call__")))
             cls.__call__ = _timed_call(cls.__call__)
     on_gpu = any(p.is_cuda for m in models for p in itertools.islice(m.parameters(), 1))
-    rec.gpu_phases = on_gpu and rec.cuda_ready()
+    rec.gpu_phases = rec.gpu_phases or (on_gpu and rec.cuda_ready())
     return _model_ids
 
 
@@ -450,6 +456,7 @@ def uninstall() -> None:
     _remove_global_hooks()
     _unpatch_models()
     _roots.clear()
+    _optimizers.clear()
     if _original_next is not None:
         sys.modules["torch.utils.data.dataloader"]._BaseDataLoaderIter.__next__ = _original_next
         _original_next = None

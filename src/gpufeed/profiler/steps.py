@@ -223,11 +223,12 @@ def split_step(
             if len(e) > 3 and e[3] is not None:
                 gpu.append(("backward", e[3], e[4]))
         elif kind == "O":
-            opt += e[2] - e[1]
+            inner = _nested(events, i, models)
+            opt += e[2] - e[1] - sum(n[2] - n[1] for n in inner)
             opt_seen = True
             mark = max(mark, e[2])
             if len(e) > 3 and e[3] is not None:
-                gpu.append(("optimizer", e[3], e[4]))
+                gpu += _outside(e[3], e[4], inner)
     for p in pending:
         to_training(p)
     first_train = next(
@@ -261,6 +262,39 @@ def split_step(
         (ev[0], ev[1], ev[2], ev[3], ev[4]) if ev is not None else None,
         gpu,
     )
+
+
+def _nested(events: list[tuple], i: int, models: frozenset[int] | None) -> list[tuple]:
+    """The events that ran inside optimizer step `events[i]` (a closure's forward, backward or
+    fetch: `opt.step(closure)`, as Lightning's automatic optimization and LBFGS call it), in order.
+    They are their own phases, not the optimizer's. Events are listed as they end, so those inside
+    are the ones just before it that began after it."""
+    t0 = events[i][1]
+    inner = []
+    for k in range(i - 1, -1, -1):
+        e = events[k]
+        if e[2] < t0:
+            break
+        if e[1] >= t0 and (e[0] in "fB" or (e[0] == "F" and models is not None and e[4] in models)):
+            inner.append(e)
+    inner.reverse()
+    return inner
+
+
+def _outside(begin: Any, end: Any, inner: list[tuple]) -> list[tuple[str, Any, Any]]:
+    """GPU spans of an optimizer step from its marks `begin`..`end`, leaving out the events inside
+    it (`_nested`); none where one of those has no GPU marks (its time could not be taken out)."""
+    spans, at = [], begin
+    for e in inner:
+        marks = (e[7], e[8]) if e[0] == "F" and len(e) > 8 else e[3:5] if e[0] == "B" else ()
+        if e[0] == "f":
+            continue  # a fetch takes no GPU time of its own
+        if len(marks) < 2 or marks[0] is None or marks[1] is None:
+            return []
+        spans.append(("optimizer", at, marks[0]))
+        at = marks[1]
+    spans.append(("optimizer", at, end))
+    return spans
 
 
 def _thread_times(cpu: Any) -> tuple[float, float]:
