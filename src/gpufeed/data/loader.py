@@ -32,6 +32,7 @@ from gpufeed.data.lending import Lender
 from gpufeed.data.options import flag, known, whole
 from gpufeed.data.outputs import use_counts
 from gpufeed.data.plan import BatchPlan, Position
+from gpufeed.data.rank_check import check_rank
 from gpufeed.data.remote import RayPool, cluster_option, default_remote_workers, release_cluster
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
@@ -242,6 +243,8 @@ class Loader:
             )
             self.dataset = ShardDataset(data, drop_last=drop_last, **dataset_options)
         self.batch_size, self.drop_last = batch_size, drop_last
+        given = isinstance(data, ShardDataset) or {"rank", "world_size"} & set(dataset_options)
+        self._auto_rank = not given  # a detected split, checked against torch.distributed
         self.cluster = cluster_option(cluster, preprocess)
         if num_workers is None:
             num_workers = default_workers() if cluster is None else default_remote_workers(cluster)
@@ -257,6 +260,7 @@ class Loader:
         self.max_device_bytes = max_device_bytes
         self.plan = BatchPlan(self.dataset, batch_size, self.num_workers, drop_last)
         self.sampler = _Sampler(self)
+        self.batch_sampler = None  # batches made here, as DataLoader(batch_size=None): none to swap
         self._epoch = self.dataset.epoch
         self._next: Position | None = None  # set by set_epoch / load_state_dict
         self._iterated = False
@@ -415,6 +419,8 @@ class Loader:
                 "this Loader's workers belong to the process it was forked from: make a new "
                 "Loader in this process (iterating the inherited one would stop the parent's)"
             )
+        if self._auto_rank:
+            check_rank(self.dataset.rank, self.dataset.world_size)
         if self._next is not None:
             at = self._next
         elif self._fresh is not None:  # nothing was taken from the last one: not an epoch

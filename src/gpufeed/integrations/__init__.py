@@ -6,4 +6,8 @@
   ``Trainer(..., callbacks=[GpufeedCallback()])``.
 
 What both do (profile from the fit's start to its end, then write the report) lives in ``fit``.
+
+A gpufeed ``Loader`` needs nothing in Lightning: it goes where a DataLoader goes. For Hugging Face,
+``gpufeed.integrations.huggingface.LoaderTrainer`` takes Loaders where datasets go (``DictBatches``
+feeds a Trainer subclass of one's own).
 """
