@@ -205,11 +205,22 @@ def profile_cmd(
     interval: Annotated[
         float, typer.Option("--interval", "-i", help="system sampling interval, 0.05-60 s")
     ] = default(profile_command, "interval"),
+    headspace: Annotated[
+        int,
+        typer.Option(
+            "--headspace",
+            help="measure the job's own ceiling: after 10 warm-up steps, feed the next N steps "
+            "one kept batch again and again (those steps train on a repeated batch); 0: off",
+            min=0,
+        ),
+    ] = 0,
 ) -> None:
     """Run COMMAND under the profiler: `gpufeed profile -- python train.py`. Exit code is COMMAND's."""
     check_command(command or [])
     check_utf8("--name", name)
-    code, _ = profile_command(command or [], out=out, name=name, interval=interval)
+    code, _ = profile_command(
+        command or [], out=out, name=name, interval=interval, headspace=headspace
+    )
     raise typer.Exit(code)
 
 

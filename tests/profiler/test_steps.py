@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from gpufeed.profiler.steps import Recorder, batch_size
+from gpufeed.profiler.batches import batch_size
+from gpufeed.profiler.steps import Recorder
 from gpufeed.profiler.store import read_store
 
 
@@ -170,7 +171,7 @@ def test_recording_a_step_costs_microseconds(recorder):
 
 
 def test_a_closures_forward_and_backward_inside_the_optimizer_step_are_not_optimizer_time():
-    from gpufeed.profiler.steps import split_step
+    from gpufeed.profiler.phases import split_step
 
     model = 7
     # opt.step(closure) from 1.0 to 2.0; inside it the closure's forward and backward; GPU marks

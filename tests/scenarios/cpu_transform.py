@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from healthy import model_and_optimizer, train_step
+from measured import timed
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -29,7 +30,7 @@ class HeavyAugment(Dataset):
 
 def main() -> None:
     model, opt = model_and_optimizer()
-    for x, y in DataLoader(HeavyAugment(), batch_size=BATCH, num_workers=0):
+    for x, y in timed(DataLoader(HeavyAugment(), batch_size=BATCH, num_workers=0)):
         train_step(model, opt, x, y)
 
 

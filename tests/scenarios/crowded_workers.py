@@ -9,6 +9,7 @@ import os
 
 from cpu_transform import HeavyAugment
 from healthy import model_and_optimizer, train_step
+from measured import timed
 from torch.utils.data import DataLoader
 
 STEPS = 80
@@ -17,7 +18,7 @@ STEPS = 80
 def main() -> None:
     model, opt = model_and_optimizer()
     data = HeavyAugment(STEPS * 8)
-    for x, y in DataLoader(data, batch_size=8, num_workers=4 * (os.cpu_count() or 1)):
+    for x, y in timed(DataLoader(data, batch_size=8, num_workers=4 * (os.cpu_count() or 1))):
         train_step(model, opt, x, y)
 
 

@@ -6,6 +6,7 @@ import time
 
 import torch
 from healthy import model_and_optimizer, train_step
+from measured import timed
 from torch.utils.data import DataLoader, Dataset
 
 STEPS = 60
@@ -22,7 +23,7 @@ class SlowStorage(Dataset):
 
 def main(num_workers: int = 1) -> None:
     model, opt = model_and_optimizer()
-    for x, y in DataLoader(SlowStorage(), batch_size=8, num_workers=num_workers):
+    for x, y in timed(DataLoader(SlowStorage(), batch_size=8, num_workers=num_workers)):
         train_step(model, opt, x, y)
 
 

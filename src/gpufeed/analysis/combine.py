@@ -122,6 +122,7 @@ def combine(runs: list[Run]) -> Run:
         cat([r.processes for r in runs], ["time"]),
         workers,
         cat([r.evals for r in runs], ["host", "rank", "start"]),
+        cat([r.headspace for r in runs], ["host", "rank", "step"]),
     )
 
 

@@ -42,6 +42,10 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     seconds of that wait the thread was ready to run but kept off a core (a busy host): CPU it
     wanted and did not get. NaN where not measured (also off Linux, where only the CPU is read).
 
+``headspace`` the steps `gpufeed profile --headspace N` fed one kept batch (same columns as
+    ``steps``, kept out of them): this job's step time without waiting on input
+    (`analysis.headspace`). Empty unless asked for.
+
 ``processes`` columns: time, host, pid, role, cpu, rss
     role in {"main", "worker", "other"}: "main" = a training process (one per rank),
     "worker" = a DataLoader worker, "other" = anything else in the tree. cpu = % of one core
@@ -63,7 +67,8 @@ Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates 
     below, None where that process did not show it; cuda: whether it initialized CUDA, None if
     not recorded; loader_workers: most worker processes of a DataLoader that fed its training
     steps, as its hooks saw them, None if not recorded; batch_kind: "image" when its DataLoader
-    delivered N×C×H×W tensors, "other" otherwise, None if not seen).
+    delivered N×C×H×W tensors, "other" otherwise, None if not seen; headspace: [first, last]
+    step fed a kept batch, absent where none was).
     Also: finished (bool: the run wrote its end time), not_finished (str reason, only when not
     finished: still running or killed), env (performance-relevant environment variables, secrets
     redacted), cwd, platform.
@@ -147,6 +152,7 @@ _RANK_KEYS = (
     "cuda",
     "loader_workers",
     "batch_kind",
+    "headspace",
 )
 
 
@@ -165,6 +171,7 @@ class Run:
     processes: pd.DataFrame
     workers: dict[str, set[int]] = field(default_factory=dict, repr=False)
     evals: pd.DataFrame = field(default_factory=lambda: _frame([], EVAL_COLUMNS), repr=False)
+    headspace: pd.DataFrame = field(default_factory=lambda: _frame([], STEP_COLUMNS), repr=False)
 
     def __repr__(self) -> str:
         return (
@@ -195,6 +202,7 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
     import pandas as pd
 
     from gpufeed.analysis.combine import combine, run_paths
+    from gpufeed.analysis.headspace import split_replayed
     from gpufeed.profiler.session import read_meta
 
     paths = run_paths(path)
@@ -320,7 +328,8 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
             "the run did not finish cleanly: it is still running or was killed; "
             "data up to the last flush is shown"
         )
-    return Run(run_dir, meta, system_df, steps_df, proc_df, workers, evals_df)
+    steps_df, replayed = split_replayed(steps_df, meta["ranks"])
+    return Run(run_dir, meta, system_df, steps_df, proc_df, workers, evals_df, replayed)
 
 
 def _frame(rows: list[tuple], columns: list[str]) -> pd.DataFrame:
@@ -389,6 +398,13 @@ def _check_store(data: dict[str, Any]) -> None:
         bad = isinstance(value, bool) or not isinstance(value, types)
         if bad or (isinstance(value, float) and not 0 <= value <= LATEST_TIME):
             raise ValueError(f"its info {key!r} is {value!r}, not what gpufeed writes there")
+    window = info.get("headspace")
+    if window is not None and not (
+        isinstance(window, list)
+        and [type(v) for v in window] == [int, int]
+        and 0 <= window[0] <= window[1]
+    ):
+        raise ValueError(f"its info 'headspace' is {window!r}, not what gpufeed writes there")
     if any(not isinstance(row[1], int) for row in data.get("processes") or ()):
         raise ValueError("a process sample without a process id")
 

@@ -54,11 +54,18 @@ def write_report(
     while True:
         run = load(run_path)
         findings = run_rules(run, **overrides)
-        steady = Context(run, overrides.get("warmup")).steady_wait()
+        ctx = Context(run, overrides.get("warmup"))
         done = bool(run.meta.get("finished"))
         stopped = None if done else recording_stopped(run, stale_s)
         checks = rule_checks(findings, overrides)
-        page = render_html(run, findings, checks=checks, steady=steady, stopped=stopped)
+        page = render_html(
+            run,
+            findings,
+            checks=checks,
+            steady=ctx.steady_wait(),
+            stopped=stopped,
+            ceiling=ctx.ceiling,
+        )
         data = findings_json(run, findings) if json_out is not None else None
         write_atomic(target, page, make_parents=True)
         if data is not None:

@@ -29,5 +29,6 @@ def show(
     overrides = resolve(config, sets)
     run = load(runs)
     findings = run_rules(run, **overrides)
-    print_run(run, findings, console, Context(run, overrides.get("warmup")).steady_wait())
+    ctx = Context(run, overrides.get("warmup"))
+    print_run(run, findings, console, ctx.steady_wait(), ctx.ceiling)
     return run

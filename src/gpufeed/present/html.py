@@ -19,12 +19,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpufeed.analysis.stats import bin_index, device_key, role_totals, time_bins
-from gpufeed.present.numbers import after_warmup, count, cpu_counts, damaged_text, figure, number
+from gpufeed.present.numbers import (
+    after_warmup,
+    ceiling_text,
+    count,
+    cpu_counts,
+    damaged_text,
+    figure,
+    number,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from gpufeed.analysis.finding import Finding
+    from gpufeed.analysis.headspace import Ceiling
     from gpufeed.analysis.run import Run
 
 MAX_POINTS = 1200
@@ -139,9 +148,11 @@ def render_html(
     checks: list[dict[str, str]] | None = None,
     steady: tuple[int, float] | None = None,
     stopped: str | None = None,
+    ceiling: Ceiling | None = None,
 ) -> str:
     """The report as one HTML string; `checks` (from `rule_checks`) defaults to the default rules';
-    `steady` (from `Context.steady_wait`) adds the data wait after warm-up to the summary;
+    `steady` (from `Context.steady_wait`) adds the data wait after warm-up to the summary, and
+    `ceiling` (`Context.ceiling`) the job's share of its own ceiling where it was measured;
     `stopped` (from `recording_stopped`) says why an unfinished run will never finish, which the
     header then says instead of "run still in progress"."""
     import jinja2
@@ -187,7 +198,7 @@ def render_html(
         dropped=int(meta.get("dropped_events") or 0),
         damaged=damaged_text(meta["damaged_stores"]) if meta.get("damaged_stores") else "",
         generated=datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
-        summary=_summary(run, t0, t1, steady),
+        summary=_summary(run, t0, t1, steady, ceiling),
         step_phases=_step_phases(run),
         findings=[f.to_dict() for f in findings],
         checks=checks if checks is not None else rule_checks(findings),
@@ -218,7 +229,7 @@ def render_html(
 
 
 def _summary(
-    run: Run, t0: float, t1: float, steady: tuple[int, float] | None
+    run: Run, t0: float, t1: float, steady: tuple[int, float] | None, ceiling: Ceiling | None
 ) -> list[dict[str, str]]:
     from gpufeed.analysis.stats import phases, step_summary, wait_cpu_note
 
@@ -260,6 +271,9 @@ def _summary(
             else "not measured for what fed this loop (never read as 0%)",
         },
     ]
+    if own := ceiling_text(ceiling, meta):
+        share = number(100 * ceiling.share, 0, "%") if ceiling is not None else "not measured"
+        cards.append({"label": "Own ceiling", "value": share, "detail": own})
     if s["eval_passes"]:
         cards.insert(
             2,

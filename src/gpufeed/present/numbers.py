@@ -4,6 +4,7 @@ placeholder where a value is missing."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 MISSING = "–"
 
@@ -30,6 +31,12 @@ def count(n: int, noun: str) -> str:
     if n == 1:
         return f"1 {noun}"
     return f"{n:,} {noun}{'es' if noun.endswith(('s', 'x', 'ch', 'sh')) else 's'}"
+
+
+def ordinal(n: int) -> str:
+    """`n` as an ordinal: "2nd", "3rd", "11th", "21st"."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def finite(value: object) -> float | None:
@@ -67,4 +74,23 @@ def damaged_text(damaged: list[str]) -> str:
         f"{count(len(damaged), 'store file')} could not be read and "
         f"{'is' if len(damaged) == 1 else 'are'} left out: {files}; the figures miss what "
         f"{'it' if len(damaged) == 1 else 'they'} recorded"
+    )
+
+
+def ceiling_text(ceiling: Any, meta: dict) -> str:
+    """The job's share of its own ceiling (an `analysis.headspace.Ceiling`), said in one line; why
+    it is missing where `--headspace` asked for it and nothing was measured; else ""."""
+    if ceiling is None:
+        if not meta.get("headspace"):
+            return ""
+        return (
+            f"not measured: --headspace {meta['headspace']} found no training batch from a "
+            "DataLoader (or gpufeed Loader) to keep after warm-up, or the run ended first"
+        )
+    return (
+        f"the steps run at {number(100 * ceiling.share, 0, '%')} of this job's speed without "
+        f"input: {figure(1e3 * ceiling.ceiling_step, ' ms')} a step fed one kept batch "
+        f"({count(ceiling.replayed_steps, 'step')}, --headspace) against "
+        f"{figure(1e3 * ceiling.real_step, ' ms')} as it runs (medians), so feeding it faster "
+        f"gives up to ×{ceiling.speedup:.2f}"
     )

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from gpufeed.present.numbers import (
     after_warmup,
+    ceiling_text,
     count,
     cpu_counts,
     damaged_text,
@@ -26,6 +27,7 @@ from gpufeed.present.numbers import (
 
 if TYPE_CHECKING:
     from gpufeed.analysis.finding import Finding
+    from gpufeed.analysis.headspace import Ceiling
     from gpufeed.analysis.run import Run
 
 # How each metric's values are printed: (unit label, scale divisor, decimals).
@@ -55,10 +57,11 @@ def print_run(
     findings: list[Finding],
     console: Console | None = None,
     steady: tuple[int, float] | None = None,
+    ceiling: Ceiling | None = None,
 ) -> None:
     """Print a run's summary: what ran, phases, step throughput, a percentile table per metric, and
     the given findings. `steady`: (warm-up steps the findings left out, data-wait share after
-    them), said beside the table's all-steps share."""
+    them), said beside the table's all-steps share; `ceiling`: the job's own, where measured."""
     from gpufeed.analysis.stats import PHASES, no_steps_note, phases, step_summary, wait_cpu_note
 
     console = console or Console()
@@ -139,6 +142,8 @@ def print_run(
         note = wait_cpu_note(s)
         if note:
             console.print(f"Data wait: {note}")
+        if own := ceiling_text(ceiling, meta):
+            console.print(f"Own ceiling: {_m(own)}")
         if s["eval_passes"]:
             console.print(
                 f"Evaluation: {count(s['eval_passes'], 'pass')}, {_seconds(s['eval_time'])} "

@@ -18,20 +18,27 @@ helper scripts) record nothing.
 from __future__ import annotations
 
 import atexit
-import importlib.abc
 import itertools
 import math
 import os
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
-from gpufeed.profiler.session import ENV_RUN_DIR, identity, steps_store_path, warn_once
-from gpufeed.profiler.steps import Recorder, batch_size
+from gpufeed.profiler.batches import batch_size
+from gpufeed.profiler.headspace import NOTHING, headspace_asked
+from gpufeed.profiler.post_import import PostImportFinder
+from gpufeed.profiler.session import (
+    ENV_RUN_DIR,
+    identity,
+    process_start_time,
+    steps_store_path,
+    warn_once,
+)
+from gpufeed.profiler.steps import Recorder
 from gpufeed.profiler.threadclock import reading
 
 _DISABLED: Any = False  # sentinel: this process does not record
@@ -89,6 +96,7 @@ def _create() -> Recorder | Any:
             hook_failed(e)
             return _recorder
         rec.autocast = _pending_autocast
+        rec.headspace = headspace_asked()
         _recorder = rec
         atexit.register(close)
         # A multiprocessing child ends with os._exit, past atexit; its finalizers still run.
@@ -136,16 +144,6 @@ def reset() -> None:
 def _in_dataloader_worker() -> bool:
     data = sys.modules.get("torch.utils.data")
     return data is not None and data.get_worker_info() is not None
-
-
-def process_start_time() -> float:
-    """When this process started, in epoch seconds (psutil; the current time if unavailable)."""
-    try:
-        import psutil
-
-        return float(psutil.Process().create_time())
-    except Exception:
-        return time.time()
 
 
 os.register_at_fork(after_in_child=reset)
@@ -346,6 +344,9 @@ def _next(self: Any) -> Any:
     # This thread's scheduler clock across the wait tells working in it (loading with
     # num_workers=0, unpickling batches) from sleeping on workers or disks: about 1 us a read. Not
     # the process's CPU: idle OpenMP threads spin on cores.
+    rec = _recorder
+    if rec and (kept := _replayed(rec, self)) is not NOTHING:
+        return kept
     t0, c0 = perf_counter(), reading()
     try:
         batch = _original_next(self)  # type: ignore[misc]
@@ -354,6 +355,15 @@ def _next(self: Any) -> Any:
         raise
     _record("on_batch", t0, perf_counter(), batch, self, (c0, reading()))
     return batch
+
+
+def _replayed(rec: Recorder, iterator: Any) -> Any:
+    """`--headspace`: the kept batch where this step is replayed (`Recorder.replay`), else NOTHING."""
+    try:
+        return NOTHING if rec.headspace is None else rec.replay(iterator)
+    except Exception as e:
+        hook_failed(e)
+        return NOTHING
 
 
 def _iter(self: Any) -> Any:
@@ -442,7 +452,7 @@ def install() -> None:
         if module is not None:
             patch(module)
     if any(name not in sys.modules for name in _PATCHES):
-        sys.meta_path.insert(0, _PostImportFinder())
+        sys.meta_path.insert(0, PostImportFinder(_PATCHES))
 
 
 def uninstall() -> None:
@@ -469,7 +479,7 @@ def uninstall() -> None:
     if _original_backward is not None:
         sys.modules["torch.autograd"].backward = _original_backward
         _original_backward = None
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportFinder)]
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, PostImportFinder)]
     _installed = False
 
 
@@ -480,42 +490,3 @@ _PATCHES: dict[str, Callable[[Any], None]] = {
     "torch.nn.modules.module": _patch_modules,
     "torch.autograd": _patch_backward,
 }
-
-
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """Lets the real finders find a watched module and runs its patch right after it executes."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        patch = _PATCHES.get(fullname)
-        if patch is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader, patch)
-                return spec
-        return None
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    """Delegates to the real loader; after `exec_module` applies the patch (errors only warn)."""
-
-    def __init__(self, loader: Any, patch: Callable[[Any], None]) -> None:
-        self._loader = loader
-        self._patch = patch
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        try:
-            self._patch(module)
-        except Exception as e:  # a torch change must never break the user's import
-            sys.stderr.write(f"gpufeed: warning: could not hook {module.__name__}: {e}\n")
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)

@@ -21,8 +21,10 @@ from gpufeed.profiler.redact import redact_argv, redact_env
 from gpufeed.profiler.sampler import Sampler
 from gpufeed.profiler.session import (
     DEFAULT_INTERVAL,
+    ENV_HEADSPACE,
     ENV_RUN_DIR,
     ProfileError,
+    check_headspace,
     check_interval,
     create_run_dir,
     machine_meta,
@@ -58,9 +60,13 @@ def resolve_command(command: list[str]) -> str:
     return path
 
 
-def child_env(run_dir: Path) -> dict[str, str]:
-    """The command's environment: the bootstrap first on PYTHONPATH and the run directory named."""
+def child_env(run_dir: Path, headspace: int = 0) -> dict[str, str]:
+    """The command's environment: the bootstrap first on PYTHONPATH, the run directory named, and
+    the steps to replay where `--headspace` asks for some."""
     env = dict(os.environ)
+    env.pop(ENV_HEADSPACE, None)
+    if headspace:
+        env[ENV_HEADSPACE] = str(headspace)
     given = env.get("PYTHONPATH")  # kept as it is: an empty entry ("":/opt/libs) is the cwd
     env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + given if given else "")
     env[ENV_RUN_DIR] = str(run_dir.resolve())
@@ -99,8 +105,10 @@ def profile_command(
     out: str | os.PathLike[str] | None = None,
     name: str | None = None,
     interval: float = DEFAULT_INTERVAL,
+    headspace: int = 0,
 ) -> tuple[int, Path | None]:
-    """Run `command` under the profiler; return (its exit code, the run directory).
+    """Run `command` under the profiler; return (its exit code, the run directory). `headspace`:
+    training steps after warm-up fed one kept batch, to measure the job's own ceiling (0: none).
 
     Raises ProfileError before anything starts if the command or interval is bad. Storage never
     stops the command nor changes its exit code: if the run directory cannot be created the command
@@ -108,6 +116,7 @@ def profile_command(
     way one warning is printed per process.
     """
     interval = check_interval(interval)
+    headspace = check_headspace(headspace)
     executable = resolve_command(command)
     name = name or run_name(command)
     run_dir: Path | None
@@ -120,6 +129,8 @@ def profile_command(
     if run_dir is not None:
         _say(f"gpufeed: profiling into {run_dir}")
         meta = _initial_meta(command, name, interval)
+        if headspace:
+            meta["headspace"] = headspace
         save_meta(run_dir, **meta)
 
     # Signals are blocked from here on and taken by sigtimedwait() (the sampler thread inherits
@@ -130,7 +141,7 @@ def profile_command(
             pid = os.posix_spawn(
                 executable,
                 command,
-                child_env(run_dir) if run_dir is not None else dict(os.environ),
+                child_env(run_dir, headspace) if run_dir is not None else dict(os.environ),
                 setsigmask=(),
                 setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
             )

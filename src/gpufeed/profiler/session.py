@@ -50,6 +50,38 @@ def check_interval(interval: float) -> float:
     return value
 
 
+ENV_HEADSPACE = "GPUFEED_HEADSPACE"
+# Training steps before `--headspace` replays a batch: past the analysis's warm-up (5 steps).
+HEADSPACE_AFTER = 10
+MAX_HEADSPACE = 100_000
+
+
+def check_headspace(steps: Any) -> int:
+    """`--headspace` as a whole number of steps (0: off), or a ProfileError saying what to give."""
+    if isinstance(steps, bool) or not isinstance(steps, (int, str)):
+        raise ProfileError(f"--headspace must be a whole number of steps, got {steps!r}")
+    try:
+        value = int(steps)
+    except ValueError:
+        raise ProfileError(f"--headspace must be a whole number of steps, got {steps!r}") from None
+    if not 0 <= value <= MAX_HEADSPACE:
+        raise ProfileError(
+            f"--headspace {steps} is out of range: use 0 (off) to {MAX_HEADSPACE:,} steps; "
+            "20 to 50 measure the ceiling well"
+        )
+    return value
+
+
+def process_start_time() -> float:
+    """When this process started, in epoch seconds (psutil; the current time if unavailable)."""
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:
+        return time.time()
+
+
 ENV_HOST = "GPUFEED_HOST"
 
 

@@ -21,56 +21,21 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpufeed.profiler.batches import batch_kind, batch_size
 from gpufeed.profiler.clocks import CudaClock, Spans
+from gpufeed.profiler.headspace import NOTHING, Headspace
+from gpufeed.profiler.phases import gpu_marks, split_step
 from gpufeed.profiler.session import FLUSH_INTERVAL, warn_once
 from gpufeed.profiler.store import Store
-from gpufeed.profiler.threadclock import between
 
 NAN = math.nan
 # The phases timed on the GPU clock, as `Spans` names them (and the store's gpu_phases columns).
 GPU_PHASES = ("forward", "backward", "optimizer")
 # Short names of torch dtypes, as meta "precision" spells them.
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
-
-
-def batch_size(batch: Any) -> int | None:
-    """Leading dimension of the first tensor-like (has `.shape`) in a batch of nested lists/dicts.
-
-    None where it cannot tell: a batch is the user's object, and whatever its `shape` is (a method, a
-    number, a property that raises) or its container does, this never raises.
-    """
-    try:
-        shape = _first_shape(batch)
-        return int(shape[0]) if shape is not None and len(shape) else None
-    except Exception:
-        return None
-
-
-def batch_kind(batch: Any) -> str | None:
-    """ "image" when a batch's first tensor-like is N×C×H×W (or N×H×W×C), else "other"; None where
-    it has no tensor. Rules fit their advice to it (no JPEG advice for tokens or features)."""
-    try:
-        shape = _first_shape(batch)
-        return None if shape is None else "image" if len(shape) == 4 else "other"
-    except Exception:
-        return None
-
-
-def _first_shape(batch: Any, depth: int = 0) -> Any:
-    """`.shape` of the first tensor-like in nested lists, tuples and dicts (4 levels); None if none."""
-    shape = getattr(batch, "shape", None)
-    if shape is not None or depth >= 4:
-        return shape
-    if isinstance(batch, (list, tuple)) and batch:
-        return _first_shape(batch[0], depth + 1)
-    if isinstance(batch, Mapping) and batch:
-        return _first_shape(next(iter(batch.values())), depth + 1)
-    return None
 
 
 def dtype_name(dtype: Any) -> str:
@@ -95,226 +60,6 @@ def _autocast_active(device_type: str) -> bool:
         return bool(torch.is_autocast_enabled(device_type))  # type: ignore[union-attr]
     except Exception:
         return False
-
-
-@dataclass
-class StepParts:
-    """One training step split into phases (host seconds; NaN where not measured), the training
-    thread's seconds on a CPU and ready for one (runnable, kept off a core) while it waited on
-    data, the evaluation pass found among its events, if any: (start, end, batches, samples,
-    data_wait), and the GPU clock's marks of its training phases: (phase, begin, end)."""
-
-    start: float
-    data_wait: float
-    data_wait_cpu: float
-    data_wait_ready: float
-    samples: float
-    forward: float
-    backward: float
-    optimizer: float
-    evaluation: tuple[float, float, int, float, float] | None
-    gpu: list[tuple[str, Any, Any]]
-
-
-def split_step(
-    start: float,
-    events: list[tuple],
-    models: frozenset[int] | None,
-    eval_iters: set[int],
-    train_iters: set[int] | None = None,
-) -> StepParts:
-    """Split one step's events (in order) into phases and take evaluation out of it.
-
-    Events: ("f", t0, t1, samples, iterator id[, True at the epoch's end[, the thread's CPU
-    meanwhile: two `threadclock` readings or seconds]]) a batch fetched; ("F", t0, t1, samples, module id,
-    grad enabled, module.training[, gpu begin, gpu end]) a forward of a root module; ("B", t0, t1[,
-    gpu begin, gpu end]) a backward pass; ("O", t0, t1[, gpu begin, gpu end]) an optimizer step.
-    GPU marks (None where not taken) of training forwards, backward passes and optimizer steps
-    go to `gpu`. A forward is evaluation when it runs without grad, or in eval()
-    mode with no backward after it; the batches fetched before it, and every later batch of the same
-    iterator, are evaluation too. The step then starts where the evaluation ended. Data wait is the
-    DataLoader's blocked time where batches came from one; else (any other iterator) the host time
-    before each training forward and between it and its backward that no hook attributes elsewhere;
-    NaN (unknown) where neither was seen. Its CPU is the training thread's time on a CPU across
-    those fetches, and its ready time its time runnable but off a core; NaN where any of them was
-    not measured (ready: not measurable here) or the wait was not a DataLoader's. Samples come
-    from the model's input (a loader reading ahead cannot shift them), else from
-    the fetched batches. `eval_iters` (ids of evaluation iterators) is updated in place, and so is
-    `train_iters` (those that fed training steps) when given.
-    """
-    forwards = [
-        i for i, e in enumerate(events) if e[0] == "F" and models is not None and e[4] in models
-    ]
-    backward_after = set()
-    for j, i in enumerate(forwards):
-        nxt = forwards[j + 1] if j + 1 < len(forwards) else len(events)
-        if any(events[k][0] == "B" for k in range(i + 1, nxt)):
-            backward_after.add(i)
-    ev: list[Any] | None = None  # [t0, t1, batches, samples, wait]
-    pending: list[tuple] = []
-    fetch_wait, fetch_n, fetched, fetch_known = 0.0, 0.0, False, False
-    fetch_cpu = fetch_ready = 0.0
-    fwd = bwd = opt = 0.0
-    n_fwd, opt_seen, fwd_samples, fwd_known, primary = 0, False, 0.0, True, None
-    gap, mark, since_mark = 0.0, start, 0.0
-    gpu: list[tuple[str, Any, Any]] = []
-
-    def to_eval(t0: float, t1: float, wait: float, batches: int, n: float | None) -> None:
-        nonlocal ev
-        if ev is None:
-            ev = [t0, t1, 0, 0.0, 0.0]
-        ev[0], ev[1] = min(ev[0], t0), max(ev[1], t1)
-        ev[2] += batches
-        ev[3] += n or 0.0
-        ev[4] += wait
-
-    def to_training(fetch: tuple) -> None:
-        nonlocal fetch_wait, fetch_cpu, fetch_ready, fetch_n, fetched, fetch_known
-        fetch_wait += fetch[2] - fetch[1]
-        cpu, ready = _thread_times(fetch[6] if len(fetch) > 6 else NAN)
-        fetch_cpu, fetch_ready = fetch_cpu + cpu, fetch_ready + ready
-        fetch_n += fetch[3] or 0.0
-        fetched, fetch_known = True, fetch_known or fetch[3] is not None
-        if train_iters is not None:
-            train_iters.add(fetch[4])
-
-    for i, e in enumerate(events):
-        kind = e[0]
-        if kind == "f":
-            if e[4] in eval_iters:
-                to_eval(e[1], e[2], e[2] - e[1], 0, None)
-                mark = max(mark, e[2])
-            else:
-                pending.append(e)
-        elif kind == "F":
-            if models is None or e[4] not in models:
-                continue
-            if not e[5] or (not e[6] and i not in backward_after):
-                for p in pending:
-                    if len(p) < 6 or not p[5]:  # an epoch's end names no evaluation iterator
-                        eval_iters.add(p[4])
-                    to_eval(p[1], p[2], p[2] - p[1], 0, None)
-                to_eval(e[1], e[2], 0.0, 1, e[3])
-                pending.clear()
-                mark, since_mark = max(mark, e[2]), 0.0
-                continue
-            for p in pending:
-                to_training(p)
-                if p[1] >= mark:
-                    since_mark += p[2] - p[1]
-            pending.clear()
-            gap += max(0.0, e[1] - mark - since_mark)
-            fwd += e[2] - e[1]
-            n_fwd += 1
-            if len(e) > 7 and e[7] is not None:
-                gpu.append(("forward", e[7], e[8]))
-            primary = e[4] if primary is None else primary
-            if e[4] == primary:
-                if e[3] is None:
-                    fwd_known = False
-                else:
-                    fwd_samples += e[3]
-            mark, since_mark = max(mark, e[2]), 0.0
-        elif kind == "B":
-            if n_fwd:  # between forward and backward: nanoGPT fetches its next batch here
-                gap += max(0.0, e[1] - mark - since_mark)
-            bwd += e[2] - e[1]
-            mark, since_mark = max(mark, e[2]), 0.0
-            if len(e) > 3 and e[3] is not None:
-                gpu.append(("backward", e[3], e[4]))
-        elif kind == "O":
-            inner = _nested(events, i, models)
-            opt += e[2] - e[1] - sum(n[2] - n[1] for n in inner)
-            opt_seen = True
-            mark = max(mark, e[2])
-            if len(e) > 3 and e[3] is not None:
-                gpu += _outside(e[3], e[4], inner)
-    for p in pending:
-        to_training(p)
-    first_train = next(
-        (events[i][1] for i in forwards if events[i][5] and (events[i][6] or i in backward_after)),
-        math.inf,
-    )
-    if ev is not None and ev[1] <= first_train:
-        start = max(start, ev[1]) if math.isfinite(start) else start
-    wait_cpu, wait_ready = (fetch_cpu, fetch_ready) if fetched else (NAN, NAN)
-    if fetched:
-        wait = fetch_wait
-    elif n_fwd and math.isfinite(start):
-        wait = gap
-    else:
-        wait = NAN
-    if n_fwd and fwd_known:
-        samples = fwd_samples
-    elif fetch_known:
-        samples = fetch_n
-    else:
-        samples = NAN
-    return StepParts(
-        start,
-        wait,
-        wait_cpu,
-        wait_ready,
-        samples,
-        fwd if n_fwd else NAN,
-        bwd if n_fwd else NAN,
-        opt if opt_seen else NAN,
-        (ev[0], ev[1], ev[2], ev[3], ev[4]) if ev is not None else None,
-        gpu,
-    )
-
-
-def _nested(events: list[tuple], i: int, models: frozenset[int] | None) -> list[tuple]:
-    """The events that ran inside optimizer step `events[i]` (a closure's forward, backward or
-    fetch: `opt.step(closure)`, as Lightning's automatic optimization and LBFGS call it), in order.
-    They are their own phases, not the optimizer's. Events are listed as they end, so those inside
-    are the ones just before it that began after it."""
-    t0 = events[i][1]
-    inner = []
-    for k in range(i - 1, -1, -1):
-        e = events[k]
-        if e[2] < t0:
-            break
-        if e[1] >= t0 and (e[0] in "fB" or (e[0] == "F" and models is not None and e[4] in models)):
-            inner.append(e)
-    inner.reverse()
-    return inner
-
-
-def _outside(begin: Any, end: Any, inner: list[tuple]) -> list[tuple[str, Any, Any]]:
-    """GPU spans of an optimizer step from its marks `begin`..`end`, leaving out the events inside
-    it (`_nested`); none where one of those has no GPU marks (its time could not be taken out)."""
-    spans, at = [], begin
-    for e in inner:
-        marks = (e[7], e[8]) if e[0] == "F" and len(e) > 8 else e[3:5] if e[0] == "B" else ()
-        if e[0] == "f":
-            continue  # a fetch takes no GPU time of its own
-        if len(marks) < 2 or marks[0] is None or marks[1] is None:
-            return []
-        spans.append(("optimizer", at, marks[0]))
-        at = marks[1]
-    spans.append(("optimizer", at, end))
-    return spans
-
-
-def _thread_times(cpu: Any) -> tuple[float, float]:
-    """(seconds on a CPU, seconds ready for one) of a fetch event's CPU field."""
-    if isinstance(cpu, tuple):
-        return between(*cpu)
-    return float(cpu), NAN
-
-
-def gpu_marks(events: list[tuple]) -> list[Any]:
-    """Every GPU mark a step's events hold (see `split_step`), evaluation forwards' included."""
-    marks = []
-    for e in events:
-        kind = e[0]
-        if kind == "F":
-            if len(e) > 7:
-                marks += e[7:9]
-        elif kind != "f" and len(e) > 3:
-            marks += e[3:5]
-    return [m for m in marks if m is not None]
 
 
 class Recorder:
@@ -361,6 +106,8 @@ class Recorder:
         self._spans: Spans | None = None  # steps whose GPU marks wait to be read (flush thread)
         self._saved_span_drops = 0
         self.gpu_phases = False
+        self.headspace: Headspace | None = None  # `--headspace`: steps fed a kept batch
+        self._saved_window: tuple[int, int] | None = None
         self._ev_start: Any = None
         self._ev_prev_end: Any = None
         self.autocast: tuple[str, Any] | None = None
@@ -393,31 +140,42 @@ class Recorder:
         seconds (NaN: not measured)."""
         if self._start is None:
             self._start = t0
-        self._events.append(("f", t0, t1, batch_size(batch), _serial(iterator), False, cpu))
+        self._events.append(("f", t0, t1, batch_size(batch), iterator_serial(iterator), False, cpu))
         if iterator is not None and id(iterator) != self._last_iter:
             self._last_iter = id(iterator)
             if self.batch_kind is None:
                 self.batch_kind = batch_kind(batch)
             workers = getattr(iterator, "_workers", None)
             if workers is not None and len(self._iter_workers) < 4096:
-                self._iter_workers[_serial(iterator)] = len(workers)
+                self._iter_workers[iterator_serial(iterator)] = len(workers)
             now = time.time()
             for w in getattr(iterator, "_workers", ()):
                 self._workers.append((w.pid, now))
         if self._ev_start is None and self.cuda_ready():
             self._ev_start = self.gpu_mark()
+        if self.headspace is not None:
+            self.headspace.offer(self._step, iterator_serial(iterator), batch)
+
+    def replay(self, iterator: Any) -> Any:
+        """`--headspace`: the kept batch, recorded as fetched at once, where the step in progress
+        is replayed and `iterator` fed training; else `headspace.NOTHING` (ask the loader)."""
+        batch = self.headspace.replay(self._step, iterator_serial(iterator))  # type: ignore[union-attr]
+        if batch is not NOTHING:
+            t = time.perf_counter()
+            self.on_batch(t, t, batch, iterator, 0.0)
+        return batch
 
     def on_wait(self, t0: float, t1: float, iterator: Any = None, cpu: Any = NAN) -> None:
         """A DataLoader `__next__` blocked from t0 to t1 and ended the epoch (StopIteration)."""
         if self._start is None:
             self._start = t0
-        self._events.append(("f", t0, t1, None, _serial(iterator), True, cpu))
+        self._events.append(("f", t0, t1, None, iterator_serial(iterator), True, cpu))
 
     def on_iter_start(self, t0: float, t1: float, iterator: Any, cpu: Any = NAN) -> None:
         """`iter(DataLoader)` took t0..t1 (worker start-up): input time of the batches it feeds."""
         if self._start is None:
             self._start = t0
-        self._events.append(("f", t0, t1, None, _serial(iterator), False, cpu))
+        self._events.append(("f", t0, t1, None, iterator_serial(iterator), False, cpu))
 
     def on_forward(
         self,
@@ -491,6 +249,8 @@ class Recorder:
             self._autocast_steps[amp[1]] = self._autocast_steps.get(amp[1], 0) + 1
             if not _autocast_active(amp[0]):  # a region around the whole loop counts every step
                 self.autocast = None
+        if self.headspace is not None:
+            self.headspace.step_ended(self._events, self.models)
         self._step += 1
         self._start, self._events = t, []
         self._ev_start, self._ev_prev_end = None, ev1
@@ -607,6 +367,9 @@ class Recorder:
             kind = self.batch_kind
             if kind != self._saved_kind:
                 info["batch_kind"] = kind
+            window = self.headspace.window if self.headspace is not None else None
+            if window != self._saved_window:
+                info["headspace"] = list(window)  # type: ignore[arg-type]
             try:
                 if self._store is None:
                     self._store = Store(self.path)
@@ -626,6 +389,7 @@ class Recorder:
                 self._saved_cuda = cuda
                 self._saved_workers = max(self._saved_workers, loader_workers)
                 self._saved_kind = kind
+                self._saved_window = window
             except Exception as e:  # any store failure: never let it reach training
                 self.dropped += len(rows)
                 self._warn(e)
@@ -691,7 +455,7 @@ class Recorder:
 _serials = itertools.count(1)
 
 
-def _serial(iterator: Any) -> int:
+def iterator_serial(iterator: Any) -> int:
     """A number naming this iterator for the whole run (ids of dead iterators are reused)."""
     if iterator is None:
         return 0

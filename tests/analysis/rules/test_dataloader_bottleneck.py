@@ -17,14 +17,41 @@ def fired(run, rule=RULE, **overrides):
     return [f for f in run_rules(run, **overrides) if f.rule == rule]
 
 
-def test_a_loop_waiting_83_of_97_ms_has_share_0_856_and_speedup_6_9(builder: RunBuilder) -> None:
+def test_a_loop_waiting_83_of_97_ms_has_share_0_856_and_at_most_speedup_6_9(
+    builder: RunBuilder,
+) -> None:
     builder.steps([0.097] * 100, waits=0.083).process(1000, "main", 30.0).process(
         2000, "worker", 98.0
     )
     (f,) = fired(builder.build())
     assert f.evidence["data_wait_share"] == pytest.approx(83 / 97, abs=1e-3)
-    assert f.est_speedup == pytest.approx(97 / 14, rel=1e-3)
+    assert f.evidence["max_speedup"] == pytest.approx(97 / 14, rel=1e-3)  # every wait removed
     assert f.severity == "critical"
+
+
+def test_the_expected_speedup_is_what_the_recommended_workers_give(builder: RunBuilder) -> None:
+    builder.steps([0.097] * 100, waits=0.083).process(1000, "main", 30.0).process(
+        2000, "worker", 98.0
+    )
+    (f,) = fired(builder.build())
+    # 1 worker makes a batch in 97 ms; 7 make one every 13.9 ms, under the 14 ms of compute, and
+    # taking each from a worker costs about 1 ms (min_wait_ms): a step of 15 ms
+    assert f.evidence["recommended_num_workers"] == 7
+    assert f.est_speedup == pytest.approx(97 / (14 + 1), rel=1e-3)
+    assert f.evidence["est_speedup_basis"].startswith("num_workers=7: a batch takes 97 ms")
+
+
+def test_workers_the_cores_cannot_run_at_once_are_not_counted_in_the_speedup(
+    builder: RunBuilder,
+) -> None:
+    # 2 cores, the training process loading every batch on a CPU: one worker is all there is
+    # room for, and it makes a batch in the 30 ms the training process took
+    builder.cpu_count = 2
+    builder.steps([0.040] * 100, waits=0.030, wait_cpu=97.0).process(1000, "main", 100.0)
+    (f,) = fired(builder.build())
+    assert f.evidence["recommended_num_workers"] == 1
+    assert f.est_speedup == pytest.approx(40 / (30 + 1), rel=1e-3)
+    assert f.est_speedup < f.evidence["max_speedup"] == pytest.approx(4.0, rel=1e-3)
 
 
 def test_busy_workers_get_a_worker_count_sized_from_cores_and_step_times(

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from gpufeed.analysis.headspace import Ceiling, measure_ceiling, refill_mask
 from gpufeed.analysis.rules.base import Param
+from gpufeed.analysis.rules.periods import stall_period, waits_for_data
 from gpufeed.present.numbers import count
 
 if TYPE_CHECKING:
@@ -77,9 +79,34 @@ class Context:
         if not parts:
             return self.all_steps.iloc[0:0]
         out = pd.concat(parts, ignore_index=True)
+        out = out[~refill_mask(out, self.meta.get("ranks") or [])].reset_index(drop=True)
         out["data_wait"] = out["data_wait"].fillna(0.0).clip(lower=0.0)
         out["data_wait"] = np.minimum(out["data_wait"], out["duration"])
         return out
+
+    @cached_property
+    def ceiling(self) -> Ceiling | None:
+        """The job's own ceiling where `--headspace` measured it (`analysis.headspace`), else None."""
+        return measure_ceiling(self.run.headspace, self.steps) if len(self.run.headspace) else None
+
+    @cached_property
+    def _replay_spans(self) -> list[tuple[float, float]]:
+        """(start, end) epoch seconds of each rank's replayed steps and the refill after them:
+        system and process samples there show an idle loader, not the run's own."""
+        steps, spans = self.all_steps, []
+        refill = refill_mask(steps, self.meta.get("ranks") or [])
+        for key, g in self.run.headspace.groupby(["host", "rank"]):
+            mine = (steps["host"] == key[0]) & (steps["rank"] == key[1]) & refill
+            end = max(
+                float(g["end"].max()), float(steps.loc[mine, "end"].max()) if mine.any() else 0
+            )
+            spans.append((float(g["start"].min()), end))
+        return spans
+
+    def _outside_replay(self, frame: pd.DataFrame) -> pd.DataFrame:
+        for t0, t1 in self._replay_spans:
+            frame = frame[(frame["time"] < t0) | (frame["time"] > t1)]
+        return frame
 
     @cached_property
     def wait_known(self) -> bool:
@@ -120,7 +147,7 @@ class Context:
         if sysdf is None or len(sysdf) == 0:
             return {}
         t0, t1 = self.window
-        in_window = sysdf[(sysdf["time"] >= t0) & (sysdf["time"] <= t1)]
+        in_window = self._outside_replay(sysdf[(sysdf["time"] >= t0) & (sysdf["time"] <= t1)])
         return {str(m): g for m, g in in_window.groupby("metric", sort=False)}
 
     def metric(self, name: str) -> pd.DataFrame:
@@ -238,7 +265,7 @@ class Context:
         if p is None or len(p) == 0:
             return pd.DataFrame(columns=["time", "host", "pid", "role", "cpu", "rss"])
         t0, t1 = self.window
-        return p[(p["time"] >= t0) & (p["time"] <= t1)]
+        return self._outside_replay(p[(p["time"] >= t0) & (p["time"] <= t1)])
 
     @cached_property
     def role_cores(self) -> dict[str, dict[str, float]]:
@@ -577,19 +604,12 @@ class Context:
 
 def data_stall_period(steps: pd.DataFrame, p: dict[str, Any]) -> tuple[int, int] | None:
     """(N, r) when every N-th step of one rank is slow because it waits for data (most of the slow
-    steps' excess over the median is data wait, as when N loader workers each deliver one batch in
-    turn); None otherwise. `p`: PeriodicStall's parameters."""
-    d = steps["duration"].to_numpy(dtype=float)
-    wait = steps["data_wait"].to_numpy(dtype=float)
-    step = steps["step"].to_numpy(dtype=np.int64)
-    slow = slow_mask(d, p["k"], p["min_ratio"])
-    found = find_period(step, slow, p["match"], int(p["min_periods"]))
-    if found is None:
+    steps' excess over the other steps' median is data wait, as when N loader workers each deliver
+    one batch in turn); None otherwise. `p`: PeriodicStall's parameters (`periods.find_period`)."""
+    found = stall_period(steps, p)
+    if found is None or not waits_for_data(found, steps):
         return None
-    stalled = slow & (step % found[0] == found[1])
-    excess = float(np.sum(d[stalled] - np.median(d)))
-    waited = float(np.sum(wait[stalled] - np.median(wait)))
-    return found if excess > 0 and waited >= 0.5 * excess else None
+    return found.n, found.r
 
 
 def wait_share(steps: pd.DataFrame) -> float:
@@ -641,7 +661,6 @@ def fmt_ms(seconds: float) -> str:
     return f"{ms:.1f} ms" if ms >= 1 else f"{1e3 * ms:.0f} µs"
 
 
-_MAX_PERIOD = 20_000
 _EMPTY_SYSTEM = pd.DataFrame(columns=["time", "host", "metric", "device", "value"])
 
 
@@ -671,29 +690,3 @@ def _positive(value: Any) -> int | None:
 def workers_at(n: int, cpu: float, per: str = "") -> str:
     """'1 worker at 62% CPU', '8 workers at 23% CPU each', '2 workers per training process at …'."""
     return f"{count(n, 'worker')}{per} at {cpu:.0f}% CPU{' each' * (n != 1)}"
-
-
-def slow_mask(durations: np.ndarray, k: float, min_ratio: float) -> np.ndarray:
-    """Steps far above the median: more than k robust deviations (MAD x 1.4826) and min_ratio x median."""
-    med = float(np.median(durations))
-    mad = 1.4826 * float(np.median(np.abs(durations - med)))
-    return (durations > med + k * mad) & (durations > min_ratio * med)
-
-
-def find_period(
-    step: np.ndarray, slow: np.ndarray, match: float = 0.7, min_periods: int = 3
-) -> tuple[int, int] | None:
-    """Smallest N (and phase r) such that most slow steps are at step % N == r and most such steps are slow."""
-    hits = step[slow]
-    if len(hits) < min_periods:
-        return None
-    for n in range(2, min(len(step) // min_periods, _MAX_PERIOD) + 1):
-        residues = hits % n
-        values, counts = np.unique(residues, return_counts=True)
-        r = int(values[np.argmax(counts)])
-        if counts.max() / len(hits) < match:
-            continue
-        on_phase = step % n == r
-        if on_phase.sum() >= min_periods and slow[on_phase].mean() >= match:
-            return n, r
-    return None

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from gpufeed.analysis.finding import Finding
+from gpufeed.analysis.headspace import Ceiling
 from gpufeed.analysis.rules.base import INPUT_BOUND, Param, Rule
 from gpufeed.analysis.rules.context import (
     Context,
@@ -20,6 +21,7 @@ from gpufeed.analysis.rules.context import (
 )
 from gpufeed.analysis.rules.cpu_bottleneck import CPUBottleneck
 from gpufeed.analysis.rules.periodic_stall import PeriodicStall
+from gpufeed.analysis.rules.predict import upper_bound, with_workers
 from gpufeed.analysis.stats import WAIT_ASLEEP
 from gpufeed.present.numbers import count
 
@@ -42,7 +44,8 @@ class DataLoaderBottleneck(Rule):
     more than a core busy (threads inside it) counted at its CPU and told to run one thread.
     Batches that came through no DataLoader (no rank recorded one: a generator, DALI or
     webdataset pipeline) have no num_workers to set: the advice names the pipeline's own
-    parallelism. Estimated speedup = mean step / mean (step - wait).
+    parallelism. Estimated speedup = mean step / mean (step - wait), or where `--headspace`
+    measured the job's own ceiling, its real step time over the ceiling's.
     """
 
     id = "DataLoaderBottleneck"
@@ -111,14 +114,39 @@ class DataLoaderBottleneck(Rule):
         if ctx.steps["rank"].nunique() > 1:
             evidence["rank"] = int(s["rank"].iloc[0])
             evidence["mean_share_all_ranks"] = round(wait_share(ctx.steps), 4)
+        ceiling = ctx.ceiling
+        if ceiling is not None:
+            evidence.update(ceiling.evidence())
+            bound = upper_bound(ceiling.speedup, "the job's own ceiling (--headspace)")
+        else:
+            bound = upper_bound(speedup_without(s, s["data_wait"]), "every data wait removed")
+        text, workers, asleep = _recommend(ctx, p, host, step, wait, share)
+        predicted = bound
+        if workers is not None:
+            evidence["recommended_num_workers"] = workers
+            predicted = with_workers(ctx, workers, asleep, p["min_wait_ms"] / 1e3)
+            if predicted.speedup > bound.speedup:
+                predicted = bound
+        evidence["max_speedup"] = round(bound.speedup, 3)
+        evidence["est_speedup_basis"] = predicted.basis
         yield Finding(
             rule=self.id,
             severity="critical" if share >= p["critical"] else "warning",
             title=f"Input pipeline: steps wait {fmt_pct(share)} of the time for data",
             evidence=evidence,
-            recommendation=_recommend(ctx, p, host, step, wait, share) + _period_note(period),
-            est_speedup=round(speedup_without(s, s["data_wait"]), 3),
+            recommendation=text + _period_note(period) + _ceiling_note(ceiling),
+            est_speedup=round(predicted.speedup, 3),
         )
+
+
+def _ceiling_note(ceiling: Ceiling | None) -> str:
+    if ceiling is None:
+        return ""
+    return (
+        f" Measured with --headspace: this job's steps take {fmt_ms(ceiling.ceiling_step)} fed a "
+        f"kept batch against {fmt_ms(ceiling.real_step)} as it runs, so it reaches "
+        f"{fmt_pct(ceiling.share)} of its own ceiling."
+    )
 
 
 def _period_note(period: tuple[int, int] | None) -> str:
@@ -138,7 +166,9 @@ def _recommend(
     step: float,
     wait: float,
     share: float,
-) -> str:
+) -> tuple[str, int | None, bool]:
+    """(the advice, the num_workers it sets or None, whether those workers wait on storage or
+    latency rather than CPU): the worker count is what `est_speedup` is predicted for."""
     cores = ctx.cores_of(host)
     budget = ctx.worker_room()[1]  # as CPUBottleneck counts the cores left for workers
     need = ctx.workers_needed()
@@ -150,7 +180,7 @@ def _recommend(
         else ""
     )
     if 1e3 * wait < p["min_wait_ms"]:
-        return (
+        return _advice(
             f"The wait is short ({fmt_ms(wait)} a step), less than handing a batch over from a "
             "loader worker costs (about 1 ms), so more workers would not shorten it and may slow "
             "the loop: make each batch cheaper to load (tensors kept in memory, indexed "
@@ -158,16 +188,17 @@ def _recommend(
             f"larger batches so that the step's compute outweighs it. {why.capitalize()}."
         )
     if not ctx.loader_seen:
-        return _no_dataloader(ctx, cores, need, budget, why, gpu_tail)
+        return _advice(_no_dataloader(ctx, cores, need, budget, why, gpu_tail))
     measured = ctx.main_cpu_waiting_measured(host)
     main_wait_cpu, _ = ctx.main_cpu_split(host)
     if workers < 0.5 and measured and main_wait_cpu <= p["asleep_wait_cpu"]:
-        return (
+        text = (
             "The training process loads every batch itself (num_workers=0) and is on a CPU only "
             f"{main_wait_cpu:.0f}% of the time it waits, so it waits on storage or latency rather than "
             f"CPU: set num_workers={need} (workers that wait need no core each) and "
             "prefetch_factor=4, and read " + _sequential(ctx) + f". {why.capitalize()}.{gpu_tail}"
         )
+        return text, need, True
     if workers < 0.5:
         n = min(need, budget)
         text = (
@@ -179,7 +210,7 @@ def _recommend(
                 f" Even {count(n, 'worker')} may not keep up (about {need} needed): "
                 f"also cut the CPU cost per sample ({ctx.cut_cost()})."
             )
-        return text + gpu_tail
+        return text + gpu_tail, n, False
     now = round(workers)
     wcpu = ctx.worker_cpu
     if not math.isfinite(wcpu):  # the workers' CPU was not sampled: idle or busy is unknown
@@ -189,13 +220,17 @@ def _recommend(
         )
         n = min(need, budget)
         if n <= now:
-            return (
+            return _advice(
                 f"The {cores} cores leave no room for more than the {count(now, 'worker')} now "
                 f"({unknown}): cut the CPU cost per sample ({ctx.cut_cost()}), or read "
                 + _sequential(ctx)
                 + f". {why.capitalize()}.{gpu_tail}"
             )
-        return f"Set num_workers={n} (now {now}, {cores} cores; {unknown}): {why}.{gpu_tail}"
+        return (
+            f"Set num_workers={n} (now {now}, {cores} cores; {unknown}): {why}.{gpu_tail}",
+            n,
+            False,
+        )
     host_busy = ctx.rule_params(CPUBottleneck)["host_busy"]
     bound = ctx.workers_cpu_bound(host, p["busy_worker_cpu"], host_busy)
     if bound and ctx.host_full(host, host_busy):
@@ -207,7 +242,7 @@ def _recommend(
         )
         per = " per training process" if ctx.rank_hosts.get(host, 1) > 1 else ""
         where, whose = (f" of {host}", "its") if len(ctx.rank_hosts) > 1 else ("", "the host's")
-        return (
+        return _advice(
             f"The loader workers are CPU-bound: they keep {used:.1f} of the {cores} cores{where} "
             f"busy ({workers_at(now, wcpu, per)}) and {whose} CPU is {util:.0f}% busy{others}, so "
             "more workers would only share the same cores: "
@@ -218,7 +253,7 @@ def _recommend(
     if bound:
         return _within_cores(ctx, "CPU-bound", now, wcpu, cores, need, budget, why, gpu_tail)
     if measured and main_wait_cpu >= p["receiving_wait_cpu"] and main_wait_cpu > wcpu:
-        return (
+        return _advice(
             f"The loader workers are mostly idle ({workers_at(now, wcpu)}) while the training "
             f"thread is on a CPU {main_wait_cpu:.0f}% of the time it waits: receiving the batches is the "
             "bottleneck. Batches that are not tensors (NumPy arrays, PIL images, lists, strings) "
@@ -228,12 +263,18 @@ def _recommend(
         )
     if wcpu >= p["idle_worker_cpu"]:  # partly on a CPU: each more worker wants most of a core
         return _within_cores(ctx, "busy", now, wcpu, cores, need, budget, why, gpu_tail)
-    return (
+    text = (
         f"The loader workers are mostly idle ({workers_at(now, wcpu)}), so they wait on storage "
         f"or latency rather than CPU: set num_workers={need} and prefetch_factor=4, and read "
         + _sequential(ctx)
         + f". {why.capitalize()}.{gpu_tail}"
     )
+    return text, need, True
+
+
+def _advice(text: str) -> tuple[str, None, bool]:
+    """Advice that sets no worker count: its speedup is the upper bound."""
+    return text, None, False
 
 
 def _within_cores(
@@ -246,21 +287,22 @@ def _within_cores(
     budget: int,
     why: str,
     gpu_tail: str,
-) -> str:
+) -> tuple[str, int | None, bool]:
     """The advice for workers that use their cores: `need` of them where the cores leave room
-    (`budget` per training process), else cut the cost per sample."""
+    (`budget` per training process), else cut the cost per sample (and meanwhile `budget`)."""
     where = f"{workers_at(now, wcpu)}, {cores} cores"
     on = ctx.worker_cpu_on(ctx.worker_room()[0])  # the CPU the budget was counted with
     threads = one_thread_each(on if math.isfinite(on) else wcpu, min(need, max(budget, now)))
     if need <= budget:
-        return f"Set num_workers={need} ({where}): {why}.{threads}{gpu_tail}"
+        return f"Set num_workers={need} ({where}): {why}.{threads}{gpu_tail}", need, False
     meanwhile = f"; meanwhile set num_workers={budget}" if budget > now else ""
-    return (
+    text = (
         f"The loader workers are {state} ({where}) and about {need} would be needed, more than "
         f"the {budget} the cores leave room for per training process: cut the CPU cost per "
         f"sample ({ctx.cut_cost()}) or use a host with more cores{meanwhile}. "
         f"{why.capitalize()}.{threads}{gpu_tail}"
     )
+    return text, budget if budget > now else None, False
 
 
 def _no_dataloader(

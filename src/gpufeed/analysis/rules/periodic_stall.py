@@ -11,32 +11,39 @@ from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.rules.base import Param, Rule
 from gpufeed.analysis.rules.context import (
     Context,
-    data_stall_period,
-    find_period,
     fmt_ms,
     fmt_pct,
-    slow_mask,
-    speedup_without,
 )
+from gpufeed.analysis.rules.periods import stall_period, waits_for_data
+from gpufeed.analysis.rules.predict import without_stall
+from gpufeed.present.numbers import ordinal
 
 
 class PeriodicStall(Rule):
     """Every N-th step is slow: finds N, the phase and the cost per period, per rank.
 
-    A step is slow when it is more than `k` robust deviations and `min_ratio` x above the median; N is
-    the smallest period that holds at least `match` of the slow steps and whose steps are at least
-    `match` slow. Stalls that are mostly data wait (N loader workers delivering in turn) are the
-    input pipeline's: DataLoaderBottleneck reports them, with the period.
+    For each period N and phase r (steps at step % N == r), a step there is stalled when it takes
+    more than `min_ratio` x the median of the other steps. N is the smallest period with a phase
+    of which at least `match` are stalled, over at least `min_periods` periods, where steps slow
+    at random (as often as the other steps are) would stall as many with a chance of at most
+    `max_chance` over every period and phase tried (evidence `chance`; see periods.find_period).
+    So other load that widens the spread of step times neither hides a period nor makes one.
+    Stalls that are mostly data wait (N loader workers delivering in turn) are the input
+    pipeline's: DataLoaderBottleneck reports them, with the period.
     """
 
     id = "PeriodicStall"
     params: ClassVar[dict[str, Param]] = {
-        "k": Param(5.0, "robust deviations (MAD x 1.4826) above the median that make a step slow"),
-        "min_ratio": Param(1.5, "a slow step is also at least this many times the median"),
-        "match": Param(
-            0.7, "share of slow steps on the period, and of period steps that are slow", share=True
+        "min_ratio": Param(
+            1.5, "a stalled step takes at least this many times the other steps' median"
         ),
+        "match": Param(0.7, "share of the period's steps that must be stalled", share=True),
         "min_periods": Param(3, "periods that must be seen", least=2),
+        "max_chance": Param(
+            0.001,
+            "chance at most that steps slow at random (other load) line up on some period as well",
+            share=True,
+        ),
         "min_lost_share": Param(0.02, "share of run time the stalls must cost", share=True),
     }
     cpu_only = "same as on GPU runs"
@@ -45,25 +52,21 @@ class PeriodicStall(Rule):
         for rank, g in ctx.steps.groupby("rank", sort=True):
             d = g["duration"].to_numpy(dtype=float)
             step = g["step"].to_numpy(dtype=np.int64)
-            slow = slow_mask(d, p["k"], p["min_ratio"])
-            found = find_period(step, slow, p["match"], int(p["min_periods"]))
-            if found is None:
+            found = stall_period(g, p)
+            if found is None or waits_for_data(found, g):
                 continue
-            n, r = found
-            if data_stall_period(g, p) is not None:
-                continue
-            stalled = slow & (step % n == r)
-            median = float(np.median(d))
+            n, r, stalled, median = found.n, found.r, found.stalled, found.baseline
             lost = float(np.sum(d[stalled] - median))
             share = lost / float(d.sum())
             if share < p["min_lost_share"]:
                 continue
-            periods = int((step % n == r).sum())
+            periods = int(found.on.sum())
             stall_steps = [int(s) for s in step[stalled]]
+            predicted = without_stall(n, float(d[~stalled].mean()), lost / periods)
             yield Finding(
                 rule=self.id,
                 severity="critical" if share >= 0.25 else "warning",
-                title=f"Every {n}th step stalls: +{fmt_ms(lost / periods)} per period",
+                title=f"Every {ordinal(n)} step stalls: +{fmt_ms(lost / periods)} per period",
                 evidence={
                     "period_steps": n,
                     "first_stalled_step": stall_steps[0],
@@ -72,6 +75,8 @@ class PeriodicStall(Rule):
                     "mean_stalled_step_ms": round(1e3 * float(d[stalled].mean()), 2),
                     "cost_per_period_ms": round(1e3 * lost / periods, 2),
                     "lost_share": round(share, 4),
+                    "chance": float(f"{found.chance:.2g}"),
+                    "est_speedup_basis": predicted.basis,
                     "rank": int(rank),
                     "stalled_step_list": ", ".join(map(str, stall_steps[:10]))
                     + (" ..." if len(stall_steps) > 10 else ""),
@@ -83,6 +88,6 @@ class PeriodicStall(Rule):
                     "asynchronously (a background thread, torch.distributed.checkpoint.async_save), or "
                     "on rank 0 only without blocking the others."
                 ),
-                est_speedup=round(speedup_without(g, lost), 3),
+                est_speedup=round(predicted.speedup, 3),
             )
             return

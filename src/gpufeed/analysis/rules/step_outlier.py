@@ -11,34 +11,49 @@ from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.rules.base import Param, Rule
 from gpufeed.analysis.rules.context import (
     Context,
-    find_period,
     fmt_ms,
     fmt_pct,
-    slow_mask,
     speedup_without,
     wait_share,
 )
 from gpufeed.analysis.rules.dataloader_bottleneck import DataLoaderBottleneck
 from gpufeed.analysis.rules.periodic_stall import PeriodicStall
+from gpufeed.analysis.rules.periods import slow_mask, slowed_by_others, stall_period
 from gpufeed.present.numbers import count
 
 
 class StepOutlier(Rule):
     """Steps far above the median (robust statistics: median and MAD), with the steps named.
 
-    Steps that recur on a period are left to PeriodicStall (with the parameters it runs with), and
-    steps slow mostly from waiting for data to DataLoaderBottleneck where it reports the rank (a
-    loader's bursts, e.g. many workers sharing few cores). When more than `max_share` of steps are
-    slow, the step time is spread out rather than having outliers.
+    A warning needs evidence to act on: at least `min_steps` outliers (one slow step alone is no
+    pattern) costing at least `min_lost_share` of the run beyond the median. Steps that recur on a
+    period are left to PeriodicStall (with the parameters it runs with), and steps slow mostly from
+    waiting for data to DataLoaderBottleneck where it reports the rank (a loader's bursts, e.g.
+    many workers sharing few cores). When more than `max_share` of steps are slow, the step time is
+    spread out rather than having outliers. A slow step that overlaps a moment when the host had
+    less than a core idle and processes outside the run kept `outside_cores` busy is not counted:
+    its delay may be theirs (another job on a shared machine), which the user cannot act on.
     """
 
     id = "StepOutlier"
     params: ClassVar[dict[str, Param]] = {
-        "k": Param(5.0, "robust deviations (MAD x 1.4826) above the median that make an outlier"),
+        "k": Param(
+            5.0,
+            "robust deviations (MAD x 1.4826) of log step time above the median that make an "
+            "outlier (spread in ratios: other load stretches steps by factors)",
+        ),
         "min_ratio": Param(2.0, "an outlier is also at least this many times the median"),
-        "min_lost_share": Param(0.05, "share of run time the outliers must cost", share=True),
+        "min_steps": Param(2, "outlier steps needed: one slow step alone is no pattern", least=1),
+        "min_lost_share": Param(
+            0.05, "share of run time the outliers must cost beyond the median", share=True
+        ),
         "max_share": Param(
             0.1, "above this share of slow steps there are no 'outliers'", share=True
+        ),
+        "outside_cores": Param(
+            0.5,
+            "cores kept busy by processes outside the run, on a host with less than a core idle, "
+            "at which a slow step then is not counted (its delay may be theirs)",
         ),
     }
     cpu_only = "same as on GPU runs"
@@ -50,15 +65,16 @@ class StepOutlier(Rule):
             d = g["duration"].to_numpy(dtype=float)
             step = g["step"].to_numpy(dtype=np.int64)
             out = slow_mask(d, p["k"], p["min_ratio"])
-            period = find_period(
-                step, slow_mask(d, pp["k"], pp["min_ratio"]), pp["match"], pp["min_periods"]
-            )
+            period = stall_period(g, pp)
             if period is not None:
-                out &= step % period[0] != period[1]
+                out &= ~period.on
             if loader.get("enabled", True) and wait_share(g) >= loader["threshold"]:
                 wait = g["data_wait"].to_numpy(dtype=float)
                 out &= wait - np.median(wait) < 0.5 * (d - np.median(d))
-            if not out.any() or out.mean() > p["max_share"]:
+            if out.mean() > p["max_share"]:
+                continue
+            out &= ~slowed_by_others(ctx, g, p["outside_cores"])
+            if out.sum() < p["min_steps"]:
                 continue
             median = float(np.median(d))
             lost = float(np.sum(d[out] - median))
