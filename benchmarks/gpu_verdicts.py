@@ -17,7 +17,8 @@ H100 with 16 vCPU, made without a GPU; results.json records the measured ones:
               sampler tick with NVML (profiler_overhead.py's functions)      ~30 s
     diagnose  its Python API (the CLI has no JSON output) on full-size shards ~40 s
     e2e       RN-50 on the Loader: under `gpufeed profile`, plain, and on synthetic batches
-              (the ceiling); the profiled run's findings and `gpufeed show`  ~100 s
+              (the ceiling); the profiled run's findings and `gpufeed show`; once more under
+              `gpufeed profile --headspace 30` (its share of its own ceiling) ~140 s
     tune      `gpufeed tune --model resnet50 --batch-size 256 --out` + do its settings load  ~30-150 s
     demo      `gpufeed demo --model resnet50` (its demo-result.json)         ~90 s
 
@@ -63,11 +64,12 @@ def sizes(smoke: bool) -> dict[str, Any]:
             "seconds": 0.5, "tune": ["--seconds", "0.5", "--repeats", "1"],
             "demo": ["--tiny", "--model", "resnet18", "--images", "256", "--steps", "8"],
             "suite": ["tests/test_errors.py"], "recorder_n": 5_000, "hook_n": 1_000,
+            "headspace": 0,
         }  # fmt: skip
     return {
         "images": 8192, "model": "resnet50", "batch_size": 256, "image_size": 224, "steps": 200,
         "seconds": 4.0, "tune": [], "demo": ["--model", "resnet50"], "suite": ["tests"],
-        "recorder_n": 50_000, "hook_n": 20_000,
+        "recorder_n": 50_000, "hook_n": 20_000, "headspace": 30,
     }  # fmt: skip
 
 
@@ -281,6 +283,21 @@ def profiled_run(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def headspace_share(run_dir: Path) -> dict[str, Any]:
+    """The job's share of its own ceiling as `gpufeed profile --headspace` measured it."""
+    import gpufeed
+    from gpufeed.analysis.rules.context import Context
+
+    ceiling = Context(gpufeed.load(run_dir)).ceiling
+    if ceiling is None:
+        return {"error": "no ceiling measured"}
+    return {
+        "share": ceiling.share,
+        "ceiling_step_s": ceiling.ceiling_step,
+        "real_step_s": ceiling.real_step,
+    }
+
+
 def part_e2e(ctx: dict[str, Any]) -> dict[str, Any]:
     """The measured truth: the Loader run under `gpufeed profile` and plain, and the ceiling."""
     s, log, work = ctx["sizes"], ctx["log"], ctx["work"]
@@ -288,19 +305,27 @@ def part_e2e(ctx: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"ceiling": child("ceiling", {**cfg, "classes": 100}, ctx["left"](), log)}
     for v in ctx["variants"]:
         res: dict[str, Any] = {}
-        for mode in ("profiled", "plain"):
+        # "headspace": profiled again with --headspace (its own rate includes replayed steps)
+        for mode in ("profiled", "plain", "headspace")[: 3 if s["headspace"] else 2]:
             figures = work / f"e2e-{v}-{mode}.json"
             figures.unlink(missing_ok=True)
             cmd = train_cmd(ctx, ctx["data"][v], figures)
-            if mode == "profiled":
+            if mode != "plain":
                 prefix = ["-m", "gpufeed.cli", "profile", "--out", str(work / "runs")]
-                cmd = [sys.executable, *prefix, "--name", f"e2e-{v}", "--", *cmd]
+                if mode == "headspace":
+                    prefix += ["--headspace", str(s["headspace"])]
+                cmd = [sys.executable, *prefix, "--name", f"e2e-{v}-{mode}", "--", *cmd]
             done = run(cmd, ctx["left"](), log, f"e2e {v} {mode}")
             if done["code"] != 0 or not figures.is_file():
                 res[mode] = failure(done)
                 continue
             res[mode] = {**json.loads(figures.read_text()), "seconds": done["seconds"]}
             m = re.search(r"gpufeed: profiling into (.+)", done["output"])
+            if mode == "headspace" and m:
+                try:
+                    res["headspace_share"] = headspace_share(Path(m.group(1).strip()))
+                except Exception as e:
+                    res["headspace_share"] = {"error": f"{type(e).__name__}: {e}"}
             if mode == "profiled" and m:
                 run_dir = Path(m.group(1).strip())
                 try:
@@ -472,6 +497,19 @@ def verdict_rows(parts: dict[str, Any], v: str) -> list[Row]:
         if isinstance(wait, float) and abs(prof["data_wait_share"] - wait) > AGREE_WAIT:
             ok += f" (data wait off by {abs(prof['data_wait_share'] - wait):.0%})"
         out.append((f"profile + analyze, {v} shards", said, truth, ok))
+    own = run_.get("headspace_share")
+    if own:
+        said = (
+            "failed: " + own["error"]
+            if "error" in own
+            else f"{own['share']:.2f} of its own ceiling"
+        )
+        ok = (
+            "**NO**"
+            if "error" in own or share is None
+            else agree(True, abs(own["share"] - share) <= AGREE_SHARE)
+        )
+        out.append((f"profile --headspace, {v} shards", said, truth, ok))
     profiled = run_.get("profiled") or {}
     if run_.get("plain") and profiled.get("images_per_s") and rate:
         ratio = profiled["images_per_s"] / rate
