@@ -173,3 +173,28 @@ def test_the_training_iterator_is_the_one_a_training_forward_took_its_batch_from
     assert training_iterator(events, model) == 4
     assert training_iterator(events[:2], model) == 5  # no training forward: the last batch
     assert training_iterator([("O", 0, 1)], model) is None
+
+
+def test_a_gpufeed_loader_is_replayed_too(gpufeed_cli_module, tmp_path) -> None:
+    from gpufeed.data.packing import pack
+    from gpufeed.demo.synth import make_image_folder
+
+    pack(make_image_folder(tmp_path / "img", 24, 2), tmp_path / "pack", workers=1, progress=False)
+    script = tmp_path / "loader.py"
+    script.write_text(
+        "import sys, torch\nfrom gpufeed.data import Augment, Loader\n"
+        "loader = Loader(sys.argv[1], 4, num_workers=2, augment=Augment(size=(8, 8)), "
+        "device='cpu')\n"
+        "model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 2))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for epoch in range(4):\n    loader.set_epoch(epoch)\n    for x, y in loader:\n"
+        "        torch.nn.functional.cross_entropy(model(x), y).backward()\n"
+        "        opt.step()\n        opt.zero_grad()\n"
+    )
+    run = _profile(
+        gpufeed_cli_module, tmp_path, sys.executable, str(script), str(tmp_path / "pack"),
+        headspace=5,
+    )  # fmt: skip
+    # 4 epochs of 6 batches, and 5 steps fed one kept batch after the 10 warm-up steps
+    assert len(run.steps) == 24 and run.headspace["step"].tolist() == [11, 12, 13, 14, 15]
+    assert (run.headspace["samples"] == 4).all() and (run.steps["samples"] == 4).all()

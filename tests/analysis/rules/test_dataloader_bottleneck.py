@@ -52,6 +52,10 @@ def test_workers_the_cores_cannot_run_at_once_are_not_counted_in_the_speedup(
     assert f.evidence["recommended_num_workers"] == 1
     assert f.est_speedup == pytest.approx(40 / (30 + 1), rel=1e-3)
     assert f.est_speedup < f.evidence["max_speedup"] == pytest.approx(4.0, rel=1e-3)
+    # CPUBottleneck, which blames the training process, expects what the same workers give
+    (cpu,) = fired(builder.build(), rule="CPUBottleneck")
+    assert cpu.est_speedup == f.est_speedup
+    assert cpu.evidence["est_speedup_basis"] == f.evidence["est_speedup_basis"]
 
 
 def test_busy_workers_get_a_worker_count_sized_from_cores_and_step_times(

@@ -121,7 +121,9 @@ class Context:
         share over every step, which the findings do not judge."""
         if not len(self.steps):
             return None
-        left = self.all_steps.groupby("rank").size() - self.steps.groupby("rank").size()
+        steps = self.all_steps
+        kept = steps[~refill_mask(steps, self.meta.get("ranks") or [])]  # refill: not warm-up
+        left = kept.groupby("rank").size() - self.steps.groupby("rank").size()
         return int(left.max()), wait_share(self.steps)
 
     @cached_property

@@ -19,6 +19,7 @@ from gpufeed.analysis.rules.context import (
     wait_share,
     workers_at,
 )
+from gpufeed.analysis.rules.predict import stated, upper_bound, with_workers
 
 
 class CPUBottleneck(Rule):
@@ -82,7 +83,8 @@ class CPUBottleneck(Rule):
         }
         if ctx.has_gpu:
             evidence["gpu_util_p95"] = round(gpu_p95, 1)
-        speedup = round(speedup_without(ctx.steps, ctx.steps["data_wait"]), 3)
+        most = upper_bound(speedup_without(ctx.steps, ctx.steps["data_wait"]), "every wait removed")
+        speedup, basis = stated(most, most)
         workers, wcpu = ctx.worker_count, ctx.worker_cpu
         waiting = share >= p["wait_share"]
 
@@ -130,9 +132,11 @@ class CPUBottleneck(Rule):
                 )
             else:
                 advice = f"no cores are left{on}: cut the CPU cost per sample ({ctx.cut_cost()})"
+            if advised > now:
+                speedup, basis = stated(with_workers(ctx, advised, asleep=False), most)
             yield self.warning(
                 title=f"CPU-bound loader workers: {workers_at(round(workers), wcpu)}",
-                evidence=evidence,
+                evidence=evidence | basis,
                 recommendation=(
                     f"The loader workers use {used:.1f} of {cores} cores{on} while steps wait "
                     f"{fmt_pct(share)} of the time for data; {advice}."
@@ -186,9 +190,12 @@ class CPUBottleneck(Rule):
                     "in the pipeline, or `gpufeed.data.Loader`; see DataLoaderBottleneck)",
                 )
             )
+            if ctx.loader_seen:  # as many workers as DataLoaderBottleneck advises
+                advised = min(ctx.workers_needed(), ctx.worker_room()[1])
+                speedup, basis = stated(with_workers(ctx, advised, asleep=False), most)
             yield self.warning(
                 title="CPU-bound training process: it decodes and augments the data itself",
-                evidence=evidence,
+                evidence=evidence | basis,
                 recommendation=(
                     f"{how} {who} steps wait {fmt_pct(share)} of the time for data: {move}."
                 ),

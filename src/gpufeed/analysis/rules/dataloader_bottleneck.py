@@ -21,7 +21,7 @@ from gpufeed.analysis.rules.context import (
 )
 from gpufeed.analysis.rules.cpu_bottleneck import CPUBottleneck
 from gpufeed.analysis.rules.periodic_stall import PeriodicStall
-from gpufeed.analysis.rules.predict import upper_bound, with_workers
+from gpufeed.analysis.rules.predict import stated, upper_bound, with_workers
 from gpufeed.analysis.stats import WAIT_ASLEEP
 from gpufeed.present.numbers import count
 
@@ -44,8 +44,10 @@ class DataLoaderBottleneck(Rule):
     more than a core busy (threads inside it) counted at its CPU and told to run one thread.
     Batches that came through no DataLoader (no rank recorded one: a generator, DALI or
     webdataset pipeline) have no num_workers to set: the advice names the pipeline's own
-    parallelism. Estimated speedup = mean step / mean (step - wait), or where `--headspace`
-    measured the job's own ceiling, its real step time over the ceiling's.
+    parallelism. Estimated speedup: what the num_workers it advises give (`predict.with_workers`),
+    at most `max_speedup` = mean step / mean (step - wait), or where `--headspace` measured the
+    job's own ceiling, its real step time over the ceiling's; advice without a worker count gets
+    that bound (evidence `est_speedup_basis` says which).
     """
 
     id = "DataLoaderBottleneck"
@@ -125,17 +127,15 @@ class DataLoaderBottleneck(Rule):
         if workers is not None:
             evidence["recommended_num_workers"] = workers
             predicted = with_workers(ctx, workers, asleep, p["min_wait_ms"] / 1e3)
-            if predicted.speedup > bound.speedup:
-                predicted = bound
-        evidence["max_speedup"] = round(bound.speedup, 3)
-        evidence["est_speedup_basis"] = predicted.basis
+        speedup, basis = stated(predicted, bound)
+        evidence |= basis
         yield Finding(
             rule=self.id,
             severity="critical" if share >= p["critical"] else "warning",
             title=f"Input pipeline: steps wait {fmt_pct(share)} of the time for data",
             evidence=evidence,
             recommendation=text + _period_note(period) + _ceiling_note(ceiling),
-            est_speedup=round(predicted.speedup, 3),
+            est_speedup=speedup,
         )
 
 

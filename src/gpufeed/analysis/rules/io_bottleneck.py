@@ -9,6 +9,7 @@ from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.rules.base import INPUT_BOUND, Param, Rule
 from gpufeed.analysis.rules.context import Context, fmt_pct, pct, speedup_without, wait_share
 from gpufeed.analysis.rules.cpu_bottleneck import CPUBottleneck
+from gpufeed.analysis.rules.predict import stated, upper_bound
 
 MB = 1e6
 
@@ -106,11 +107,15 @@ class IOBottleneck(Rule):
             "sequential shards (`gpufeed pack`) instead of many small files, or pre-resize images to "
             "cut the bytes per sample"
         )
+        bound = upper_bound(
+            speedup_without(ctx.steps, ctx.steps["data_wait"]), "every data wait removed"
+        )
+        speedup, basis = stated(bound, bound)
         yield Finding(
             rule=self.id,
             severity="warning",
             title=f"Storage-bound input: {'; '.join(causes)}",
-            evidence=evidence,
+            evidence=evidence | basis,
             recommendation=f"Steps wait {fmt_pct(share)} of the time for data while {causes[0]}: {fix}.",
-            est_speedup=round(speedup_without(ctx.steps, ctx.steps["data_wait"]), 3),
+            est_speedup=speedup,
         )

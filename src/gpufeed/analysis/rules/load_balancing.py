@@ -10,6 +10,7 @@ import numpy as np
 from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.rules.base import Param, Rule
 from gpufeed.analysis.rules.context import Context, fmt_pct, speedup_without, wait_share
+from gpufeed.analysis.rules.predict import stated, upper_bound
 
 
 class LoadBalancing(Rule):
@@ -71,6 +72,11 @@ class LoadBalancing(Rule):
             }
             why = f"rank {slow}'s GPU is {busy:.0f}% busy while another is {idle:.0f}%"
             speedup = None
+        if speedup is not None:
+            speedup, basis = stated(
+                *[upper_bound(speedup, "every rank as fast as the fastest")] * 2
+            )
+            evidence |= basis
         yield Finding(
             rule=self.id,
             severity="warning",

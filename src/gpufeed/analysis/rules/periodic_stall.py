@@ -15,7 +15,7 @@ from gpufeed.analysis.rules.context import (
     fmt_pct,
 )
 from gpufeed.analysis.rules.periods import stall_period, waits_for_data
-from gpufeed.analysis.rules.predict import without_stall
+from gpufeed.analysis.rules.predict import stated, without_stall
 from gpufeed.present.numbers import ordinal
 
 
@@ -62,7 +62,9 @@ class PeriodicStall(Rule):
                 continue
             periods = int(found.on.sum())
             stall_steps = [int(s) for s in step[stalled]]
-            predicted = without_stall(n, float(d[~stalled].mean()), lost / periods)
+            # removing the stall is both the advice and the most it can give
+            removed = without_stall(n, float(d[~stalled].mean()), lost / periods)
+            speedup, basis = stated(removed, removed)
             yield Finding(
                 rule=self.id,
                 severity="critical" if share >= 0.25 else "warning",
@@ -76,7 +78,7 @@ class PeriodicStall(Rule):
                     "cost_per_period_ms": round(1e3 * lost / periods, 2),
                     "lost_share": round(share, 4),
                     "chance": float(f"{found.chance:.2g}"),
-                    "est_speedup_basis": predicted.basis,
+                    **basis,
                     "rank": int(rank),
                     "stalled_step_list": ", ".join(map(str, stall_steps[:10]))
                     + (" ..." if len(stall_steps) > 10 else ""),
@@ -88,6 +90,6 @@ class PeriodicStall(Rule):
                     "asynchronously (a background thread, torch.distributed.checkpoint.async_save), or "
                     "on rank 0 only without blocking the others."
                 ),
-                est_speedup=round(predicted.speedup, 3),
+                est_speedup=speedup,
             )
             return

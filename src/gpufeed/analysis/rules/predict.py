@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 from gpufeed.analysis.rules.context import Context
 
+# Seconds the training process spends taking a batch from a loader worker, about.
+HANDOVER = 1e-3
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -21,7 +24,7 @@ class Prediction:
     basis: str
 
 
-def with_workers(ctx: Context, after: int, asleep: bool, handover: float) -> Prediction:
+def with_workers(ctx: Context, after: int, asleep: bool, handover: float = HANDOVER) -> Prediction:
     """The most waiting rank's speedup with `after` loader workers per training process.
 
     The loader makes one batch in L seconds of one worker: with k workers now, all of them
@@ -67,3 +70,11 @@ def upper_bound(speedup: float, why: str) -> Prediction:
     """The most the finding's subject can give (all of it removed): where the recommended change
     has no size to predict from (cut the cost per sample, do it less often)."""
     return Prediction(speedup if math.isfinite(speedup) else 1.0, f"upper bound: {why}")
+
+
+def stated(predicted: Prediction, bound: Prediction) -> tuple[float, dict[str, float | str]]:
+    """(`est_speedup`, the evidence that says what it is): the prediction, never above the
+    bound; ``max_speedup`` is the bound, ``est_speedup_basis`` how the estimate was reckoned."""
+    best = bound if predicted.speedup > bound.speedup else predicted
+    speedup = round(best.speedup, 3)
+    return speedup, {"max_speedup": round(bound.speedup, 3), "est_speedup_basis": best.basis}

@@ -19,6 +19,7 @@ from gpufeed.analysis.rules.context import (
 from gpufeed.analysis.rules.dataloader_bottleneck import DataLoaderBottleneck
 from gpufeed.analysis.rules.periodic_stall import PeriodicStall
 from gpufeed.analysis.rules.periods import slow_mask, slowed_by_others, stall_period
+from gpufeed.analysis.rules.predict import stated, upper_bound
 from gpufeed.present.numbers import count
 
 
@@ -86,6 +87,8 @@ class StepOutlier(Rule):
                 f"{s} ({fmt_ms(t)})" for s, t in zip(step[out][order], d[out][order], strict=True)
             ]
             n = int(out.sum())
+            bound = upper_bound(speedup_without(g, lost), "the outlier steps as fast as the median")
+            speedup, basis = stated(bound, bound)
             yield Finding(
                 rule=self.id,
                 severity="warning",
@@ -97,6 +100,7 @@ class StepOutlier(Rule):
                     "lost_share": round(share, 4),
                     "rank": int(rank),
                     "steps": ", ".join(named[:10]) + (" ..." if len(named) > 10 else ""),
+                    **basis,
                 },
                 recommendation=(
                     f"{'Step' if n == 1 else 'Steps'} "
@@ -106,5 +110,5 @@ class StepOutlier(Rule):
                     "(garbage collection, a slow storage read, a data-dependent shape causing "
                     "recompilation, another job on the host) in the timeline (`gpufeed trace`)."
                 ),
-                est_speedup=round(speedup_without(g, lost), 3),
+                est_speedup=speedup,
             )
