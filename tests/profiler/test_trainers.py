@@ -21,13 +21,14 @@ import pytest
 import gpufeed
 from gpufeed.analysis.run import Run
 from gpufeed.analysis.stats import PHASES, step_summary
+from gpufeed.extras import installed
 
 TRAINERS = Path(__file__).resolve().parent / "trainers"
 LOOPS = ("closure", "lbfgs", "accumulate", "gan", "amp", "compile", "ddp")
-FRAMEWORKS = {
-    "lightning-auto": ("pytorch_lightning", "lightning_fit.py", "auto"),
-    "lightning-manual": ("pytorch_lightning", "lightning_fit.py", "manual"),
-    "hf-trainer": ("transformers", "hf_train.py", None),
+FRAMEWORKS = {  # case: (gpufeed extra, script, mode)
+    "lightning-auto": ("lightning", "lightning_fit.py", "auto"),
+    "lightning-manual": ("lightning", "lightning_fit.py", "manual"),
+    "hf-trainer": ("huggingface", "hf_train.py", None),
 }
 CASES = (*LOOPS, *FRAMEWORKS)
 _RUNS: dict[str, Run] = {}
@@ -52,7 +53,7 @@ def runs(tmp_path_factory) -> dict[str, Run]:
     """Every case profiled once, two at a time (2 cores), shared by this module's tests."""
     if not _RUNS:
         out = tmp_path_factory.mktemp("trainers")
-        cases = [c for c in CASES if c not in FRAMEWORKS or _importable(FRAMEWORKS[c][0])]
+        cases = [c for c in CASES if c not in FRAMEWORKS or installed(FRAMEWORKS[c][0])]
 
         def profile(case: str) -> tuple[str, Run]:
             cli = [sys.executable, "-m", "gpufeed.cli", "profile", "--out", str(out / case)]
@@ -69,17 +70,9 @@ def runs(tmp_path_factory) -> dict[str, Run]:
     return _RUNS
 
 
-def _importable(name: str) -> bool:
-    try:
-        __import__(name)
-    except ImportError:
-        return False
-    return True
-
-
 def _run(runs: dict[str, Run], case: str) -> Run:
     if case not in runs:
-        pytest.skip(f"{FRAMEWORKS[case][0]} is not installed")
+        pytest.skip(f"gpufeed[{FRAMEWORKS[case][0]}] is not installed")
     return runs[case]
 
 
