@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint venv chromium clean
+.PHONY: demo test lint venv chromium clean docs
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -28,6 +28,19 @@ test: $(STAMP) chromium
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(VENV)/bin/ruff format --check src tests benchmarks examples README.md
 	$(PY) -m pytest -q
+
+# The documentation site (mkdocs.yml) into site/: the docs extra goes into the same .venv, once.
+# --strict: a warning (a broken link, an API name that no longer exists) fails the build.
+DOCS_STAMP := $(VENV)/.docs-installed
+
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/ruff check docs
+	$(VENV)/bin/ruff format --check docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check --fix src tests benchmarks examples

@@ -48,6 +48,8 @@ class Commands(TyperGroup):
             raise fail(str(e), e.exit_code) from None
 
 
+# A command's docstring is its --help text: each paragraph on one line (however long), since
+# typer keeps a line break inside a paragraph, which wraps raggedly at other terminal widths.
 app = typer.Typer(
     cls=Commands,
     name="gpufeed",
@@ -336,9 +338,7 @@ def trace_cmd(
 ) -> None:
     """Write a Chrome/Perfetto trace of a run (several RUNs, one per host, are read as one).
 
-    Per rank: step spans split into data wait, forward, backward and optimizer; evaluation passes
-    on a track of their own. System metric counters and CPU by process role. With --merge, these
-    tracks are added to a torch.profiler trace, aligned in time.
+    Per rank: step spans split into data wait, forward, backward and optimizer; evaluation passes on a track of their own. System metric counters and CPU by process role. With --merge, these tracks are added to a torch.profiler trace, aligned in time.
     """
     from gpufeed.commands.trace import write_trace
 
@@ -472,8 +472,7 @@ def index_cmd(
     ] = None,
     timeout: Annotated[float | None, typer.Option("--timeout", help=TIMEOUT_HELP)] = None,
 ) -> None:
-    """Index existing WebDataset tar shards in one pass, so `Loader` reads them (writes
-    gpufeed-index.json next to them)."""
+    """Index existing WebDataset tar shards in one pass, so `Loader` reads them (writes gpufeed-index.json next to them)."""
     from gpufeed.data.indexer import index_shards
 
     result = index_shards(

@@ -98,6 +98,25 @@ def test_the_evaluation_passes_of_every_part_are_kept(make_run):
     assert list(run.evals["duration"]) == [2.0, 2.0]
 
 
+def test_relative_time_counts_from_the_earliest_parts_start_in_every_frame(make_run):
+    parts = [
+        make_run(
+            host=host,
+            meta={"start_time": start, "hosts": [host]},
+            system=[(1010.0, "cpu.util", "", 50.0)],
+            processes=[(1010.0, 100 + rank, "main", 90.0, 1e9)],
+            ranks={rank: [(0, 1010.0, 1012.0, 0.1, 16.0, None)]},
+            evals={rank: [(1020.0, 1022.0, 4, 64, 0.5)]},
+        )
+        for rank, (host, start) in enumerate((("node-a", 1004.0), ("node-b", 1000.0)))
+    ]
+    run = gpufeed.load(parts)
+    assert run.meta["start_time"] == 1000.0
+    assert list(run.system["t"]) == list(run.processes["t"]) == [10.0, 10.0]
+    assert list(run.steps["t"]) == [12.0, 12.0]
+    assert list(run.evals["t"]) == [22.0, 22.0]
+
+
 def test_a_glob_that_matches_nothing_is_a_clear_error(tmp_path):
     with pytest.raises(RunError, match="matches no directory"):
         gpufeed.load(str(tmp_path / "nothing-*"))

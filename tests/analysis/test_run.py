@@ -7,7 +7,13 @@ import math
 import pytest
 
 import gpufeed
-from gpufeed.analysis.run import PROCESS_COLUMNS, STEP_COLUMNS, SYSTEM_COLUMNS, RunError
+from gpufeed.analysis.run import (
+    EVAL_COLUMNS,
+    PROCESS_COLUMNS,
+    STEP_COLUMNS,
+    SYSTEM_COLUMNS,
+    RunError,
+)
 from gpufeed.profiler.session import hostname, steps_store_path
 from gpufeed.profiler.store import Store
 
@@ -22,9 +28,9 @@ def test_frames_follow_the_schema_and_merge_ranks(make_run):
         processes=[(1001.0, 100, "other", 95.0, 1e9), (1001.0, 555, "worker", 20.0, 5e8)],
     )
     run = gpufeed.load(run_dir)
-    assert list(run.system.columns) == SYSTEM_COLUMNS
-    assert list(run.steps.columns) == STEP_COLUMNS
-    assert list(run.processes.columns) == PROCESS_COLUMNS
+    assert list(run.system.columns) == [*SYSTEM_COLUMNS, "t"]  # t: added by load
+    assert list(run.steps.columns) == [*STEP_COLUMNS, "t"]
+    assert list(run.processes.columns) == [*PROCESS_COLUMNS, "t"]
     assert list(run.system["time"]) == [1000.5, 1001.0]  # time-ordered
     steps = run.steps
     assert list(zip(steps["rank"], steps["step"], strict=True)) == [(0, 0), (0, 1), (1, 0)]
@@ -45,8 +51,38 @@ def test_frames_follow_the_schema_and_merge_ranks(make_run):
 
 def test_a_run_without_steps_has_empty_frames_with_columns(make_run):
     run = gpufeed.load(make_run())
-    assert len(run.steps) == 0 and list(run.steps.columns) == STEP_COLUMNS
-    assert len(run.system) == 0 and list(run.system.columns) == SYSTEM_COLUMNS
+    assert len(run.steps) == 0 and list(run.steps.columns) == [*STEP_COLUMNS, "t"]
+    assert len(run.system) == 0 and list(run.system.columns) == [*SYSTEM_COLUMNS, "t"]
+    assert list(run.headspace.columns) == [*STEP_COLUMNS, "t"]
+    assert list(run.evals.columns) == [*EVAL_COLUMNS, "t"]
+
+
+def test_every_frame_with_times_counts_seconds_since_the_run_started_in_t(make_run):
+    run = gpufeed.load(
+        make_run(
+            meta={"start_time": 1000.0},
+            system=[(1001.5, "cpu.util", "", 40.0)],
+            ranks={0: [(0, 1010.0, 1011.0, 0.25, 32.0, None)]},
+            processes=[(1002.0, 100, "main", 95.0, 1e9)],
+            evals={0: [(1020.0, 1022.5, 4, 128.0, 0.1)]},
+        )
+    )
+    assert list(run.system["t"]) == [1.5]
+    assert list(run.processes["t"]) == [2.0]
+    assert list(run.steps["t"]) == [11.0]  # at the step's end: its start may be unknown
+    assert list(run.evals["t"]) == [22.5]
+    assert list(run.steps["t"] - run.steps["duration"]) == [10.0]
+
+
+def test_without_a_start_time_t_counts_from_the_first_record(make_run):
+    run = gpufeed.load(
+        make_run(
+            meta={"start_time": None},
+            system=[(1003.0, "cpu.util", "", 40.0)],
+            ranks={0: [(0, 1001.0, 1002.0, 0.25, 32.0, None)]},
+        )
+    )
+    assert list(run.steps["t"]) == [1.0] and list(run.system["t"]) == [2.0]
 
 
 def test_a_run_still_being_written_loads_and_says_so(make_run):

@@ -23,22 +23,33 @@ def _read(folder: Path) -> dict[str, list[tuple[int, float, float]]]:
 
 @pytest.fixture
 def run_dir(make_run) -> Path:
+    # rank 0's steps: 0 over (1010.0, 1010.5], 1 over (1010.5, 1010.75]; samples at 1009 (before
+    # the first step) and 1012 (after the last) belong to no step
     return make_run(
         host="node-a",
         system=[
-            (1001.0, "cpu.util", "", 40.0),
-            (1002.0, "cpu.util", "", 60.0),
-            (1001.0, "gpu.util", "0", 90.0),
-            (1002.0, "gpu.util", "0", 30.0),
-            (1001.0, "mem.used", "", 2e9),
-            (1001.0, "net.rx", "", 5e6),
-            (1001.0, "gpu.mem_used", "0", 3e9),
+            (1009.0, "cpu.util", "", 10.0),
+            (1010.2, "cpu.util", "", 40.0),
+            (1010.4, "cpu.util", "", 60.0),
+            (1010.6, "cpu.util", "", 80.0),
+            (1012.0, "cpu.util", "", 10.0),
+            (1010.2, "gpu.util", "0", 90.0),
+            (1010.6, "gpu.util", "0", 30.0),
+            (1010.2, "mem.used", "", 2 * 2**30),
+            (1010.2, "net.rx", "", 5e6),
+            (1010.2, "gpu.mem_used", "0", 3 * 2**30),
+            (1010.2, "gpu.power", "0", 250.0),
         ],
         ranks={
             0: [(0, 1010.0, 1010.5, 0.25, 32.0, None), (1, 1010.5, 1010.75, 0.05, 32.0, None)],
             1: [(0, 1010.0, 1011.0, 0.5, 32.0, None)],
         },
-        processes=[(1001.0, 100, "main", 95.0, 1e9), (1001.0, 555, "worker", 20.0, 5e8)],
+        processes=[
+            (1010.2, 100, "main", 95.0, 1e9),
+            (1010.2, 555, "worker", 20.0, 5e8),
+            (1010.2, 556, "worker", 30.0, 5e8),
+            (1010.4, 555, "worker", 10.0, 5e8),
+        ],
     )
 
 
@@ -70,12 +81,18 @@ def test_steps_and_system_metrics_read_back_with_tensorboards_reader(
     )
 
     system = _read(out / "node-a" / "system")
-    assert system["system/cpu.util"] == [(0, 40.0, 1001.0), (1, 60.0, 1002.0)]
-    assert [v for _, v, _ in system["system/gpu.util/0"]] == [90.0, 30.0]
-    assert [v for _, v, _ in system["system/mem.used_GB"]] == pytest.approx([2.0])
+    # on the training-step axis: per step the mean of its samples, at the step's end
+    assert system["system/cpu.util_percent"] == [
+        (0, pytest.approx(50.0), 1010.5),
+        (1, pytest.approx(80.0), 1010.75),
+    ]
+    assert system["system/gpu.util_percent/0"] == [(0, 90.0, 1010.5), (1, 30.0, 1010.75)]
+    assert [v for _, v, _ in system["system/mem.used_GiB"]] == pytest.approx([2.0])
     assert [v for _, v, _ in system["system/net.rx_MBps"]] == pytest.approx([5.0])
-    assert [v for _, v, _ in system["system/gpu.mem_used_GB/0"]] == pytest.approx([3.0])
-    assert [v for _, v, _ in system["processes/cpu_worker_percent"]] == pytest.approx([20.0])
+    assert [v for _, v, _ in system["system/gpu.mem_used_GiB/0"]] == pytest.approx([3.0])
+    assert [v for _, v, _ in system["system/gpu.power_W/0"]] == pytest.approx([250.0])
+    # summed over the role's processes per sample time (50%, then 10%), then the step's mean
+    assert system["processes/cpu_worker_percent"] == [(0, pytest.approx(30.0), 1010.5)]
 
 
 def test_export_without_a_target_says_what_to_give(run_dir, gpufeed_cli):
@@ -147,7 +164,48 @@ def test_a_folder_name_that_is_not_utf8_is_refused_before_writing(run_dir, tmp_p
     assert "not valid UTF-8" in res.stderr and not os.path.exists(target)
 
 
+def test_system_scalars_read_back_at_the_step_that_ran_at_their_time(make_run, tmp_path):
+    """Steps of uneven length with a gap (an evaluation pass); a second rank on the host with other
+    timing, and a second host without training steps: every host's samples sit on rank 0's steps."""
+    import numpy as np
+
+    from gpufeed.commands.export import export_tensorboard
+
+    rng = np.random.default_rng(3)
+    durations = rng.uniform(0.03, 0.6, 40)
+    gaps = np.zeros(40)
+    gaps[25] = 0.7  # nothing trains for 0.7 s before step 25
+    ends = 1010.0 + np.cumsum(durations + gaps)
+    starts = ends - durations
+    spans = list(zip(starts.tolist(), ends.tolist(), strict=True))
+    rank0 = [(i, a, b, 0.0, 8.0, None) for i, (a, b) in enumerate(spans)]
+    rank1 = [(i, a + 0.13, b + 0.13, 0.0, 8.0, None) for i, (a, b) in enumerate(spans)]
+    times = np.arange(1009.0, ends[-1] + 1.0, 0.25)
+    values = rng.uniform(0, 100, len(times))
+    samples = [(t, "cpu.util", "", v) for t, v in zip(times.tolist(), values.tolist(), strict=True)]
+    parts = [
+        make_run(host="node-a", system=samples, ranks={0: rank0, 1: rank1}),
+        make_run(host="node-b", system=samples, meta={"hosts": ["node-b"]}),
+    ]
+    export_tensorboard(parts, tmp_path / "tb", echo=lambda _: None)
+
+    expected = []  # (step, mean of its samples, its end) for the steps that got samples
+    for i, (a, b) in enumerate(spans):
+        inside = (times > a) & (times <= b) if i else (times >= a) & (times <= b)
+        if inside.any():
+            expected.append((i, pytest.approx(values[inside].mean(), rel=1e-6), b))
+    assert 15 < len(expected) < 40  # some steps are shorter than the sampling interval
+    for host in ("node-a", "node-b"):
+        scalars = _read(tmp_path / "tb" / parts[0].name / host / "system")
+        assert scalars["system/cpu.util_percent"] == expected
+    # TensorBoard keeps one value per step: every tag's steps strictly increase
+    for series in _read(tmp_path / "tb" / parts[0].name / "node-a" / "system").values():
+        steps = [step for step, _, _ in series]
+        assert steps == sorted(set(steps))
+
+
 def test_system_and_process_scalars_of_one_sample_time_share_its_step(jittered_hosts):
+    """Without training steps, system samples are stepped by sample time: one index per time."""
     import gpufeed
     from gpufeed.present.tensorboard import tensorboard_scalars
 

@@ -82,7 +82,8 @@ def test_explicit_steps_take_over_from_the_optimizer_hook(recorder):
 
 
 def test_a_mark_right_after_the_optimizer_hook_ended_the_step_adds_no_step(recorder):
-    # the README's loop: train_step(batch) calls opt.step(), then gpufeed.step(samples=8)
+    # the loop of docs/getting-started/see.md: train_step(batch) calls opt.step(), then
+    # gpufeed.step(samples=8)
     opt = Opt()
     for _ in range(5):
         now = time.perf_counter()

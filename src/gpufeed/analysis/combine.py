@@ -3,7 +3,7 @@
 Frames are concatenated (their ``host`` column already says where each row came from); meta is the
 earliest part's, with the times, hosts, ranks, GPUs and counts of all parts. Times are each host's
 own clock (epoch seconds), so hosts must keep their clocks in sync (NTP) as distributed training
-does anyway.
+does anyway. Every frame's relative time `t` counts from the earliest part's start.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def combine(runs: list[Run]) -> Run:
     """One Run from the runs of several hosts; refuses parts that hold the same host's rank twice."""
     import pandas as pd
 
-    from gpufeed.analysis.run import Run, RunError
+    from gpufeed.analysis.run import Run, RunError, add_relative_time
 
     if len(runs) == 1:
         return runs[0]
@@ -114,7 +114,7 @@ def combine(runs: list[Run]) -> Run:
     for run in runs:
         for host, pids in run.workers.items():
             workers.setdefault(host, set()).update(pids)
-    return Run(
+    run = Run(
         runs[0].path,
         meta,
         cat([r.system for r in runs], ["time"]),
@@ -124,6 +124,7 @@ def combine(runs: list[Run]) -> Run:
         cat([r.evals for r in runs], ["host", "rank", "start"]),
         cat([r.headspace for r in runs], ["host", "rank", "step"]),
     )
+    return add_relative_time(run)  # from the earliest part's start, in every frame
 
 
 def _refuse_apart_in_time(runs: list[Run]) -> None:

@@ -1,88 +1,10 @@
-"""`Run`: a run directory as pandas frames. THE SCHEMA BELOW IS A CONTRACT between profile, analyze and present.
+"""`Run`: a run directory as pandas frames (`load`), and what the frames hold.
 
-Frames (all times are float seconds since the Unix epoch; sizes in bytes; rates per second):
-
-``system``    columns: time, host, metric, device, value
-    metric                     device        value
-    cpu.util                   ""            whole-host CPU busy %, 0-100
-    cpu.core                   "0".."N-1"    per-core busy %, 0-100
-    cpu.iowait                 ""            % of CPU time in iowait, 0-100
-    mem.used / mem.total       ""            host memory bytes (in a container with a lower memory
-                                             limit: its working set and that limit)
-    disk.read / disk.write     ""            bytes/s, all disks
-    net.rx / net.tx            ""            bytes/s, all interfaces except loopback
-    gpu.util                   "0".."G-1"    % of time a kernel was running, 0-100 (NVML utilization.gpu;
-                                             not SM occupancy)
-    gpu.mem_util               "0".."G-1"    memory-controller utilization %
-    gpu.mem_used / gpu.mem_total  "0"..      bytes
-    gpu.power                  "0"..         watts
-    gpu.sm_clock               "0"..         MHz
-    gpu.pcie_rx / gpu.pcie_tx  "0"..         bytes/s
-    GPU rows exist only where NVML reported them; nothing is ever invented.
-
-``steps``     columns: host, rank, local_rank, pid, step, start, end, duration, data_wait, samples, gpu_time,
-              forward, backward, optimizer, other, gpu_forward, gpu_backward, gpu_optimizer,
-              data_wait_cpu, data_wait_ready
-    One row per training step per rank. A step spans from the end of the previous step (or the first
-    batch request) to the end of its optimizer step, so ``duration`` INCLUDES ``data_wait`` (seconds
-    the step spent blocked on the DataLoader iterator). ``samples``: leading dim of the batch (NaN
-    if unknown). ``gpu_time``: seconds of GPU work from CUDA events (NaN on CPU). ``rank`` is 0 for
-    single-process runs.
-    Phases, host clock (seconds, NaN where the hooks did not see the model): ``forward``,
-    ``backward``, ``optimizer`` (host time in the trained model's forward, in backward passes, in
-    optimizer steps; on a GPU that is launch time, not GPU work) and ``other`` = duration minus
-    data wait and those three.
-    Phases, GPU clock (seconds of the CUDA stream between CUDA events recorded at the same points;
-    NaN unless the trained model lives on a CUDA device): ``gpu_forward``, ``gpu_backward``,
-    ``gpu_optimizer``. `analysis.stats.phase_columns` picks the GPU clock where it was measured.
-    ``data_wait_cpu``: CPU seconds the training thread (the one iterating the DataLoader) used
-    while the step waited on it: about ``data_wait`` when it loads the data itself
-    (num_workers=0), near 0 when it sleeps on worker processes or a slow disk. NaN where not
-    measured (no DataLoader, or a run recorded before gpufeed measured it). ``data_wait_ready``:
-    seconds of that wait the thread was ready to run but kept off a core (a busy host): CPU it
-    wanted and did not get. NaN where not measured (also off Linux, where only the CPU is read).
-
-``headspace`` the steps `gpufeed profile --headspace N` fed one kept batch (same columns as
-    ``steps``, kept out of them): this job's step time without waiting on input
-    (`analysis.headspace`). Empty unless asked for.
-
-``processes`` columns: time, host, pid, role, cpu, rss
-    role in {"main", "worker", "other"}: "main" = a training process (one per rank),
-    "worker" = a DataLoader worker, "other" = anything else in the tree. cpu = % of one core
-    (can exceed 100), rss bytes.
-
-``evals`` columns: host, rank, pid, start, end, duration, batches, samples, data_wait
-    one row per evaluation pass (a loop over batches under `torch.no_grad()` / `model.eval()`
-    between training steps), apart from the training steps; data_wait in seconds, NaN where not
-    measured.
-
-``meta`` dict: name, command (list[str], secrets redacted), start_time, end_time, exit_code,
-    interval, hosts (list[str]), cpu_count (cores the run may use: `gpufeed.cores.usable_cores`),
-    cpu_model, gpus (list of {index, name, memory_total}),
-    gpu_unavailable (str reason, absent when GPUs were read), versions (dict), dropped_events (int),
-    damaged_stores (list of "FILE (why)": store files that could not be read and are left out;
-    absent when every one was read),
-    ranks (list of {host, rank, local_rank, world_size, pid, start, end, precision}: process
-    start/end per training process, for the initialization and finalization phases; precision as
-    below, None where that process did not show it; cuda: whether it initialized CUDA, None if
-    not recorded; loader_workers: most worker processes of a DataLoader that fed its training
-    steps, as its hooks saw them, None if not recorded; batch_kind: "image" when its DataLoader
-    delivered N×C×H×W tensors, "other" otherwise, None if not seen; headspace: [first, last]
-    step fed a kept batch, absent where none was).
-    Also: finished (bool: the run wrote its end time), not_finished (str reason, only when not
-    finished: still running or killed), env (performance-relevant environment variables, secrets
-    redacted), cwd, platform.
-    Several run directories loaded as one (one per host, `analyze.combine`) add parts (list of the
-    directories, earliest first), host_cpu_counts ({host: cpu_count}; cpu_count stays the first
-    part's) and gpus[i].host; times, hosts, ranks and counts cover all parts.
-    Optional, read by the MixedPrecision rule (silent when absent): precision ("fp32", "fp16",
-    "bf16" or "mixed": what the training computed in), gpus[i].compute_capability ("8.0").
-    A training process's precision is the autocast dtype if at least half of its steps ran under
-    an enabled `torch.autocast`, else the dtype of most of its optimizer's parameter elements;
-    meta precision is the ranks' common precision, "mixed" when they differ, absent when no rank
-    showed one.
-    A step whose start is unknown (the first step of a process that never asked a DataLoader for a
-    batch before it, outside `gpufeed.profile()`) has start, duration = NaN.
+THE SCHEMA IS A CONTRACT between profile, analyze and present, kept as one table in
+`gpufeed.analysis.schema` (every frame's columns, the system metrics and the meta keys, with units
+and meanings; `help(gpufeed.load)` prints it). The column lists below are derived from it. `load`
+adds to every frame with times the column `t` (`schema.RELATIVE_TIME`: seconds since the run
+started); frames built by hand may lack it, so code must not require it.
 """
 
 from __future__ import annotations
@@ -97,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufeed.analysis import schema
 from gpufeed.errors import GpufeedError
 
 if TYPE_CHECKING:
@@ -105,41 +28,10 @@ if TYPE_CHECKING:
 
     import pandas as pd
 
-SYSTEM_COLUMNS = ["time", "host", "metric", "device", "value"]
-STEP_COLUMNS = [
-    "host",
-    "rank",
-    "local_rank",
-    "pid",
-    "step",
-    "start",
-    "end",
-    "duration",
-    "data_wait",
-    "samples",
-    "gpu_time",
-    "forward",
-    "backward",
-    "optimizer",
-    "other",
-    "gpu_forward",
-    "gpu_backward",
-    "gpu_optimizer",
-    "data_wait_cpu",
-    "data_wait_ready",
-]
-EVAL_COLUMNS = [
-    "host",
-    "rank",
-    "pid",
-    "start",
-    "end",
-    "duration",
-    "batches",
-    "samples",
-    "data_wait",
-]
-PROCESS_COLUMNS = ["time", "host", "pid", "role", "cpu", "rss"]
+SYSTEM_COLUMNS = schema.columns(schema.SYSTEM)
+STEP_COLUMNS = schema.columns(schema.STEPS)
+EVAL_COLUMNS = schema.columns(schema.EVALS)
+PROCESS_COLUMNS = schema.columns(schema.PROCESSES)
 _RANK_KEYS = (
     "host",
     "rank",
@@ -162,7 +54,7 @@ class RunError(GpufeedError, ValueError):
 
 @dataclass
 class Run:
-    """One profiled run: the frames and meta described in this module's docstring."""
+    """One profiled run: the frames and meta of `gpufeed.analysis.schema`."""
 
     path: Path
     meta: dict[str, Any]
@@ -329,7 +221,27 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
             "data up to the last flush is shown"
         )
     steps_df, replayed = split_replayed(steps_df, meta["ranks"])
-    return Run(run_dir, meta, system_df, steps_df, proc_df, workers, evals_df, replayed)
+    run = Run(run_dir, meta, system_df, steps_df, proc_df, workers, evals_df, replayed)
+    return add_relative_time(run)
+
+
+def add_relative_time(run: Run) -> Run:
+    """Set the column `t` of every frame with times, in place: seconds from the run's start (meta
+    start_time, else its first record) to a sample's `time` or a step's or eval's `end` (always
+    known, where a start may not be). Returns `run`."""
+    t0 = run.meta.get("start_time")
+    if not isinstance(t0, (int, float)) or not t0:
+        span = run.recorded_span()
+        t0 = span[0] if span else math.nan
+    for frame, at in (
+        (run.system, "time"),
+        (run.processes, "time"),
+        (run.steps, "end"),
+        (run.evals, "end"),
+        (run.headspace, "end"),
+    ):
+        frame[schema.RELATIVE_TIME] = frame[at].astype(float) - float(t0)
+    return run
 
 
 def _frame(rows: list[tuple], columns: list[str]) -> pd.DataFrame:

@@ -387,7 +387,7 @@ def _profiled(
     row["util_p95"] = round(float(util.quantile(0.95)), 1) if len(util) else None
     row["cpu_util_mean"] = round(float(cpu.mean()), 1) if len(cpu) else None
     mem = system[system["metric"] == "gpu.mem_used"]["value"]
-    row["gpu_mem_used_max_gb"] = round(float(mem.max()) / 1e9, 2) if len(mem) else None
+    row["gpu_mem_used_max_gib"] = round(float(mem.max()) / 2**30, 2) if len(mem) else None
     findings = analyze(run)
     row["rules_fired"] = " ".join(f.rule for f in findings) or "none"
     row["run"] = os.path.relpath(p.run_dir, res.out_dir)
@@ -494,7 +494,7 @@ def batch(cfg: BenchConfig, out_dir: Path) -> ResultSet:
         Column("util_of", "util of"),
         Column("util_mean", "util mean %", "{:.0f}"),
         Column("util_p95", "util p95 %", "{:.0f}"),
-        Column("gpu_mem_used_max_gb", "GPU mem max (GB)", "{:.2f}"),
+        Column("gpu_mem_used_max_gib", "GPU mem max (GiB)", "{:.2f}"),
         Column("data_wait", "data wait", "{:.0%}"),
         Column("batchsize_rule", "BatchSize rule"),
         Column("rules_fired", "rules fired"),

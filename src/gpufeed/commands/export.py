@@ -14,7 +14,9 @@ def export_tensorboard(
 ) -> Path:
     """Write the run (one or several run directories) as TensorBoard event files under
     `out/RUN` (RUN: the run directory's name), so that runs exported into one folder stay apart
-    in TensorBoard; returns `out/RUN`. Refuses to add to an earlier export of the same run."""
+    in TensorBoard; returns `out/RUN`. Refuses to add to an earlier export of the same run.
+    Every scalar is on the training-step axis (system samples: the mean of each step's, see
+    `gpufeed.present.tensorboard`), with its unit in its tag and its wall time."""
     from gpufeed.analysis.run import load
     from gpufeed.present.tensorboard import (
         ExportError,

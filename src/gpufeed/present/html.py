@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufeed.analysis.schema import UNITS, unit
 from gpufeed.analysis.stats import bin_index, device_key, role_totals, time_bins
 from gpufeed.present.numbers import (
     after_warmup,
@@ -346,10 +347,8 @@ def _percentiles(run: Run) -> tuple[list[str], list[list[str]]]:
 def _metric_value(metric: str, value: float, column: str) -> str:
     if column == "n":
         return f"{int(value):,}"
-    if metric.endswith(("mem.used", "mem.total", "mem_used", "mem_total")):
-        return f"{value / 1e9:.2f} GB"
-    if metric.startswith(("disk.", "net.", "gpu.pcie")):
-        return f"{value / 1e6:.1f} MB/s"
+    if (shown := unit(metric)).stored in ("bytes", "bytes/s"):  # GiB, MB/s: the schema's units
+        return f"{value / shown.divisor:.{shown.decimals}f} {shown.shown}"
     return f"{value:.1f}"
 
 
@@ -701,10 +700,10 @@ def _memory(run: Run, edges: np.ndarray, t0: float) -> dict[str, Any] | None:
                     "mode": "lines",
                     "name": _label(name),
                     "x": x,
-                    "y": _clean(_binned(g["time"], g["value"] / 1e9, edges)),
+                    "y": _clean(_binned(g["time"], g["value"] / UNITS["bytes"].divisor, edges)),
                 }
             )
-    return _fig(traces, "Memory used", "seconds", "GB") if traces else None
+    return _fig(traces, "Memory used", "seconds", UNITS["bytes"].shown) if traces else None
 
 
 # --- helpers ----------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from gpufeed.analysis.schema import UNITS, unit
 from gpufeed.present.numbers import (
     after_warmup,
     ceiling_text,
@@ -29,27 +30,6 @@ if TYPE_CHECKING:
     from gpufeed.analysis.finding import Finding
     from gpufeed.analysis.headspace import Ceiling
     from gpufeed.analysis.run import Run
-
-# How each metric's values are printed: (unit label, scale divisor, decimals).
-_UNITS: dict[str, tuple[str, float, int]] = {
-    "cpu.util": ("%", 1, 1),
-    "cpu.core": ("%", 1, 1),
-    "cpu.iowait": ("%", 1, 1),
-    "mem.used": ("GiB", 2**30, 2),
-    "mem.total": ("GiB", 2**30, 2),
-    "disk.read": ("MB/s", 1e6, 2),
-    "disk.write": ("MB/s", 1e6, 2),
-    "net.rx": ("MB/s", 1e6, 2),
-    "net.tx": ("MB/s", 1e6, 2),
-    "gpu.util": ("%", 1, 1),
-    "gpu.mem_util": ("%", 1, 1),
-    "gpu.mem_used": ("GiB", 2**30, 2),
-    "gpu.mem_total": ("GiB", 2**30, 2),
-    "gpu.power": ("W", 1, 1),
-    "gpu.sm_clock": ("MHz", 1, 0),
-    "gpu.pcie_rx": ("MB/s", 1e6, 2),
-    "gpu.pcie_tx": ("MB/s", 1e6, 2),
-}
 
 
 def print_run(
@@ -172,9 +152,9 @@ def _print_metrics(run: Run, console: Console) -> None:
     for name, _ in PERCENTILES:
         table.add_column(name, justify="right")
     for (metric, device), row in pt.iterrows():
-        unit, scale, decimals = _UNITS.get(metric, ("", 1, 2))
-        values = [number(row[name] / scale, decimals) for name, _ in PERCENTILES]
-        table.add_row(_text(metric), _text(device or ""), unit, *values)
+        shown = unit(str(metric))  # the schema's display unit: GiB, MB/s, %, W, MHz
+        values = [number(row[name] / shown.divisor, shown.decimals) for name, _ in PERCENTILES]
+        table.add_row(_text(metric), _text(device or ""), shown.shown, *values)
     console.print(table)
 
 
@@ -184,6 +164,7 @@ def _print_processes(run: Run, console: Console) -> None:
     from gpufeed.analysis.stats import role_totals, run_span, time_bins
 
     procs = run.processes
+    memory = UNITS["bytes"]
     table = Table(title="Processes", title_justify="left")
     for col in ("role", "processes", "CPU p50", "CPU p95", "peak RSS"):
         table.add_column(col, justify="left" if col == "role" else "right")
@@ -199,7 +180,7 @@ def _print_processes(run: Run, console: Console) -> None:
             str(rows[["host", "pid"]].drop_duplicates().shape[0]),
             number(float(cpu.quantile(0.5)), 0) + "%",
             number(float(cpu.quantile(0.95)), 0) + "%",
-            number(float(rss[role].max()) / 2**30, 2) + " GiB",
+            number(float(rss[role].max()) / memory.divisor, memory.decimals) + f" {memory.shown}",
         )
     console.print(table)
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufeed.analysis.schema import unit
 from gpufeed.errors import GpufeedError
 
 if TYPE_CHECKING:
@@ -25,15 +26,6 @@ if TYPE_CHECKING:
 MAX_MB = 200.0
 # measured 96-100 bytes an event (2026-11-25), rounded up; the written text is checked too
 _BYTES_PER_EVENT = 110
-_UNITS = {
-    "disk.": 1e-6,
-    "net.": 1e-6,
-    "gpu.pcie": 1e-6,
-    "mem.": 1e-9,
-    "gpu.mem_used": 1e-9,
-    "gpu.mem_total": 1e-9,
-}
-_UNIT_NAMES = {1e-6: "MB/s", 1e-9: "GB"}
 _EVAL_TID = 10_000  # evaluation threads sort after every rank's training thread
 
 
@@ -204,9 +196,9 @@ def build_trace(
             )
 
     for (host, metric), g in system.groupby(["host", "metric"], sort=True):
-        scale = next((v for k, v in _UNITS.items() if str(metric).startswith(k)), 1.0)
-        unit = _UNIT_NAMES.get(scale, "%" if "util" in str(metric) or "cpu." in str(metric) else "")
-        name = f"{metric} ({unit})" if unit else str(metric)
+        shown = unit(str(metric))  # the unit every presenter shows it in (analysis.schema)
+        scale = 1.0 / shown.divisor
+        name = f"{metric} ({shown.shown})" if shown.shown else str(metric)
         wide = g.pivot_table(index="time", columns="device", values="value", aggfunc="mean")
         labels = [str(d) or "value" for d in wide.columns]
         values = wide.to_numpy(dtype=float) * scale

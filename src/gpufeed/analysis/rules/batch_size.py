@@ -55,8 +55,8 @@ class BatchSize(Rule):
         batch = float(ctx.steps["samples"].median()) if "samples" in ctx.steps else float("nan")
         evidence: dict[str, float | int | str] = {
             "gpu_util_p95": round(util_p95, 1),
-            "gpu_mem_used_p95_gb": round(mem_used / 1e9, 2),
-            "gpu_mem_total_gb": round(mem_total / 1e9, 2),
+            "gpu_mem_used_p95_gib": round(mem_used / 2**30, 2),
+            "gpu_mem_total_gib": round(mem_total / 2**30, 2),
             "gpu_mem_share": round(mem_share, 3),
             "data_wait_share": round(share, 4),
         }

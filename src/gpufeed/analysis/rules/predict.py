@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gpufeed.analysis.rules.context import Context
+from gpufeed.analysis.rules.context import Context, fmt_ms
 
 # Seconds the training process spends taking a batch from a loader worker, about.
 HANDOVER = 1e-3
@@ -49,7 +49,7 @@ def with_workers(ctx: Context, after: int, asleep: bool, handover: float = HANDO
     limit = "" if asleep or parallel == after else f", {parallel} at a time on the free cores"
     return Prediction(
         speedup,
-        f"num_workers={after}: a batch takes {1e3 * per_batch:.0f} ms of one worker{limit}",
+        f"num_workers={after}: a batch takes {fmt_ms(per_batch)} of one worker{limit}",
     )
 
 
@@ -62,7 +62,7 @@ def without_stall(period: int, step: float, cost: float) -> Prediction:
     speedup = (period * step + max(cost, 0.0)) / (period * step)
     return Prediction(
         speedup,
-        f"the stall removed: {period} steps of {1e3 * step:.0f} ms without {1e3 * cost:.0f} ms",
+        f"the stall removed: {period} steps of {fmt_ms(step)} without {fmt_ms(cost)}",
     )
 
 
