@@ -399,8 +399,8 @@ def test_resume_on_the_same_loader_after_its_workers_ran_ahead(
 def test_set_epoch_after_load_state_dict_keeps_the_restored_position(
     shards: Path, make: MakeLoader, num_workers: int, via: str
 ):
-    """Trainers (Lightning, gpufeed.train.fit, the README's loop) restore the loader's state
-    and then call set_epoch for the epoch they resume: that must not start it over."""
+    """Trainers (Lightning, gpufeed.train.fit, the loop of docs/how-to/resume.md) restore the
+    loader's state and then call set_epoch for the epoch they resume: that must not start it over."""
     loader = make(shards, 4, num_workers=num_workers, seed=3)
     loader.set_epoch(2)
     whole = _batches(loader)

@@ -139,6 +139,32 @@ def test_strict_raises_the_corrupt_sample_error(corrupt_shards: Path, cluster: L
         list(loader)
 
 
+def test_keys_and_members_come_back_with_their_images(shards: Path, cluster: LocalCluster):
+    with _loader(shards, None, num_workers=2, seed=3, extras=("__key__", "cls")) as local:
+        want = [(y.tolist(), keys, cls) for _, y, keys, cls in local]
+    with _loader(shards, cluster.address, num_workers=2, seed=3, extras=("__key__", "cls")) as r:
+        got = [(y.tolist(), keys, cls) for _, y, keys, cls in r]
+    assert got == want and all(y == cls for y, _, cls in got)
+    assert len({k for _, keys, _ in got for k in keys}) == 48
+
+
+def test_an_actor_error_keeps_its_type_and_brings_its_traceback(
+    shards: Path, cluster: LocalCluster
+):
+    aug = Augment(size=(16, 16), transform=lambda batch: 1 / 0)
+    said = (
+        r"Caught ZeroDivisionError in Ray loader actor of worker 0 \(pid \d+ on .*\) while making"
+    )
+    with (
+        _loader(shards, cluster.address, num_workers=1, augment=aug) as loader,
+        pytest.raises(ZeroDivisionError, match=said) as raised,
+    ):
+        next(iter(loader))
+    message = str(raised.value)
+    assert "Original Traceback (most recent call last):" in message and "in <lambda>" in message
+    assert "shard " in message and message.rstrip().endswith("division by zero")
+
+
 def test_gpu_preprocessing_on_a_cluster_is_refused(shards: Path):
     with pytest.raises(ValueError, match="choose one"):
         Loader(shards, 4, cluster="127.0.0.1:1", preprocess="gpu")

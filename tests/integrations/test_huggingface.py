@@ -192,3 +192,9 @@ def test_what_a_loader_cannot_do_is_refused_by_name(
         args = _args(tmp_path, max_steps=2, **options)
         LoaderTrainer(model=Images(), args=args, train_dataset=train, **keys).train(resume)
     assert isinstance(e.value, GpufeedError) and "\n" not in str(e.value)
+
+
+def test_a_loader_with_extras_feeds_the_model_its_images_and_labels(packed: Path) -> None:
+    with _loader(packed, extras=("__key__",)) as loader:
+        batch = next(iter(DictBatches(loader)))
+    assert set(batch) == {"pixel_values", "labels"} and len(batch["labels"]) == 4

@@ -4,7 +4,8 @@ Shards: `pack` (packing), index existing WebDataset tars (indexer), format (shar
 reads (source), the dataset (dataset), decode, augment. The Loader (loader) is a pipeline: plan
 (which samples, which worker), workers/produce/batch (read, decode, transform into host slots),
 slots (the shared host buffers), feeder and device (the device stage), budget (host memory), spec
-(one BatchSpec shared by every stage), remote (Ray).
+(one BatchSpec shared by every stage), remote (Ray), worker_errors (a worker's exception, raised
+in the training loop); sample_extras and members (`extras=`: keys and members beside the images).
 Measuring a loader: rate; CPU or GPU preprocessing, chosen once: choose. Tuned settings read
 back: settings (`load_settings`).
 

@@ -16,14 +16,16 @@ samples each worker had delivered: the rest of the plan is read again, seeking p
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from gpufeed.data.indexer import expand_urls, is_shard_pattern, split_shards
+from gpufeed.data.members import read_with_members
 from gpufeed.data.options import flag, whole
+from gpufeed.data.sample_extras import extras_option, members_wanted, sample_values
 from gpufeed.data.shards import IMAGE_EXTS, Index, ShardError
 from gpufeed.data.source import MB, Source
 from gpufeed.errors import OptionError
@@ -37,6 +39,7 @@ class RawSample:
     key: str
     label: int
     data: bytes
+    extras: tuple[Any, ...] | None = None  # the values `extras=` asks for (see sample_extras)
 
 
 def detect_rank() -> tuple[int, int]:
@@ -78,6 +81,8 @@ class ShardDataset:
     Iterating yields `RawSample`s for (worker, num_workers) given to `iter_worker`; the `Loader`
     runs one such stream per worker process and decodes/augments them in batches. It is not a
     torch Dataset (its samples are encoded images): give it to `Loader`, not to a DataLoader.
+    `extras=("__key__", "json", ...)` also reads each sample's key and members into
+    `RawSample.extras` (decoded unless `decode_extras=False`): see `gpufeed.data.sample_extras`.
     """
 
     def __init__(
@@ -95,6 +100,8 @@ class ShardDataset:
         retries: int = 6,
         chunk_size: int = 8 * MB,
         read_ahead: int = 2,
+        extras: Sequence[str] = (),
+        decode_extras: bool = True,
     ) -> None:
         if (
             isinstance(shuffle_buffer, bool)
@@ -106,6 +113,8 @@ class ShardDataset:
                 "(1 keeps the shard order; pass shuffle=False to not shuffle at all)"
             )
         shuffle, drop_last = flag("shuffle", shuffle), flag("drop_last", drop_last)
+        self.extras = extras_option(extras)
+        self.decode_extras = flag("decode_extras", decode_extras)
         seed = whole("seed", seed)
         rank = None if rank is None else whole("rank", rank)
         world_size = None if world_size is None else whole("world_size", world_size, 1)
@@ -262,9 +271,12 @@ class ShardDataset:
         where = self.source.path(entry.name)
         count = end - pos + 1
         last = first + count - 1
-        upto = None  # the byte after the run's last image: read_indexed reads no further
+        members = members_wanted(self.extras)  # read the samples whole, not only their images
+        upto = None  # the byte after the run's last image (sample): the reader reads no further
         if entry.indexed and last < entry.samples - 1:
             upto = int(entry.image_offsets[last]) + int(entry.image_sizes[last])
+            if members:
+                upto = int(entry.offsets[last + 1])
         start = int(entry.offsets[first])
         # a run from the first sample reads from byte 0, so the shard is hashed: bytes before its
         # first sample (a folder entry of `tar cf x.tar dir/`) are read and dropped
@@ -274,10 +286,12 @@ class ShardDataset:
             if head and len(f.read(head)) != head:
                 raise ShardError(f"shard {where} is truncated: it ends before its first sample")
             if entry.indexed:
-                for got, (key, image) in enumerate(read_indexed(f, entry, first, count, where)):
+                reader = read_with_members if members else read_indexed
+                for got, (key, image, *parts) in enumerate(reader(f, entry, first, count, where)):
                     if got == count - 1:  # before the yield: a plan closes its last run at it
                         self.source.finish(f)
-                    yield pos + got, RawSample(where, key, int(entry.labels[first + got]), image)
+                    label = int(entry.labels[first + got])
+                    yield pos + got, self._sample(where, key, label, image, *parts)
                 return
             got = 0
             for key, parts in iter_samples(f, where):
@@ -290,7 +304,7 @@ class ShardDataset:
                 image = next((parts[e] for e in IMAGE_EXTS if e in parts), b"")
                 if got == count - 1:
                     self.source.finish(f)
-                yield pos + got, RawSample(where, key, int(entry.labels[i]), image)
+                yield pos + got, self._sample(where, key, int(entry.labels[i]), image, parts)
                 got += 1
                 if got == count:
                     return
@@ -300,6 +314,15 @@ class ShardDataset:
             )
         finally:
             f.close()
+
+    def _sample(
+        self, shard: str, key: str, label: int, image: bytes, parts: dict[str, bytes] | None = None
+    ) -> RawSample:
+        """The sample, with the values `extras=` asks for (from its members `parts`), if any."""
+        if not self.extras:
+            return RawSample(shard, key, label, image)
+        values = sample_values(self.extras, self.decode_extras, shard, key, parts or {})
+        return RawSample(shard, key, label, image, values)
 
     def __iter__(self) -> Iterator[RawSample]:
         """All of this rank's samples for the epoch (as worker 0 of 1, or per torch worker)."""

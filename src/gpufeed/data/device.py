@@ -44,6 +44,7 @@ from gpufeed.data.dataset import RawSample
 from gpufeed.data.nvimgcodec import NvImageCodecDecoder
 from gpufeed.data.outputs import OutputPool
 from gpufeed.data.plan import Position
+from gpufeed.data.sample_extras import columns
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
 from gpufeed.errors import GpufeedError, OptionError
@@ -154,6 +155,7 @@ class DeviceBatch:
     ready: Any
     corrupt: list[tuple[str, str, str]]
     retried: int
+    extras: tuple[list[Any], ...] = ()  # with `extras=`: one list per name (sample_extras)
 
 
 @functools.cache
@@ -263,7 +265,8 @@ class DeviceStage:
         if stream is not None:
             ready = torch.cuda.Event()
             ready.record(stream)
-        return DeviceBatch(at, images, labels, ready, corrupt, meta.get("retried", 0))
+        extras = columns(meta, corrupt)  # the kept samples' keys and members, if asked for
+        return DeviceBatch(at, images, labels, ready, corrupt, meta.get("retried", 0), extras)
 
     # --- decoded, first_pass: copy, then the later warps (first_pass) and normalize ---------
 

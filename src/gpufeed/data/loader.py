@@ -170,6 +170,12 @@ class Loader:
     With `shuffle=False` (a `ShardDataset` option) batches arrive in the packed order, whatever
     `num_workers`: batch j holds the rank's samples j·batch_size.. (for an evaluation that
     matches outputs to files by position).
+
+    `extras=("__key__", "json")` (WebDataset's names: "__key__", "__url__", "cls", "json", "txt")
+    yields `(images, labels, keys, jsons)`: after the labels one list per name, in that order,
+    aligned with the batch (corrupt samples left out of both), on every path; members decoded
+    (json → object, txt → str, cls → int) unless `decode_extras=False` (bytes). A sample
+    lacking a member asked for raises `sample_extras.MissingMember` naming shard, key, member.
     """
 
     def __init__(
@@ -489,7 +495,7 @@ class Loader:
         self._feeder = Feeder(self._pool, stage, self.plan, DEVICE_DEPTH, self._lender)
         _OPEN[self] = os.getpid()
 
-    def _take(self, token: int, at: Position, first: bool = False) -> tuple[Any, Any]:
+    def _take(self, token: int, at: Position, first: bool = False) -> tuple[Any, ...]:
         if token != self._token:
             raise RuntimeError(
                 "another iteration over this Loader has started: a Loader serves one at a time"
@@ -522,7 +528,7 @@ class Loader:
             self._warn_corrupt(at, batch.corrupt, len(labels))
             self._corrupt += batch.corrupt
         self._delivered, self._fresh = at.batch + 1, None
-        return images, labels
+        return (images, labels, *batch.extras)  # extras=: one list per name after the labels
 
     def _warn_corrupt(self, at: Position, corrupt: list[tuple[str, str, str]], kept: int) -> None:
         """Say so at the first corrupt sample skipped, and at every batch left with none: the
@@ -727,7 +733,7 @@ class _EpochIterator(_IterBase):  # type: ignore[misc,valid-type]
     def __len__(self) -> int:
         return self._end - self._at.batch
 
-    def _next_data(self) -> tuple[Any, Any]:
+    def _next_data(self) -> tuple[Any, ...]:
         at = self._at
         if at.batch >= self._end:
             raise StopIteration

@@ -27,6 +27,7 @@ from gpufeed.data.batch import batch_generator, build_batch, cpu_decoder
 from gpufeed.data.dataset import RawSample
 from gpufeed.data.decode import CorruptImage, image_size, is_jpeg
 from gpufeed.data.plan import Position
+from gpufeed.data.sample_extras import rows
 from gpufeed.data.slots import Slots
 
 if TYPE_CHECKING:
@@ -42,7 +43,17 @@ def fill_slot(
     rank: int,
 ) -> dict[str, Any]:
     """Write batch `at` into slot `index`; returns what the device stage needs besides the slot:
-    `n` (samples in the slot), `corrupt` [(shard, key, reason)] and, if encoded, `keys`."""
+    `n` (samples in the slot), `corrupt` [(shard, key, reason)], if encoded `keys`, and with
+    `extras=` each sample's values (`sample_extras.rows`)."""
+    meta = _fill(samples, at, slots, index, seed, rank)
+    if samples and samples[0].extras is not None:
+        meta["extras"] = rows(samples)
+    return meta
+
+
+def _fill(
+    samples: Sequence[RawSample], at: Position, slots: Slots, index: int, seed: int, rank: int
+) -> dict[str, Any]:
     spec = slots.spec
     if spec.handoff == "encoded":
         buf, offsets = slots.images[index].numpy(), slots.offsets[index].numpy()

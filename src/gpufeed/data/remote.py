@@ -32,6 +32,7 @@ import torch
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.produce import fill_slot
 from gpufeed.data.slots import Slots
+from gpufeed.data.worker_errors import WorkerFailure, describe_batch
 from gpufeed.data.workers import POLL_S, LoaderWorkerError, Stopped
 from gpufeed.errors import GpufeedError, OptionError
 from gpufeed.extras import require
@@ -257,8 +258,15 @@ class _Maker:
         _, plan, stream = state
         ds = plan.dataset
         retried = ds.source.retried
-        at, samples = next(stream)
-        meta = fill_slot(samples, at, self.slots, 0, ds.seed, ds.rank)
+        at = samples = None
+        try:
+            at, samples = next(stream)
+            meta = fill_slot(samples, at, self.slots, 0, ds.seed, ds.rank)
+        except Exception as e:  # raised in the training process, with its traceback and samples
+            where = (
+                f"Ray loader actor of worker {worker} (pid {os.getpid()} on {socket.gethostname()})"
+            )
+            raise WorkerFailure.of(e, where, describe_batch(at, samples)) from None
         meta["retried"] = ds.source.retried - retried
         self.streams[worker] = (g + plan.workers, plan, stream)  # only once the batch is made
         self.made += 1
@@ -439,6 +447,8 @@ class RayPool:
                 got, images, labels, meta = ray.get(ref)
             except ray.exceptions.RayTaskError as e:  # raised by the batch's own making
                 cause = getattr(e, "cause", None)
+                if isinstance(cause, WorkerFailure):
+                    raise cause.error() from None
                 raise (cause if isinstance(cause, BaseException) else e) from None
             except ray.exceptions.RayError:  # the actor, its node or the result is gone
                 self._lost(self._owner[w])

@@ -7,7 +7,8 @@ current one. A new "go" (another epoch than planned, a resumed state) starts a n
 batches of older generations are dropped by the main process and their slots given back.
 Workers run at a lower CPU priority than the training process, so the loop that feeds the GPU is
 never starved by the work that feeds it. With `num_workers=0` the same plan runs in the caller's
-thread (`InlinePool`).
+thread (`InlinePool`). A worker's exception is sent back with its traceback and the batch's shards
+and keys, and raised at that batch as the same type (`worker_errors`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ import contextlib
 import copy
 import multiprocessing as mp
 import os
-import pickle
 import signal
 import threading
-import traceback
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -30,7 +29,9 @@ from gpufeed.data.forking import frozen_heap
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.produce import fill_slot
 from gpufeed.data.slots import Slots
-from gpufeed.errors import GpufeedError
+from gpufeed.data.worker_errors import LoaderWorkerError, WorkerFailure, describe_batch, note_batch
+
+__all__ = ["InlinePool", "LoaderWorkerError", "Pool", "Stopped", "WorkerPool"]
 
 POLL_S = 0.2  # how often a waiting side checks that the other is still alive
 
@@ -53,22 +54,8 @@ class Pool(Protocol):
     def close(self) -> None: ...
 
 
-class LoaderWorkerError(GpufeedError, RuntimeError):
-    """A loader worker process died, or failed with an error that could not be sent back."""
-
-
 class Stopped(Exception):
     """The caller asked the waiting side to stop (internal)."""
-
-
-def _portable(exc: BaseException) -> BaseException:
-    """`exc` if it survives pickling, else a LoaderWorkerError with its traceback."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return LoaderWorkerError(f"loader worker failed:\n{text}")
 
 
 def _worker_main(
@@ -103,6 +90,7 @@ def _worker_main(
                 gen, stream = msg[1], plan.worker_batches(worker, msg[2])
         assert stream is not None
         k = free.pop(0)
+        at = samples = None
         try:
             at, samples = next(stream)
             meta = fill_slot(samples, at, slots, slots.index(worker, k), ds.seed, ds.rank)
@@ -110,7 +98,8 @@ def _worker_main(
         except Exception as e:
             free.append(k)
             stream = None  # wait for the next "go"
-            conn.send(("error", gen, _portable(e)))
+            where = f"loader worker {worker} (pid {os.getpid()})"
+            conn.send(("error", gen, WorkerFailure.of(e, where, describe_batch(at, samples))))
             continue
         conn.send(("batch", gen, at, k, meta))
 
@@ -166,8 +155,8 @@ class WorkerPool:
                 if msg[0] == "batch":
                     self.free(w, msg[3])
                 continue
-            if msg[0] == "error":
-                raise msg[2]
+            if msg[0] == "error":  # the worker's exception, with its traceback and samples
+                raise msg[2].error()
             _, _, got, slot, meta = msg
             if got != at:
                 raise LoaderWorkerError(f"loader worker {w} made batch {got}, expected {at}")
@@ -239,11 +228,16 @@ class InlinePool:
             assert self._start is not None
             self._stream = self.plan.worker_batches(0, self._start)
         ds = self.plan.dataset
-        got, samples = next(self._stream)
-        if got != at:
-            raise LoaderWorkerError(f"inline loader made batch {got}, expected {at}")
-        k, self._next_slot = self._next_slot, (self._next_slot + 1) % self.slots.per_worker
-        meta = fill_slot(samples, at, self.slots, k, ds.seed, ds.rank)
+        got = samples = None
+        try:
+            got, samples = next(self._stream)
+            if got != at:
+                raise LoaderWorkerError(f"inline loader made batch {got}, expected {at}")
+            k, self._next_slot = self._next_slot, (self._next_slot + 1) % self.slots.per_worker
+            meta = fill_slot(samples, at, self.slots, k, ds.seed, ds.rank)
+        except Exception as e:
+            note_batch(e, got, samples)  # its own traceback: the batch and samples as a note
+            raise
         meta["retried"] = ds.source.new_retries()
         return 0, k, meta
 

@@ -44,6 +44,7 @@ class GpufeedCallback(ProfiledFit, TrainerCallback):
 class DictBatches(DataLoaderStateMixin):
     """A Loader's (images, labels) batches as the dicts a Hugging Face model takes, by default
     ``{"pixel_values": images, "labels": labels}``: what a Trainer's `get_*_dataloader` returns.
+    What a Loader's `extras=` adds to its batches is not passed to the model.
 
     `accelerator.prepare` passes it through unchanged (it only wraps torch DataLoaders): the
     Loader already splits the data by rank and delivers to its device. It marks the epoch's last
@@ -81,10 +82,10 @@ class DictBatches(DataLoaderStateMixin):
         left = len(batches)  # an epoch resumed midway has fewer
         self.begin()
         try:
-            for images, labels in batches:
+            for batch in batches:  # (images, labels[, the keys and members of `extras=`])
                 left -= 1
                 self.end_of_dataloader = left == 0
-                yield {image_key: images, label_key: labels}
+                yield {image_key: batch[0], label_key: batch[1]}
         finally:
             self.end()
 
