@@ -12,7 +12,6 @@ import gc
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -726,18 +725,9 @@ def test_gpu_preprocess_of_shards_indexed_without_image_sizes_keeps_every_image(
 ):
     # a version-1 index has no image sizes: its encoded slots were sized for 1 KiB images, and
     # the larger ones were dropped as "unreadable image header"
-    from indexes import read_index_doc
+    from indexes import legacy_copy
 
-    from gpufeed.data.shards import INDEX_NAME, LEGACY_INDEX_NAME
-
-    d = tmp_path / "v1"
-    shutil.copytree(shards, d)
-    doc = read_index_doc(d)
-    for shard in doc["shards"]:
-        for column in ("image_offsets", "image_sizes", "image_exts"):
-            shard.pop(column, None)
-    (d / LEGACY_INDEX_NAME).write_text(json.dumps(doc))
-    (d / INDEX_NAME).unlink()
+    d = legacy_copy(shards, tmp_path / "v1")
     loader = make(d, 8, num_workers=2, preprocess="gpu")
     assert sorted(_epoch(loader)) == list(range(48)) and loader.stats()["corrupt"] == 0
 

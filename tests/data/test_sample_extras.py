@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,14 +19,14 @@ from typing import Any
 
 import pytest
 import torch
-from indexes import read_index_doc
+from indexes import legacy_copy
 
 from gpufeed.data.augment import Augment
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.indexer import index_shards
 from gpufeed.data.loader import Loader
 from gpufeed.data.sample_extras import MissingMember
-from gpufeed.data.shards import INDEX_NAME, LEGACY_INDEX_NAME, ShardError
+from gpufeed.data.shards import ShardError
 from gpufeed.errors import OptionError
 
 SMALL = Augment(size=(16, 16))
@@ -146,14 +145,7 @@ def test_shards_indexed_without_image_offsets_give_the_same_extras(
     wds_shards: Path, make: Callable[..., Loader], tmp_path: Path
 ):
     """A version-1 index without image offsets: samples are read member by member."""
-    d = tmp_path / "v1"
-    shutil.copytree(wds_shards, d)
-    doc = read_index_doc(d)
-    for shard in doc["shards"]:
-        for column in ("image_offsets", "image_sizes", "image_exts"):
-            shard.pop(column, None)
-    (d / LEGACY_INDEX_NAME).write_text(json.dumps(doc))
-    (d / INDEX_NAME).unlink()
+    d = legacy_copy(wds_shards, tmp_path / "v1")
     extras = ("__key__", "json", "txt", "cls")
     got = [b for b in make(d, 5, num_workers=0, extras=extras)]
     want = [b for b in make(wds_shards, 5, num_workers=0, extras=extras)]
