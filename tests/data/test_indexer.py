@@ -672,19 +672,19 @@ def test_labels_mixing_ids_and_names_need_the_class_list(image_folder: Path, tmp
         index_shards(str(tmp_path / "x" / "wds-000000.tar"), progress=False)
 
 
-def test_the_fast_scanner_and_tarfile_index_a_shard_alike(wds_dir: Path, tmp_path: Path):
-    from gpufeed.data.indexer import _Hashing, _plain_members, _samples, _tar_members
-    from gpufeed.data.shards import ShardEntry
-
-    def entry(reader: Any, path: Path) -> tuple[dict, list]:
-        e = ShardEntry(name=path.name, keys=[], labels=[], offsets=[])
-        with open(path, "rb") as f:
-            raw = _samples(reader(_Hashing(f, lambda n: None), str(path)), e, None, str(path))
-        return e.to_json(), raw
-
+def test_one_scanner_finds_the_members_where_tarfile_finds_them(wds_dir: Path, tmp_path: Path):
+    # there were two scanners here (a fast one, tarfile for the rest) and a third in the Loader
     shard = wds_dir / "wds-000001.tar"
-    assert entry(_plain_members, shard) == entry(_tar_members, shard)
-    long_key = "d" * 120  # a GNU long-name header: only tarfile reads it
+    index_shards(str(shard), progress=False)
+    entry = ShardDataset(wds_dir).index.shards[0]
+    with tarfile.open(shard) as tar:
+        infos = tar.getmembers()
+    jpgs = [m for m in infos if m.name.endswith(".jpg")]
+    assert [int(x) for x in entry.image_offsets] == [m.offset_data for m in jpgs]
+    assert [int(x) for x in entry.image_sizes] == [m.size for m in jpgs]
+    firsts = {m.name.split(".")[0]: m.offset for m in reversed(infos)}  # a key's first header
+    assert [int(x) for x in entry.offsets] == [firsts[k] for k in entry.keys]
+    long_key = "d" * 120  # a GNU long-name header
     _one_tar(tmp_path / "long.tar", {f"{long_key}.jpg": b"\xff\xd8", f"{long_key}.cls": b"2"})
     result = index_shards(str(tmp_path / "long.tar"), progress=False)
     assert result.samples == 1

@@ -10,7 +10,6 @@ import pickle
 import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,6 @@ from indexes import index_doc, read_index_doc
 
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.loader import Loader
-from gpufeed.data.packing import pack
 from gpufeed.data.shards import INDEX_NAME, Index, ShardError, ShardWriter
 from gpufeed.data.source import filesystem
 
@@ -100,7 +98,7 @@ def _shard_with_extra(tmp_path: Path, extra: str, where: str) -> ShardDataset:
             w._add(extra, pickle.dumps({"x": 1}))
         entry = w.close()
     entry.bytes = (tmp_path / "s.tar").stat().st_size
-    (tmp_path / INDEX_NAME).write_bytes(Index(["c"], [entry]).to_bytes())
+    (tmp_path / INDEX_NAME).write_bytes(Index(["c0", "c1"], [entry]).to_bytes())
     return ShardDataset(tmp_path, shuffle=False)
 
 
@@ -230,17 +228,6 @@ def test_unreadable_files_are_clear_errors(shards: Path, tmp_path: Path):
 # --- S3 and the shard cache --------------------------------------------------------------------
 
 
-@pytest.fixture
-def s3_shards(s3_env: str, id_list: Path) -> str:
-    fs = filesystem("s3://x")
-    bucket = f"bucket-{uuid.uuid4().hex[:12]}"
-    fs.mkdir(bucket)
-    url = f"s3://{bucket}/train"
-    with pytest.warns(UserWarning):
-        pack(id_list, url, shard_size="16KB", workers=1, progress=False)
-    return url
-
-
 def _s3_index(url: str) -> dict:
     return index_doc(filesystem(url).cat_file(f"{url}/{INDEX_NAME}"))
 
@@ -330,7 +317,7 @@ def _long_named_shard(tmp_path: Path, extra: str | None) -> ShardDataset:
         w.add(key + "2", jpg, "jpg", 1)
         entry = w.close()
     entry.bytes = (tmp_path / "s.tar").stat().st_size
-    (tmp_path / INDEX_NAME).write_bytes(Index(["c"], [entry]).to_bytes())
+    (tmp_path / INDEX_NAME).write_bytes(Index(["c0", "c1"], [entry]).to_bytes())
     return ShardDataset(tmp_path, shuffle=False)
 
 

@@ -9,6 +9,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from bombs import tar_header
 from indexes import read_index_doc
 
 from gpufeed.data.dataset import ShardDataset
@@ -197,7 +198,7 @@ def test_long_member_names_are_read_through_their_extension_headers(tmp_path: Pa
         entry = w.close()
     entry.bytes = (tmp_path / "s.tar").stat().st_size
     assert entry.image_offsets[0] - entry.offsets[0] > 512
-    (tmp_path / INDEX_NAME).write_bytes(Index(["c"], [entry]).to_bytes())
+    (tmp_path / INDEX_NAME).write_bytes(Index(["c0", "c1", "c2"], [entry]).to_bytes())
     got = [
         (s.key, s.label, s.data) for s in ShardDataset(tmp_path, shuffle=False).iter_worker(0, 1)
     ]
@@ -258,16 +259,28 @@ def test_offsets_outside_a_shard_in_the_columns_are_rejected(shards: Path, tmp_p
         ShardDataset(d)
 
 
-def test_only_pax_headers_that_set_times_or_owners_are_skipped_without_tarfile():
-    from gpufeed.data.shards import _harmless_pax
+def test_pax_records_name_and_size_the_member_they_precede():
+    # pax headers were read by a fast path (times, owners) or handed to tarfile (the rest)
+    def pax_member(data: bytes, **records: str) -> tarfile.TarInfo:
+        info = tarfile.TarInfo("ignored.jpg")
+        info.size, info.pax_headers = len(data), records
+        return info
 
-    def pax_member(**records: str) -> bytes:
-        info = tarfile.TarInfo("k.jpg")
-        info.size, info.pax_headers = 3, records
-        return info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
-
-    harmless = pax_member(mtime="1700000000.25", uid="7")
-    assert _harmless_pax(harmless, 0) == len(harmless) - 512  # the member's own header follows
-    assert _harmless_pax(pax_member(path="../../etc/passwd"), 0) is None
-    assert _harmless_pax(pax_member(size="99999"), 0) is None
-    assert _harmless_pax(_tar([(tarfile.TarInfo("k.jpg"), b"abc")]).getvalue(), 0) is None
+    long = "k" * 150  # a pax `path` record: over ustar's 100-byte name field
+    members = [
+        (pax_member(b"A", path=f"{long}.jpg", mtime="1700000000.25", uid="7"), b"A"),
+        (tarfile.TarInfo(f"{long}.cls"), b"1"),
+    ]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    assert list(iter_samples(buf, "s.tar")) == [(long, {"jpg": b"A", "cls": b"1"})]
+    # a pax size stands for the header's own (which says 0 here)
+    sized = tar_header("x", 10, b"x") + b"10 size=1\n".ljust(512, b"\0") + tar_header("k.jpg", 0)
+    raw = sized + b"A".ljust(512, b"\0") + bytes(1024)
+    assert list(iter_samples(io.BytesIO(raw), "s.tar")) == [("k", {"jpg": b"A"})]
+    with pytest.raises(ShardError, match="escapes its directory"):
+        list(iter_samples(_tar([(pax_member(b"x", path="../../etc/passwd"), b"x")]), "s.tar"))

@@ -26,7 +26,7 @@ from gpufeed.data.indexer import expand_urls, is_shard_pattern, split_shards
 from gpufeed.data.members import read_with_members
 from gpufeed.data.options import flag, whole
 from gpufeed.data.sample_extras import extras_option, members_wanted, sample_values
-from gpufeed.data.shards import IMAGE_EXTS, Index, ShardError
+from gpufeed.data.shards import IMAGE_EXTS, Index, ShardError, iter_samples, read_indexed
 from gpufeed.data.source import MB, Source
 from gpufeed.errors import OptionError
 
@@ -265,8 +265,6 @@ class ShardDataset:
     def _read_run(
         self, shard_no: int, first: int, pos: int, end: int
     ) -> Iterator[tuple[int, RawSample]]:
-        from gpufeed.data.shards import iter_samples, read_indexed
-
         entry = self.index.shards[shard_no]
         where = self.source.path(entry.name)
         count = end - pos + 1
@@ -294,7 +292,7 @@ class ShardDataset:
                     yield pos + got, self._sample(where, key, label, image, *parts)
                 return
             got = 0
-            for key, parts in iter_samples(f, where):
+            for key, parts in iter_samples(f, where, start, entry.bytes):
                 i = first + got
                 if key != entry.keys[i]:
                     raise ShardError(

@@ -3,8 +3,10 @@
 Each shard is read once, as a stream (local file or S3), recording per sample its key, label,
 header and image offsets, and per shard its size and SHA-256: the same index `gpufeed pack`
 writes, so the loader gives these shards every guarantee it gives its own (exactly-once,
-resumption, corrupt-sample reports, checksum verification). Members are checked as on every read
-(no links, no escaping names, nothing that could be unpickled). Labels come from each sample's
+resumption, corrupt-sample reports, checksum verification). The shard is read by
+`gpufeed.data.tar_scan`, the scanner the Loader reads through, with its rules (regular files only,
+no escaping names, nothing that could be unpickled, sizes within the shard, tars joined end to
+end read whole, no key repeated), so what is indexed is read. Labels come from each sample's
 `.cls` (an integer or a class name) or `.json` (its `cls`/`label`/`class` field, or
 `label_field`); class names become ids through `classes` (a mapping given) or, without one, in
 sorted order. The index is written as `gpufeed-index.json` in the shards' directory, next to the
@@ -18,8 +20,7 @@ import json
 import os
 import posixpath
 import re
-import tarfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -32,16 +33,10 @@ from gpufeed.data.shards import (
     Index,
     ShardEntry,
     ShardError,
-    _check_member,
-    _check_regular_header,
-    _ext,
-    _harmless_pax,
-    _padded,
-    _regular_header,
     check_shard_name,
-    split_name,
 )
 from gpufeed.data.source import MB, Destination, Source, is_remote
+from gpufeed.data.tar_scan import BLOCK, BadHeader, Tape, members, samples
 from gpufeed.present.numbers import count
 
 LABEL_FIELDS = ("cls", "label", "class")
@@ -338,152 +333,61 @@ def _label_of(key: str, parts: dict[str, bytes], field: str | None, where: str) 
     )
 
 
-def _open(url: str, storage_options: dict[str, Any] | None) -> BinaryIO:
-    """A shard opened for one sequential read; a remote one is read as the Loader reads it
-    (`Source`: each request within the deadline, retried, errors naming URL and endpoint)."""
+def _open(url: str, storage_options: dict[str, Any] | None) -> tuple[BinaryIO, int]:
+    """A shard opened for one sequential read, and its size; a remote one is read as the Loader
+    reads it (`Source`: each request within the deadline, retried, errors naming URL and
+    endpoint)."""
     if is_remote(url):
         folder, name = url.rsplit("/", 1)
         size = Destination(folder, storage_options).size(name)
         entry = ShardEntry(name=name, bytes=size)  # no checksum yet: `_Hashing` computes it
-        return Source(folder, storage_options=storage_options).open(entry)
+        return Source(folder, storage_options=storage_options).open(entry), size
     try:
-        return open(url, "rb")
+        f = open(url, "rb")  # noqa: SIM115 - handed to the caller
     except FileNotFoundError:
         raise ShardError(f"shard {url} not found") from None
     except (IsADirectoryError, PermissionError) as e:
         raise ShardError(f"cannot read shard {url}: {e.strerror or e}") from None
+    return f, os.fstat(f.fileno()).st_size
 
 
-# (offset of the member's first header, offset of its data, name, size, data if a label member)
-Member = tuple[int, int, str, int, bytes | None]
 LABEL_EXTS = ("cls", "json")
 
 
-_CUT = ("unexpected end of data", "empty header", "truncated header")  # tarfile's words for it
-
-
-class _NotPlain(Exception):
-    """The fast scanner met a header it does not read itself: tarfile reads the shard instead."""
-
-
-def _truncated(url: str, at: int, inside: str | None) -> ShardError:
-    """A shard that ends before tar's end-of-archive marker (`inside`: the part it ends in)."""
-    where = f"inside {inside}" if inside else "after a member, without tar's end-of-archive marker"
+def _not_a_tar(url: str, why: str) -> ShardError:
+    compressed = url.endswith((".gz", ".tgz", ".bz2", ".xz", ".zst"))
     return ShardError(
-        f"shard {url} is truncated at byte {at}: it ends {where} (a copy or write cut short?); "
-        "re-write it"
+        f"shard {url} is not an uncompressed tar file ({why}): "
+        + (
+            "decompress it first; compressed shards cannot be read at offsets"
+            if compressed
+            else "a WebDataset shard is a plain .tar of <key>.<ext> members"
+        )
     )
 
 
-def _plain_members(stream: _Hashing, url: str) -> Iterator[Member]:
-    """The members of a tar of plain regular-file headers (and pax headers that only set times or
-    owners, as webdataset writes), parsed from big reads; `_NotPlain` for anything else. The tar
-    must end in the end-of-archive marker (a zero block, as tarfile and GNU tar write it)."""
-    buf, start, at = b"", 0, 0  # buf holds the shard's bytes from offset `start`; `at`: cursor
-
-    def need(n: int, inside: str) -> bytes:
-        nonlocal buf, start
-        while at + n > start + len(buf):
-            chunk = stream.read(8 * MB)
-            if not chunk:
-                if start + len(buf) < 512:
-                    raise _NotPlain  # not even one header: tarfile names the problem
-                end = start + len(buf)
-                raise _truncated(url, end, None if end == at and first is None else inside)
-            buf, start = buf[at - start :] + chunk, at
-        return buf[at - start : at - start + n]
-
-    first = None  # where the current member's headers began (a pax header comes first)
-    while True:
-        header = need(512, "a tar header")
-        if not header.strip(b"\0"):
-            return  # end-of-archive (the rest is read by the caller, for size and checksum)
-        pax = _regular_header(header, types=(0x78,))
-        if pax is not None:
-            block = need(512 + _padded(pax[1]), "a tar header")
-            if _harmless_pax(block, 0) is None:
-                raise _NotPlain
-            first = at if first is None else first
-            at += len(block)
-            continue
-        plain = _check_regular_header(header, url)
-        if plain is None:
-            raise _NotPlain
-        name, size = plain
-        inside = f"member {name!r}"
-        data = need(512 + size, inside)[512:] if _ext(name) in LABEL_EXTS else None
-        if data is None:
-            need(512 + _padded(size), inside)  # read through (hashed), not kept
-        yield (at if first is None else first), at + 512, name, size, data
-        at += 512 + _padded(size)
-        first = None
-
-
-def _tar_members(stream: _Hashing, url: str) -> Iterator[Member]:
-    """The members of any tar, read by tarfile (extension headers of every kind), which must end
-    in the end-of-archive marker: tarfile itself ends quietly at a cut or a broken header."""
-    last = [b""]  # the last header block tarfile read: where it stopped, at the end
-
-    class Info(tarfile.TarInfo):
-        @classmethod
-        def frombuf(cls, buf: bytes, encoding: str, errors: str) -> tarfile.TarInfo:
-            last[0] = buf
-            return super().frombuf(buf, encoding, errors)
-
-    with tarfile.open(fileobj=stream, mode="r|", tarinfo=Info) as tar:  # type: ignore[call-overload]
-        for info in tar:
-            _check_member(info, url)
-            if info.isdir():  # GNU tar's folder entries: no sample
-                continue
-            data = None
-            if split_name(info.name)[1] in LABEL_EXTS:
-                member = tar.extractfile(info)
-                data = member.read() if member is not None else b""
-            yield info.offset, info.offset_data, info.name, info.size, data
-        if len(last[0]) < 512:
-            raise _truncated(url, tar.offset + len(last[0]), "a tar header" if last[0] else None)
-        if last[0].strip(b"\0"):
-            raise ShardError(
-                f"shard {url}: no valid tar header at byte {tar.offset}, where the next member "
-                "should start; the shard is corrupt: re-write it"
-            )
-
-
 def _samples(
-    members: Iterator[Member], entry: ShardEntry, label_field: str | None, url: str
+    stream: _Hashing, size: int, entry: ShardEntry, label_field: str | None, url: str
 ) -> list[int | str]:
-    """Group members into samples by key (as WebDataset does), recording each into `entry`;
-    returns each sample's raw label."""
+    """Read the shard through `tar_scan` (its rules are the Loader's), recording each sample's
+    key, header offset and image into `entry`; returns each sample's raw label."""
     raw: list[int | str] = []
-    key: str | None = None
-    parts: dict[str, bytes] = {}
-    image: tuple[int, int, str] | None = None
-
-    def finish() -> None:
-        if key is None:
-            return
+    tape = Tape(url, b"", 0, size, read=stream.read, chunk=8 * MB)
+    for key, start, parts in samples(members(tape, 0, size, end=True, keep=LABEL_EXTS), url):
+        # the first image member, its type kept as written (.JPEG): it names the member
+        image = next((m for ext, (m, _) in parts.items() if ext in IMAGE_EXTS), None)
         if image is None:
             raise ShardError(
                 f"shard {url}: sample {key!r} has no image member "
                 f"({', '.join(sorted(IMAGE_EXTS))}); only image data sets can be indexed"
             )
-        entry.image_offsets.append(image[0])  # type: ignore[union-attr]
-        entry.image_sizes.append(image[1])  # type: ignore[union-attr]
-        entry.image_exts.append(image[2])  # type: ignore[union-attr]
-        raw.append(_raw_label(key, parts, label_field, url))
-
-    for offset, data_offset, name, size, data in members:
-        k, ext = split_name(name)
-        if k != key:
-            finish()
-            key, parts, image = k, {}, None
-            entry.keys.append(k)  # type: ignore[union-attr]
-            entry.offsets.append(offset)  # type: ignore[union-attr]
-        if ext in IMAGE_EXTS and image is None:  # kept as written (.JPEG): it names the member
-            image = (data_offset, size, name.rsplit("/", 1)[-1].partition(".")[2])
-        elif data is not None:
-            parts[ext] = data
-    finish()
+        entry.keys.append(key)  # type: ignore[union-attr]
+        entry.offsets.append(start)  # type: ignore[union-attr]
+        entry.image_offsets.append(image.data)  # type: ignore[union-attr]
+        entry.image_sizes.append(image.size)  # type: ignore[union-attr]
+        entry.image_exts.append(image.name.rsplit("/", 1)[-1].partition(".")[2])  # type: ignore[union-attr]
+        labels = {ext: data for ext, (_, data) in parts.items() if data is not None}
+        raw.append(_raw_label(key, labels, label_field, url))
     return raw
 
 
@@ -495,36 +399,23 @@ def index_shard(
     storage_options: dict[str, Any] | None = None,
     seen: Callable[[int], None] = lambda n: None,
 ) -> tuple[ShardEntry, list[int | str]]:
-    """One streaming pass over a WebDataset shard: its index entry and each sample's raw label.
-    Plain shards are parsed by a fast scanner; any other (long names, ...) again by tarfile."""
-    for reader in (_plain_members, _tar_members):
-        entry = ShardEntry(name=name, keys=[], labels=[], offsets=[])
-        with _open(url, storage_options) as f:
-            stream = _Hashing(f, seen)
-            try:
-                raw = _samples(reader(stream, url), entry, label_field, url)
-                while stream.read(8 * MB):  # the rest (end-of-archive padding): size, checksum
-                    pass
-            except _NotPlain:
-                continue
-            except OSError as e:
-                raise ShardError(f"cannot read shard {url}: {e}") from None
-            except (tarfile.TarError, EOFError) as e:
-                if str(e) in _CUT:  # at the end of the stream already
-                    while stream.read(8 * MB):
-                        pass
-                    if stream.count >= 512:  # a tar cut short, not a file too short to be one
-                        raise _truncated(url, stream.count, "a member") from None
-                compressed = url.endswith((".gz", ".tgz", ".bz2", ".xz", ".zst"))
-                raise ShardError(
-                    f"shard {url} is not an uncompressed tar file ({e}): "
-                    + (
-                        "decompress it first; compressed shards cannot be read at offsets"
-                        if compressed
-                        else "a WebDataset shard is a plain .tar of <key>.<ext> members"
-                    )
-                ) from None
-        break
+    """One streaming pass over a WebDataset shard: its index entry and each sample's raw label."""
+    entry = ShardEntry(name=name, keys=[], labels=[], offsets=[])
+    f, size = _open(url, storage_options)
+    with f:
+        stream = _Hashing(f, seen)
+        try:
+            if size < BLOCK:
+                raise _not_a_tar(url, f"{size} bytes, less than one tar header")
+            raw = _samples(stream, size, entry, label_field, url)
+            while stream.read(8 * MB):  # the rest, if it grew: size and checksum as read
+                pass
+        except BadHeader as e:
+            if e.at == 0:
+                raise _not_a_tar(url, f"invalid header: {e.reason}") from None
+            raise
+        except OSError as e:
+            raise ShardError(f"cannot read shard {url}: {e}") from None
     if not entry.keys:
         raise ShardError(f"shard {url} holds no samples: remove it from the list")
     entry.bytes, entry.sha256 = stream.count, stream.sha.hexdigest()

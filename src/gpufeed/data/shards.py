@@ -4,14 +4,17 @@
 Writing is deterministic (fixed mtime/owner) so a re-pack gives identical bytes. Reading goes
 straight to the image offsets recorded in the index (`read_indexed`), checking the tar header in
 front of each image and the headers of the members between the images it reads; shards without
-offsets are parsed member by member (`iter_samples`). Either way every member read is validated: no
-links, no names that escape a directory, and no member type that could be unpickled (see
-`FORBIDDEN_EXTS`), so shards are safe to read from untrusted storage. Only the extensions in
+offsets are parsed member by member (`iter_samples`). Either way every header read is checked by
+`gpufeed.data.tar_scan`, the scanner `gpufeed index` uses, with its one set of rules: regular files
+only (no links, devices or sparse files), no names that escape a directory, no member type that
+could be unpickled (`FORBIDDEN_EXTS`), no size past the shard's end; so shards are safe to read
+from untrusted storage, and what `index` accepts is read. Only the extensions in
 `IMAGE_EXTS`/`META_EXTS` are interpreted; other unknown members are ignored.
 
 The index is validated when it is parsed (`Index.from_bytes`): its shape, shard names (relative,
-inside the data set, no NUL or control characters), checksums (64 hex digits, or empty for none)
-and offsets (inside the shard). What it promises is checked on read: `Source` checks each shard's
+inside the data set, no NUL or control characters, each listed once), checksums (64 hex digits, or
+empty for none), counts (whole numbers), offsets (inside the shard) and labels (class ids: 0 up
+to the number of classes it lists). What it promises is checked on read: `Source` checks each shard's
 size and, whenever a shard is read from start to end, its SHA-256 (see `gpufeed.data.source`).
 The index has no per-sample checksums, so bytes altered inside one image are only found by that
 whole-shard check (or, if the image no longer decodes, as a corrupt sample).
@@ -36,7 +39,18 @@ from typing import Any, BinaryIO, ClassVar
 
 import numpy as np
 
-from gpufeed.errors import GpufeedError
+from gpufeed.data.tar_scan import (
+    BLOCK,
+    BadHeader,
+    ShardError,
+    Tape,
+    _check_name,
+    members,
+    padded,
+    samples,
+    split_name,
+    walk_to,
+)
 
 INDEX_NAME = "gpufeed-index.json"
 # written by gpufeed before 0.2 (and the name MosaicML Streaming and litdata use): still read
@@ -45,16 +59,10 @@ INDEX_VERSION = 2
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "bmp"})
 META_EXTS = frozenset({"cls", "json", "txt"})
 MAX_LABEL = 1_000_000  # a numeric label above this is a mistake, not a class number
-# Members that could carry pickled Python objects: a shard holding one is rejected outright.
-FORBIDDEN_EXTS = frozenset({"pyd", "pickle", "pkl", "pth", "pt", "ckpt", "joblib", "npy", "npz"})
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # numpy dtypes an index column may be stored as (little-endian, fixed size: never objects)
 _COLUMN_DTYPES = frozenset({"|u1", "<u2", "<u4", "<u8", "<i2", "<i4", "<i8"})
-
-
-class ShardError(GpufeedError):
-    """A shard or index is missing, truncated or malformed; the message names it."""
 
 
 def has_index(directory: str | os.PathLike[str]) -> bool:
@@ -176,13 +184,14 @@ class ShardEntry:
             raise ValueError(f"a shard entry is {type(d).__name__}, not an object")
         entry = _entry_head(d)
         entry.keys = [str(k) for k in d["keys"]]
-        entry.labels = [int(x) for x in d["labels"]]
-        entry.offsets = [int(x) for x in d["offsets"]]
-        entry.image_offsets = [int(x) for x in d.get("image_offsets", [])]
-        entry.image_sizes = [int(x) for x in d.get("image_sizes", [])]
+        entry.labels = _integers(d["labels"], "labels", entry.name)
+        entry.offsets = _integers(d["offsets"], "offsets", entry.name)
+        entry.image_offsets = _integers(d.get("image_offsets", []), "image_offsets", entry.name)
+        entry.image_sizes = _integers(d.get("image_sizes", []), "image_sizes", entry.name)
         entry.image_exts = [str(x) for x in d.get("image_exts", [])]
         n = entry.samples
-        if not (len(entry.labels) == len(entry.offsets) == n) or int(d.get("samples", n)) != n:
+        samples = _whole(d.get("samples", n), "samples", entry.name)
+        if not (len(entry.labels) == len(entry.offsets) == n) or samples != n:
             raise ValueError(f"shard {entry.name}: keys/labels/offsets lengths differ")
         for what in ("offsets", "image_offsets", "image_sizes"):
             values = getattr(entry, what)
@@ -202,10 +211,26 @@ def _entry_head(d: dict[str, Any]) -> ShardEntry:
     sha = str(d.get("sha256") or "").lower()
     if sha and not SHA256_HEX.fullmatch(sha):
         raise ValueError(f"shard {name}: sha256 {sha[:80]!r} is not 64 hex digits")
-    entry = ShardEntry(name=name, bytes=int(d["bytes"]), sha256=sha)
-    if entry.bytes < 0:
-        raise ValueError(f"shard {entry.name}: bytes is {entry.bytes}")
-    return entry
+    return ShardEntry(name=name, bytes=_whole(d["bytes"], "bytes", name), sha256=sha)
+
+
+def _whole(value: Any, what: str, shard: str) -> int:
+    """A count from the index: a JSON integer, 0 or more. int() alone would round 71680.5 down
+    and take "12" or true; infinity and NaN are refused in int()'s words."""
+    n = int(value)
+    if type(value) is not int or n < 0:
+        raise ValueError(f"shard {shard}: {what} is {value!r}, not a whole number of 0 or more")
+    return n
+
+
+def _integers(values: Any, what: str, shard: str) -> list[int]:
+    """A version-1 index's per-sample list, each a JSON integer (their ranges are checked later)."""
+    if not isinstance(values, list):
+        raise ValueError(f"shard {shard}: {what} is {type(values).__name__}, not a list")
+    for x in values:
+        if type(x) is not int:
+            raise ValueError(f"shard {shard}: {what} holds {x!r}, not a whole number")
+    return values
 
 
 @dataclass
@@ -310,7 +335,7 @@ class Index:
                 legacy = cls(classes, [ShardEntry.from_json(s) for s in doc["shards"]])
                 del doc
                 doc = json.loads(legacy.to_bytes())
-            return cls(classes, _columns_to_shards(doc))
+            return cls(classes, _columns_to_shards(doc, len(classes)))
         except KeyError as e:
             raise ShardError(
                 f"{where}: invalid index: missing {e}; re-create it with `gpufeed pack` "
@@ -362,20 +387,29 @@ def _decode_column(doc: dict[str, Any], name: str, length: int) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype)
 
 
-def _columns_to_shards(doc: dict[str, Any]) -> list[ShardEntry]:
+def _columns_to_shards(doc: dict[str, Any], classes: int) -> list[ShardEntry]:
     """Version 2: the shards, their per-sample columns as views into the index's arrays."""
     heads = doc["shards"]
-    entries = []
+    entries: list[ShardEntry] = []
+    listed: dict[str, int] = {}
     for h in heads:
         if not isinstance(h, dict):
             raise ValueError(f"a shard entry is {type(h).__name__}, not an object")
         entries.append(_entry_head(h))
-    counts = np.array([int(h["samples"]) for h in heads], dtype=np.int64)
-    if (counts < 0).any():
-        raise ValueError("a shard has a negative sample count")
+        name = entries[-1].name
+        if name in listed:
+            raise ValueError(
+                f"shard {name} is listed twice (entries {listed[name]} and {len(entries) - 1}): "
+                "its samples would be read twice an epoch"
+            )
+        listed[name] = len(entries) - 1
+    counts = np.array(
+        [_whole(h["samples"], "samples", e.name) for h, e in zip(heads, entries, strict=True)],
+        dtype=np.int64,
+    )
     total = int(counts.sum())
-    if int(doc.get("total", total)) != total:
-        raise ValueError(f"total {doc['total']} is not the sum of the shards' samples ({total})")
+    if doc.get("total", total) != total or type(doc.get("total", total)) is not int:
+        raise ValueError(f"total {doc['total']!r} is not the sum of the shards' samples ({total})")
     exts = [str(e) for e in doc["exts"]]
     if bad := [e for e in exts if e.lower() not in IMAGE_EXTS]:  # as written: .JPEG too
         raise ValueError(f"image type {bad[0][:20]!r} is not one of {sorted(IMAGE_EXTS)}")
@@ -383,9 +417,10 @@ def _columns_to_shards(doc: dict[str, Any]) -> list[ShardEntry]:
         name: _decode_column(doc, name, total)
         for name in ("labels", "offsets", "image_offsets", "image_sizes", "image_exts")
     }
-    key_sizes = np.array([int(h["keys_size"]) for h in heads], dtype=np.int64)
-    if (key_sizes < 0).any():
-        raise ValueError("a shard has a negative keys_size")
+    key_sizes = np.array(
+        [_whole(h["keys_size"], "keys_size", e.name) for h, e in zip(heads, entries, strict=True)],
+        dtype=np.int64,
+    )
     key_starts = np.concatenate([[0], np.cumsum(key_sizes)])
     blob = memoryview(_decode_column(doc, "keys", int(key_starts[-1])))
     if len(cols["image_exts"]) and int(cols["image_exts"].max()) >= len(exts):
@@ -405,7 +440,33 @@ def _columns_to_shards(doc: dict[str, Any]) -> list[ShardEntry]:
         if h.get("indexed", True):
             e.image_offsets, e.image_sizes = cols["image_offsets"][a:b], cols["image_sizes"][a:b]
             e.image_exts = _Exts(exts, cols["image_exts"][a:b])
+    _check_labels(cols["labels"], classes, entries, starts)
     return entries
+
+
+def _check_labels(
+    labels: np.ndarray, classes: int, entries: list[ShardEntry], starts: np.ndarray
+) -> None:
+    """Every label a class id: 0 or more and, when the index lists classes, under their number
+    (a label past the classes fails training far from its cause: a CUDA assert in the loss)."""
+    wrong = labels < 0 if labels.dtype.kind == "i" else np.zeros(len(labels), bool)
+    if classes:
+        wrong |= labels >= classes
+    bad = np.flatnonzero(wrong)
+    if not len(bad):
+        return
+    j = int(bad[0])
+    s = int(np.searchsorted(starts, j, "right")) - 1
+    entry, value = entries[s], int(labels[j])
+    why = (
+        "a class id is never negative"
+        if value < 0
+        else f"the index lists {classes} classes, ids 0 to {classes - 1}"
+    )
+    raise ValueError(
+        f"shard {entry.name}: sample {j - int(starts[s])} ({entry.keys[j - int(starts[s])]!r}) "
+        f"has label {value}, not a class id: {why}"
+    )
 
 
 class _Exts(Sequence[str]):
@@ -423,14 +484,6 @@ class _Exts(Sequence[str]):
         return self._table[self._codes[i]]
 
 
-def split_name(name: str) -> tuple[str, str]:
-    """WebDataset convention: the key is everything before the first dot of the basename."""
-    path = PurePosixPath(name)
-    base, _, ext = path.name.partition(".")
-    key = str(path.parent / base) if str(path.parent) != "." else base
-    return key, ext.lower()
-
-
 def check_shard_name(name: str) -> None:
     """A shard name from the index: a relative path inside the data set, without NUL or control
     characters (it becomes part of local paths and URLs)."""
@@ -441,104 +494,31 @@ def check_shard_name(name: str) -> None:
     _check_name(name, name)
 
 
-def _ext(name: str) -> str:
-    """`split_name(name)[1]`, without pathlib for plain names (it runs for every sample)."""
-    if "/." in name or "//" in name or name.endswith("/"):
-        return split_name(name)[1]
-    return name.rsplit("/", 1)[-1].partition(".")[2].lower()
+def iter_samples(
+    fileobj: BinaryIO, shard: str, start: int = 0, end: int | None = None
+) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Yield (key, {ext: bytes}) of the image and metadata members (`IMAGE_EXTS`, `META_EXTS`) of
+    each sample, from the file's position (shard byte `start`) to the shard's end, byte `end`
+    (by default: where the file ends).
 
-
-def _check_name(name: str, shard: str) -> None:
-    # pathlib's parts differ from a split on "/" only in dropping "" and "." components
-    if (
-        name.startswith(("/", "\\"))
-        or ".." in name.split("/")
-        or "\\" in name
-        or ":" in name.split("/")[0]
-    ):
-        raise ShardError(f"shard {shard}: member name {name!r} escapes its directory; rejected")
-
-
-def _check_member(info: tarfile.TarInfo, shard: str) -> None:
-    """Reject a member gpufeed will not read: an escaping name, a link, a device or FIFO, a
-    pickle. A directory entry (GNU tar writes one per folder) holds nothing and is skipped."""
-    _check_name(info.name.rstrip("/"), shard)
-    if info.isdir():
-        return
-    if info.islnk() or info.issym():
-        raise ShardError(f"shard {shard}: member {info.name!r} is a link; links are rejected")
-    if not info.isreg():
-        raise ShardError(f"shard {shard}: member {info.name!r} is not a regular file; rejected")
-    _check_not_pickle(info.name, shard)
-
-
-def _check_not_pickle(name: str, shard: str) -> None:
-    if _ext(name).rsplit(".", 1)[-1] in FORBIDDEN_EXTS:
-        raise ShardError(
-            f"shard {shard}: member {name!r} may hold pickled objects; "
-            "gpufeed never unpickles, so shards with such members are rejected"
-        )
-
-
-def _regular_header(block: bytes, types: tuple[int, ...] = (0x30, 0)) -> tuple[str, int] | None:
-    """(name, size) of a plain regular-file tar header (no prefix field, octal size, valid
-    checksum), read as `tarfile.TarInfo.frombuf` reads it but several times faster; None for any
-    other block, which tarfile then reads and judges. (`types`: other header types to accept.)"""
-    if len(block) != 512 or block[156] not in types or block[345] or block[124] & 0x80:
-        return None
-    try:  # every numeric field, as tarfile's nti (base-256 ones are valid; size is octal here)
-        _, _, _, size, _, chksum, _, _ = (
-            int(block[a:b].split(b"\0", 1)[0].strip() or b"0", 8)
-            if block[a] not in (0o200, 0o377)
-            else 0
-            for a, b in _NUMERIC_FIELDS
-        )
-    except ValueError:
-        return None
-    if chksum != 256 + sum(block) - sum(block[148:156]):
-        return None
-    name = block[:100].split(b"\0", 1)[0].decode(tarfile.ENCODING, "surrogateescape")
-    return None if name.endswith("/") else (name, size)  # a trailing slash: a V7 directory
-
-
-def _check_regular_header(block: bytes, shard: str) -> tuple[str, int] | None:
-    """Check a plain regular-file header as `_check_member` would; None if it is not one."""
-    fast = _regular_header(block)
-    if fast is not None:
-        _check_name(fast[0], shard)
-        _check_not_pickle(fast[0], shard)
-    return fast
-
-
-def iter_samples(fileobj: BinaryIO, shard: str) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """Yield (key, {ext: bytes}) for consecutive members sharing a key, from the file's position on.
-
-    Raises ShardError for truncated data and for rejected members (links, escaping names, pickles).
+    Raises ShardError as `gpufeed index` would: members `tar_scan` refuses (links, escaping
+    names, pickles, sparse files, sizes past the shard's end), a truncated shard, keys repeated.
     """
-    key: str | None = None
-    parts: dict[str, bytes] = {}
-    try:
-        with tarfile.open(fileobj=fileobj, mode="r|") as tar:
-            for info in tar:
-                _check_member(info, shard)
-                if info.isdir():
-                    continue
-                k, ext = split_name(info.name)
-                if k != key:
-                    if key is not None:
-                        yield key, parts
-                    key, parts = k, {}
-                if ext in IMAGE_EXTS or ext in META_EXTS:
-                    f = tar.extractfile(info)
-                    assert f is not None
-                    data = f.read()
-                    if len(data) != info.size:
-                        raise ShardError(f"shard {shard} is truncated inside member {info.name!r}")
-                    parts[ext] = data
-    except (tarfile.TarError, EOFError) as e:
-        raise ShardError(f"shard {shard} is truncated or not a tar file ({e})") from e
-    if key is not None:
-        yield key, parts
+    if end is None:
+        try:
+            here = fileobj.tell()
+            end = start + fileobj.seek(0, os.SEEK_END) - here
+            fileobj.seek(here)
+        except (OSError, AttributeError, ValueError):  # not seekable: hold it whole
+            data = fileobj.read()
+            fileobj, end = io.BytesIO(data), start + len(data)
+    tape = Tape(shard, b"", start, end, read=fileobj.read)
+    found = members(tape, start, end, end=True, keep=_READ_EXTS)
+    for key, _, parts in samples(found, shard):
+        yield key, {ext: data for ext, (_, data) in parts.items() if data is not None}
+
+
+_READ_EXTS = IMAGE_EXTS | META_EXTS
 
 
 def read_indexed(
@@ -547,163 +527,77 @@ def read_indexed(
     """Yield (key, image bytes) of samples `first`.. (`count` of them) read at their index offsets.
 
     `fileobj` must be positioned at `entry.offsets[first]`. Reads each image and the bytes in
-    front of it, and checks their tar headers (the data of other members is not interpreted): the
-    header right before each image must be a valid regular-file header with the index's name and
-    size, and the stretch between two images must be whole, valid members. With the shard's last
-    sample, the rest of the shard is read and checked the same way, up to exactly `entry.bytes`
-    (so a source reading from byte 0 sees the whole shard and can verify its checksum) before that
-    sample is yielded. So an unsafe member (link, escaping name, pickle-capable type), a truncated
-    or overlong shard, or an index that disagrees with its shard is a ShardError as with
-    `iter_samples`. Members before `first` that are not read are not checked.
+    front of it and checks every tar header there by `tar_scan`'s rules, the rules `gpufeed
+    index` applied (the data of other members is not interpreted): the member right before each
+    image must carry the index's name and size. With the shard's last sample, the rest of the
+    shard is read and checked the same way, up to exactly `entry.bytes` (so a source reading
+    from byte 0 sees the whole shard and can verify its checksum) before that sample is yielded.
+    So an unsafe member (link, escaping name, pickle-capable type), a truncated or overlong
+    shard, or an index that disagrees with its shard is a ShardError as with `iter_samples`.
+    Members before `first` that are not read are not checked.
     """
     pos = int(entry.offsets[first])
     for i in range(first, first + count):
         start, image = int(entry.offsets[i]), int(entry.image_offsets[i])
         size = int(entry.image_sizes[i])
         name = f"{entry.keys[i]}.{entry.image_exts[i]}"
-        if not pos <= start <= image - 512 or size < 0 or (i > first and start < _padded(pos)):
+        at = start if i == first else padded(pos)  # past the previous image's padding
+        if not pos <= at <= start <= image - BLOCK or size < 0:
             raise ShardError(
                 f"shard {shard}: the index's offsets of sample {i} ({name!r}) are out of order; "
-                "the index is corrupt, re-create it with `gpufeed pack`"
+                "the index is corrupt, re-create it with `gpufeed pack` (or `gpufeed index`)"
             )
         head = _read_exactly(fileobj, image - pos, shard, entry, i)
         data = _read_exactly(fileobj, size, shard, entry, i)
-        if i > first:  # the members between the previous image and this sample (its .cls, ...)
-            _check_members(head[_padded(pos) - pos : start - pos], shard, end=False)
-        if image - start == 512:
-            _check_image_header(head[-512:], name, size, shard)
-        elif _plain_members_then(head[start - pos :], name, size, shard):
-            pass  # members of the sample before its image (WebDataset writes `.cls` first)
-        else:  # extension headers (long name): let tarfile read this one sample
-            _check_with_tarfile(head[start - pos :], data, name, shard)
+        try:  # every member from the previous image on (its .cls, ...), then this image's
+            found = walk_to(Tape(shard, head, pos, entry.bytes), at, image)
+        except BadHeader as e:
+            raise _no_header(shard, e, start if i == first else -1, image, i, name) from None
+        _check_agrees(found.name, found.size, name, size, shard)
         pos = image + size
         if i == entry.samples - 1:
             _check_tail(fileobj, entry, pos, shard)
         yield entry.keys[i], data
 
 
-# pax records that change nothing gpufeed relies on (not the path, size or link of a member)
-_HARMLESS_PAX = frozenset({b"mtime", b"atime", b"ctime", b"uid", b"gid", b"uname", b"gname"})
-
-
-def _harmless_pax(buf: bytes, q: int) -> int | None:
-    """Where the next header starts if `buf[q:]` begins with a pax extended header that only sets
-    times or owners (Python's tarfile writes one for every float mtime, as webdataset does);
-    None for anything else."""
-    pax = _regular_header(buf[q : q + 512], types=(0x78,))
-    if pax is None or q + 512 + pax[1] > len(buf):
-        return None
-    data, pos = buf[q + 512 : q + 512 + pax[1]], 0
-    try:
-        while pos < len(data):
-            length = int(data[pos : data.index(b" ", pos)])
-            record = data[pos : pos + length]
-            if length <= 0 or not record.endswith(b"\n"):
-                return None
-            if record.split(b" ", 1)[1].split(b"=", 1)[0] not in _HARMLESS_PAX:
-                return None
-            pos += length
-    except (ValueError, IndexError):
-        return None
-    return q + 512 + _padded(pax[1])
-
-
-def _plain_members_then(head: bytes, name: str, size: int, shard: str) -> bool:
-    """True once checked that `head` is whole plain members of the sample's key, then the image's
-    plain header; False (nothing concluded) when any header is not a plain regular one."""
-    key = name[: -len(_ext(name)) - 1]
-    q, end = 0, len(head) - 512
-    while q < end:
-        after_pax = _harmless_pax(head, q)
-        if after_pax is not None:
-            q = after_pax
-            continue
-        fast = _check_regular_header(head[q : q + 512], shard)
-        if fast is None or not fast[0].startswith(key + "."):
-            return False
-        q += 512 + _padded(fast[1])
-    if q != end:
-        return False
-    _check_image_header(head[end:], name, size, shard)
-    return True
+def _no_header(shard: str, e: BadHeader, start: int, image: int, i: int, name: str) -> ShardError:
+    """`e` said as the index's offsets make it: where they put an image, a sample or neither."""
+    if e.at == image - BLOCK or e.at != start:
+        where = "where the next member should start"
+        if e.at == image - BLOCK:
+            where = f"in front of {name!r}"
+        return ShardError(
+            f"shard {shard}: no valid tar header {where} (byte {e.at}: invalid header, "
+            f"{e.reason}); the shard is corrupt or the index does not belong to this shard"
+        )
+    return ShardError(
+        f"shard {shard} has no valid tar header at byte {e.at}, where the index puts sample {i} "
+        f"({name!r}): invalid header ({e.reason}); the index does not belong to this shard: "
+        "re-create it with `gpufeed index`"
+    )
 
 
 def _check_tail(fileobj: BinaryIO, entry: ShardEntry, pos: int, shard: str) -> None:
-    """After the last image: the remaining members up to the end-of-archive marker are checked,
-    then only zeros may follow, up to exactly `entry.bytes` (reading to the end lets the source
-    verify the shard's checksum)."""
+    """After the last image: the remaining members and tar's end-of-archive marker are checked,
+    up to exactly `entry.bytes` (reading to the end lets the source verify the shard's
+    checksum)."""
     n = entry.bytes - pos
-    tail = fileobj.read(n) if _padded(pos) <= entry.bytes else b""
-    if _padded(pos) > entry.bytes or len(tail) != n:
+    tail = fileobj.read(n) if padded(pos) <= entry.bytes else b""
+    if padded(pos) > entry.bytes or len(tail) != n:
         raise ShardError(
             f"shard {shard} is truncated after its last sample ({entry.keys[-1]!r}); "
             f"the index says it has {entry.bytes} bytes"
         )
-    _check_members(tail[_padded(pos) - pos :], shard, end=True)
+    tape = Tape(shard, tail, pos, entry.bytes)
+    try:
+        for _ in members(tape, padded(pos), entry.bytes, end=True, keep=()):
+            pass
+    except BadHeader as e:
+        raise _no_header(shard, e, -1, -1, -1, "") from None
     if fileobj.read(1):
         raise ShardError(
             f"shard {shard} is longer than the {entry.bytes} bytes the index says: it was "
             "changed after packing; re-create it with `gpufeed pack`"
-        )
-
-
-_REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
-# mode, uid, gid, size, mtime, chksum, devmajor, devminor: (start, end) in a tar header
-_NUMERIC_FIELDS = (
-    (100, 108),
-    (108, 116),
-    (116, 124),
-    (124, 136),
-    (136, 148),
-    (148, 156),
-    (329, 337),
-    (337, 345),
-)
-
-
-def _check_members(buf: bytes, shard: str, *, end: bool) -> None:
-    """Validate every member in `buf`, which starts at a tar header: the whole of it must be
-    members (and, with `end`, then the end-of-archive marker and zeros only)."""
-    q = 0
-    while q < len(buf):
-        block = buf[q : q + 512]
-        if end and not block.strip(b"\0"):  # end-of-archive: zeros to the end
-            if buf[q:].strip(b"\0"):
-                raise ShardError(
-                    f"shard {shard}: data after the end-of-archive marker; the shard is corrupt"
-                )
-            return
-        fast = _check_regular_header(block, shard)
-        if fast is not None:
-            q += 512 + _padded(fast[1])
-            continue
-        info = _parse_header(block, shard, "where the next member should start")
-        if info.type not in _REGULAR:  # extension headers, links, ...: let tarfile read them
-            _check_with_tarfile_only(buf[q:], shard, end=end)
-            return
-        _check_member(info, shard)
-        q += 512 + _padded(info.size)
-    if q != len(buf):
-        raise ShardError(
-            f"shard {shard}: a member runs past where the index puts the next sample (or the "
-            "shard's end); the shard is corrupt or the index does not belong to it"
-        )
-
-
-def _check_with_tarfile_only(buf: bytes, shard: str, *, end: bool) -> None:
-    """`_check_members` for a stretch holding extension headers (long names, pax) or worse."""
-    stream = io.BytesIO(buf if end else buf + b"\0" * 1024)
-    try:
-        with tarfile.open(fileobj=stream, mode="r:") as tar:
-            for info in tar:
-                _check_member(info, shard)
-            stop = tar.offset
-    except tarfile.TarError as e:
-        raise ShardError(f"shard {shard}: invalid tar headers between samples ({e})") from e
-    if buf[stop:].strip(b"\0") if end else stop != len(buf):
-        raise ShardError(
-            f"shard {shard}: no valid tar header where the next member should start; the shard "
-            "is corrupt or the index does not belong to this shard"
         )
 
 
@@ -717,36 +611,6 @@ def _read_exactly(fileobj: BinaryIO, n: int, shard: str, entry: ShardEntry, i: i
     return data
 
 
-def _parse_header(block: bytes, shard: str, where: str) -> tarfile.TarInfo:
-    """The tar header in `block`, or a ShardError saying there is none `where` one should be."""
-    try:
-        return tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
-    except tarfile.HeaderError as e:
-        raise ShardError(
-            f"shard {shard}: no valid tar header {where} ({e}); the shard is corrupt or the index "
-            "does not belong to this shard"
-        ) from e
-
-
-def _check_image_header(block: bytes, name: str, size: int, shard: str) -> None:
-    fast = _check_regular_header(block, shard)
-    if fast is not None:
-        _check_agrees(fast[0], fast[1], name, size, shard)
-        return
-    info = _parse_header(block, shard, f"in front of {name!r}")
-    _check_member(info, shard)
-    _check_agrees(info.name, info.size, name, size, shard)
-
-
-def _check_with_tarfile(head: bytes, data: bytes, name: str, shard: str) -> None:
-    pad = b"\0" * (_padded(len(data)) - len(data) + 1024)  # complete the archive after this member
-    got = list(iter_samples(io.BytesIO(head + data + pad), shard))
-    key, ext = split_name(name)
-    ok = len(got) == 1 and got[0][0] == key and got[0][1].get(ext) == data
-    found = name if ok else (got[0][0] if got else "nothing")
-    _check_agrees(found, len(data) if ok else -1, name, len(data), shard)
-
-
 def _check_agrees(found: str, found_size: int, name: str, size: int, shard: str) -> None:
     # a member name the key came from: `tar -C DIR -cf x.tar .` writes ./KEY.jpg (see split_name)
     if (found != name and str(PurePosixPath(found)) != name) or found_size != size:
@@ -754,7 +618,7 @@ def _check_agrees(found: str, found_size: int, name: str, size: int, shard: str)
             f"shard {shard}: found member {found!r} ({found_size} bytes) where the index puts "
             f"{name!r} ({size} bytes); the index does not belong to this shard"
         )
-    if _ext(name) not in IMAGE_EXTS:
+    if split_name(name)[1] not in IMAGE_EXTS:
         raise ShardError(f"shard {shard}: the index lists {name!r} as an image; rejected")
 
 
@@ -773,7 +637,7 @@ class ShardWriter:
         """Append `<key>.<ext>` (the image) and `<key>.cls` (the label as text)."""
         self.entry.offsets.append(self._tar.offset)
         self._add(f"{key}.{ext}", image)
-        self.entry.image_offsets.append(self._tar.offset - _padded(len(image)))
+        self.entry.image_offsets.append(self._tar.offset - padded(len(image)))
         self.entry.image_sizes.append(len(image))
         self.entry.image_exts.append(ext)
         self._add(f"{key}.cls", str(label).encode())
@@ -789,10 +653,6 @@ class ShardWriter:
         """Finish the tar; the caller fills in `bytes` and `sha256` of the finished file."""
         self._tar.close()
         return self.entry
-
-
-def _padded(n: int) -> int:
-    return (n + 511) // 512 * 512
 
 
 def sha256_file(path: str) -> str:
