@@ -54,3 +54,10 @@ def test_every_error_is_a_gpufeed_error_and_keeps_its_builtin_base(error: type[E
 
 def test_an_error_can_carry_its_own_exit_code():
     assert ProfileError("no such executable", exit_code=127).exit_code == 127
+
+
+@pytest.mark.parametrize("error", ERRORS, ids=lambda e: e.__name__)
+def test_an_error_message_shows_terminal_controls_from_data_as_escapes(error: type[Exception]):
+    e = error("shard a.tar, key x\x1b]0;pwned\x07\x1b[2J\u202e: corrupt\nre-pack it")
+    assert not any(c in str(e) for c in "\x1b\x07\u202e")
+    assert "x\\x1b]0;pwned\\x07\\x1b[2J\\u202e" in str(e) and "\nre-pack it" in str(e)

@@ -24,6 +24,7 @@ from gpufeed.errors import GpufeedError
 from gpufeed.output_paths import check_distinct, check_output_dir, check_output_file
 from gpufeed.present.trace import MAX_MB
 from gpufeed.profiler.launch import profile_command
+from gpufeed.text import visible
 
 
 def default(function: Callable[..., Any], parameter: str) -> Any:
@@ -33,7 +34,9 @@ def default(function: Callable[..., Any], parameter: str) -> Any:
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a one-line error in red to stderr and return the Exit to raise (the one handler's)."""
-    typer.secho(f"gpufeed: error: {message}", err=True, fg=typer.colors.RED)
+    typer.secho(
+        f"gpufeed: error: {visible(message, keep_newlines=True)}", err=True, fg=typer.colors.RED
+    )
     return typer.Exit(code)
 
 
@@ -446,7 +449,9 @@ def _warn_now(message: Warning | str, *_: object, **__: object) -> None:
     import sys
 
     with contextlib.suppress(OSError):  # stderr gone (a closed pipe): the pack goes on
-        typer.secho(f"gpufeed: warning: {message}", file=sys.stderr, fg=typer.colors.YELLOW)
+        typer.secho(
+            f"gpufeed: warning: {visible(message)}", file=sys.stderr, fg=typer.colors.YELLOW
+        )
 
 
 @app.command("index")
@@ -563,9 +568,9 @@ def bench_cmd(
     # not Python's own notices (3.12 warns of os.fork beside threads, as for any DataLoader)
     ours = (w for w in caught if not issubclass(w.category, DeprecationWarning))
     for message in dict.fromkeys(str(w.message) for w in ours):
-        typer.secho(f"gpufeed: warning: {message}", err=True, fg=typer.colors.YELLOW)
+        typer.secho(f"gpufeed: warning: {visible(message)}", err=True, fg=typer.colors.YELLOW)
     chart = ", .png" if (path / "results.png").is_file() else ""
-    typer.echo(f"gpufeed: wrote {path}/results.md (+ .csv, .json{chart})")
+    typer.echo(f"gpufeed: wrote {visible(path)}/results.md (+ .csv, .json{chart})")
 
 
 # demo, diagnose, tune (the main job)

@@ -3,6 +3,8 @@ command line turns any of them into one `gpufeed: error: MESSAGE` line and its e
 
 from __future__ import annotations
 
+from gpufeed.text import visible
+
 
 class GpufeedError(Exception):
     """An error whose message says what is wrong and what to do; `exit_code` is the CLI's (2)."""
@@ -10,7 +12,9 @@ class GpufeedError(Exception):
     exit_code: int = 2
 
     def __init__(self, message: str, exit_code: int | None = None) -> None:
-        super().__init__(message)
+        # Messages name keys, shards, paths and URLs from the data: no terminal control reaches a
+        # user through them.
+        super().__init__(visible(message, keep_newlines=True))
         if exit_code is not None:
             self.exit_code = exit_code
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from gpufeed.atomic import write_atomic
 from gpufeed.output_paths import check_distinct
 from gpufeed.processes import alive
+from gpufeed.text import visible
 
 if TYPE_CHECKING:
     from gpufeed.analysis.finding import Finding
@@ -72,12 +73,12 @@ def write_report(
             write_atomic(json_out, data, make_parents=True)  # type: ignore[arg-type]
         stamp = datetime.now().strftime("%H:%M:%S")
         echo(
-            f"gpufeed: report written to {target}"
-            + (f" and findings to {json_out}" if json_out is not None else "")
+            f"gpufeed: report written to {visible(target)}"
+            + (f" and findings to {visible(json_out)}" if json_out is not None else "")
             + (f" ({stamp}, run still in progress)" if watch and not done and not stopped else "")
         )
         if stopped and watch:
-            echo(f"gpufeed: stopped watching: {stopped}")
+            echo(f"gpufeed: stopped watching: {visible(stopped)}")
         if not watch or done or stopped:
             break
         try:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gpufeed.atomic import write_atomic
 from gpufeed.present.trace import MAX_MB
+from gpufeed.text import visible
 
 
 def write_trace(
@@ -40,7 +41,7 @@ def write_trace(
     target = Path(out) if out is not None else run.path / default
     write_atomic(target, text, make_parents=True)
     echo(
-        f"gpufeed: trace written to {target} ({len(text) / 1e6:.1f} MB, "
+        f"gpufeed: trace written to {visible(target)} ({len(text) / 1e6:.1f} MB, "
         f"{events:,} events): open it in https://ui.perfetto.dev or chrome://tracing"
     )
     return target

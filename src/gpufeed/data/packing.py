@@ -68,6 +68,7 @@ from gpufeed.data.shards import (
 from gpufeed.data.source import Destination, base_url, is_remote
 from gpufeed.errors import GpufeedError
 from gpufeed.present.numbers import count, figure
+from gpufeed.text import valid_text, visible
 
 STATE_NAME = ".pack-state.json"  # the journal of older versions (`.done`: a finished pack's mark)
 SKIPPED_NAME = "pack-skipped.txt"
@@ -133,19 +134,14 @@ class PackResult:
     def summary(self) -> str:
         """What was written, converted and skipped, printable whatever the file names (control
         characters in them shown as escapes, not sent to the terminal)."""
-        from gpufeed.present.terminal import visible
-
-        def show(name: str) -> str:
-            return visible(printable(name))
-
         if self.already_packed:
             return (
-                f"{show(self.dst)} already holds this pack: {count(self.samples, 'image')} in "
+                f"{visible(self.dst)} already holds this pack: {count(self.samples, 'image')} in "
                 f"{count(self.shards, 'shard')}"
             )
         lines = [
             f"wrote {count(self.samples, 'image')} in {count(self.shards, 'shard')} "
-            f"({self.bytes / 1e6:.1f} MB, {count(self.classes, 'class')}) to {show(self.dst)}"
+            f"({self.bytes / 1e6:.1f} MB, {count(self.classes, 'class')}) to {visible(self.dst)}"
             + (
                 f"; resumed after {count(self.resumed_shards, 'finished shard')}"
                 if self.resumed_shards
@@ -153,9 +149,9 @@ class PackResult:
             )
         ]
         if self.repacked:
-            lines.append(f"packed again: {show(self.repacked)}")
+            lines.append(f"packed again: {visible(self.repacked)}")
         if self.empty_classes:
-            names = ", ".join(show(c) for c in self.empty_classes[:10])
+            names = ", ".join(visible(c) for c in self.empty_classes[:10])
             more = len(self.empty_classes) - 10
             lines.append(
                 f"no image packed for {count(len(self.empty_classes), 'class')}: {names}"
@@ -166,11 +162,11 @@ class PackResult:
         for title, rows in (("converted", self.converted), ("skipped", self.skipped)):
             if rows:
                 lines.append(f"{title} {len(rows)}:")
-                lines += [f"  {show(p)}: {visible(why)}" for p, why in rows[:50]]
+                lines += [f"  {visible(p)}: {visible(why)}" for p, why in rows[:50]]
                 if len(rows) > 50:
                     lines.append(f"  ... and {len(rows) - 50} more")
         if self.skipped_file:
-            lines.append(f"  every skipped file and why: {show(self.skipped_file)}")
+            lines.append(f"  every skipped file and why: {visible(self.skipped_file)}")
         return "\n".join(lines)
 
 
@@ -182,9 +178,10 @@ class _Item:
 
 
 def printable(name: str) -> str:
-    """`name` as valid text: the bytes of a file name that is not UTF-8 (which Python holds as
-    lone surrogates) written as `\\xNN`, so it can be printed and stored in JSON."""
-    return _as_bytes(name).decode("utf-8", "backslashreplace")
+    """`name` as a message shows it (`gpufeed.text.visible`): the bytes of a file name that is not
+    UTF-8 (which Python holds as lone surrogates) written as `\\xNN`, control, bidi and zero-width
+    characters as escapes."""
+    return visible(name)
 
 
 def _key_for(rel: str) -> str:
@@ -217,7 +214,7 @@ def _walk_class(root: Path, d: Path, skipped: list[tuple[str, str]]) -> list[tup
     def unreadable(e: OSError) -> None:
         skipped.append((str(e.filename or d), f"unreadable folder: {e.strerror or e}"))
         warnings.warn(
-            f"{e.filename or d}: unreadable folder ({e.strerror or e}), its images are not "
+            f"{visible(e.filename or d)}: unreadable folder ({e.strerror or e}), its images are not "
             "packed; fix its permissions and pack again",
             stacklevel=3,
         )
@@ -318,7 +315,7 @@ def list_inputs(
     """Items (path, key, label), class names, and (path, reason) rows skipped while listing."""
     if is_remote(os.fspath(src)):  # before Path(), which makes `s3://b/x` a local `s3:/b/x`
         raise PackError(
-            f"SRC {printable(os.fspath(src))} is a URL: SRC must be a local folder or a list "
+            f"SRC {visible(os.fspath(src))} is a URL: SRC must be a local folder or a list "
             f"file of local images; {_COPY_FIRST} and pack that folder"
         )
     src = Path(src)
@@ -351,7 +348,7 @@ def list_inputs(
                 continue
             if is_remote(line):
                 raise PackError(
-                    f"{printable(str(src))}:{n}: {printable(line)!r} names a URL: a list file "
+                    f"{visible(src)}:{n}: '{visible(line)}' names a URL: a list file "
                     f"must name local image files; {_COPY_FIRST} and list their local paths"
                 )
             parts = _split_line(line, src.parent)
@@ -396,15 +393,15 @@ _COPY_FIRST = "copy the images to a local folder first (e.g. `aws s3 sync s3://B
 
 
 def _class_names(src: Path, raw: list[str]) -> list[str]:
-    """The class names as stored in the index (see `printable`); a PackError when two names
-    become one."""
-    names = [printable(c) for c in raw]
+    """The class names as stored in the index (`gpufeed.text.valid_text`); a PackError when two
+    names become one."""
+    names = [valid_text(c) for c in raw]
     seen: dict[str, str] = {}
     for name, c in zip(names, raw, strict=True):
         if name in seen:
             first, second = (_as_bytes(x) for x in (seen[name], c))
             raise PackError(
-                f"{printable(str(src))}: the class names {first!r} and {second!r} (as bytes) "
+                f"{visible(src)}: the class names {first!r} and {second!r} (as bytes) "
                 f"would both be stored as {name!r}: rename one of them"
             )
         seen[name] = c
@@ -658,7 +655,7 @@ def _check_dst_outside(src: str | os.PathLike[str], dst: str | os.PathLike[str])
     source, target = Path(src).resolve(), Path(dst).resolve()
     if target == source or target.is_relative_to(source):
         raise PackError(
-            f"DST {printable(str(dst))} is inside the SRC folder {printable(str(src))}: its "
+            f"DST {visible(dst)} is inside the SRC folder {visible(src)}: its "
             "shards would become a class of images when SRC is packed again; give a DST "
             "outside SRC"
         )
@@ -669,7 +666,7 @@ def _examples(skipped: list[tuple[str, str]]) -> str:
     if not skipped:
         return ""
     path, why = skipped[0]
-    return f" ({len(skipped)} inputs skipped, e.g. {printable(path)}: {why})"
+    return f" ({len(skipped)} inputs skipped, e.g. {visible(path)}: {visible(why)})"
 
 
 def _pack_into(
@@ -768,12 +765,10 @@ def _write_skipped(out: Destination, skipped: list[tuple[str, str]]) -> str:
     """Write every skipped input and why, a line each, to SKIPPED_NAME in DST (the summary
     shows only the first 50); returns its path, or '' (and removes an older one) when nothing
     was skipped."""
-    from gpufeed.present.terminal import visible
-
     if not skipped:
         out.remove(SKIPPED_NAME)
         return ""
-    text = "".join(f"{visible(printable(p))}: {visible(why)}\n" for p, why in skipped)
+    text = "".join(f"{visible(p)}: {visible(why)}\n" for p, why in skipped)
     out.write_bytes(SKIPPED_NAME, text.encode())
     return out.path(SKIPPED_NAME)
 

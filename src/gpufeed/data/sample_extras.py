@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpufeed.data.shards import META_EXTS, ShardError
 from gpufeed.errors import OptionError
+from gpufeed.text import visible
 
 if TYPE_CHECKING:
     from gpufeed.data.dataset import RawSample
@@ -76,9 +77,10 @@ def sample_values(
         elif name not in parts:
             have = ", ".join(f".{e}" for e in sorted(parts)) or "none"
             raise MissingMember(
-                f"shard {shard}, key {key}: the sample has no .{name} member, which extras= "
-                f"asks for (its other members: {have}); leave {name!r} out of extras, or "
-                "add the member to every sample and index the shards again (`gpufeed index`)"
+                f"shard {visible(shard)}, key {visible(key)}: the sample has no .{name} member, "
+                f"which extras= asks for (its other members: {have}); leave {name!r} out of "
+                "extras, or add the member to every sample and index the shards again "
+                "(`gpufeed index`)"
             )
         else:
             out.append(_decoded(name, parts[name], shard, key) if decode else parts[name])
@@ -100,8 +102,8 @@ def _decoded(ext: str, data: bytes, shard: str, key: str) -> Any:
         return text
     except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise MissingMember(
-            f"shard {shard}, key {key}: its .{ext} member cannot be decoded ({e}); fix the "
-            "member, or pass decode_extras=False to get its bytes"
+            f"shard {visible(shard)}, key {visible(key)}: its .{ext} member cannot be decoded "
+            f"({e}); fix the member, or pass decode_extras=False to get its bytes"
         ) from None
 
 

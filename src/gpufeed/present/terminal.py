@@ -4,7 +4,6 @@ and findings (severity, title, evidence, recommendation)."""
 from __future__ import annotations
 
 import math
-import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ from gpufeed.present.numbers import (
     finite,
     number,
 )
+from gpufeed.text import visible
 
 if TYPE_CHECKING:
     from gpufeed.analysis.finding import Finding
@@ -73,6 +73,9 @@ def print_run(
         head.add_row("", _text(f"{meta['dropped_events']} profiler events were dropped", "yellow"))
     if meta.get("damaged_stores"):
         head.add_row("", _text(damaged_text(meta["damaged_stores"]), "yellow"))
+    for note in meta.get("partial_recording") or []:  # several training threads, a forked trainer
+        if isinstance(note, dict) and note.get("message"):
+            head.add_row("", _text(note["message"], "yellow"))
     console.print(Padding(head, (0, 0, 0, 2), expand=False))
 
     ph = phases(run)
@@ -276,21 +279,6 @@ def _command_line(meta: dict[str, Any]) -> str:
     if isinstance(command, list):
         return " ".join(redact_argv(str(c) for c in command))
     return redact_value(str(command))
-
-
-# C0 and C1 controls (ESC, CSI, BEL, CR...), DEL, and invisible or direction-changing characters.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
-
-
-def visible(value: Any, keep_newlines: bool = False) -> str:
-    """`value` as text with control characters shown as escapes (`\\x1b`) instead of sent to the
-    terminal."""
-
-    def escaped(m: re.Match[str]) -> str:
-        c = m.group(0)
-        return c if keep_newlines and c == "\n" else c.encode("unicode_escape").decode("ascii")
-
-    return _CONTROL.sub(escaped, str(value))
 
 
 def _m(value: Any, keep_newlines: bool = False) -> str:

@@ -33,6 +33,8 @@ from gpufeed.profiler.headspace import NOTHING, headspace_asked
 from gpufeed.profiler.post_import import PostImportFinder
 from gpufeed.profiler.session import (
     ENV_RUN_DIR,
+    close_before_os_exit,
+    forked_child,
     identity,
     process_start_time,
     steps_store_path,
@@ -99,10 +101,13 @@ def _create() -> Recorder | Any:
         rec.headspace = headspace_asked()
         _recorder = rec
         atexit.register(close)
-        # A multiprocessing child ends with os._exit, past atexit; its finalizers still run.
+        # A multiprocessing child ends with os._exit, past atexit; its finalizers still run. A
+        # child forked otherwise has none: its os._exit flushes first.
         from multiprocessing import util
 
         util.Finalize(None, close, exitpriority=10)
+        if forked_child():
+            close_before_os_exit(close)
         return _recorder
 
 

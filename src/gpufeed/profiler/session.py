@@ -2,7 +2,8 @@
 
 Layout of a run directory::
 
-    meta.json                 what ran, when, on what (written by `gpufeed profile` or `gpufeed.profile()`)
+    meta.json                 what ran, when, on what (written by `gpufeed profile` or `gpufeed.profile()`;
+                              "partial_recording": what training processes could not record)
     system-<host>.db          one system sampler per host
     steps-<host>-<pid>.db     one step recorder per training process
 """
@@ -16,9 +17,11 @@ import os
 import re
 import socket
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from gpufeed.atomic import write_atomic
 from gpufeed.cores import usable_cores
@@ -255,23 +258,58 @@ def read_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+@contextlib.contextmanager
+def meta_lock(run_dir: str | os.PathLike[str], wait: float = 5.0) -> Iterator[None]:
+    """Hold the run directory's lock while meta.json is read, changed and written: the launcher and
+    training processes (`note_partial`) merge into it, and a merge must not undo another's. An
+    flock on the directory itself (no lock file). Where it cannot be taken within `wait` seconds
+    (its holder stopped, a file system without locks) the merge goes on without it."""
+    try:
+        import fcntl  # not on Windows, where runs are only read
+    except ImportError:
+        yield
+        return
+    try:
+        fd = os.open(run_dir, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.005)
+            except OSError:
+                break
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def update_meta(run_dir: str | os.PathLike[str], **items: Any) -> None:
     """Merge `items` into meta.json."""
-    meta = read_meta(run_dir)
-    meta.update(items)
-    write_meta(run_dir, meta)
+    with meta_lock(run_dir):
+        meta = read_meta(run_dir)
+        meta.update(items)
+        write_meta(run_dir, meta)
 
 
 def save_meta(run_dir: str | os.PathLike[str], **items: Any) -> bool:
     """Merge `items` into meta.json, best effort: a failure warns once per run directory and never
     raises (the profiled command must not notice). True if written."""
     try:
-        try:
-            meta = read_meta(run_dir)
-        except Exception:  # damaged: what we know replaces it
-            meta = {}
-        meta.update(items)
-        write_meta(run_dir, meta)
+        with meta_lock(run_dir):
+            try:
+                meta = read_meta(run_dir)
+            except Exception:  # damaged: what we know replaces it
+                meta = {}
+            meta.update(items)
+            write_meta(run_dir, meta)
         return True
     except Exception as e:
         warn_once(
@@ -280,6 +318,143 @@ def save_meta(run_dir: str | os.PathLike[str], **items: Any) -> bool:
             "the run directory will be incomplete",
         )
         return False
+
+
+PARTIAL_KEY = "partial_recording"
+
+
+def note_partial(run_dir: str | os.PathLike[str], entries: list[dict[str, Any]]) -> bool:
+    """Put `entries` (what a process could not record, and why) in meta.json's "partial_recording"
+    list, each replacing an earlier one of the same host, pid and reason. Best effort: False where
+    meta.json is missing or cannot be written (the process's store holds the entries too)."""
+
+    def key(note: dict[str, Any]) -> tuple:
+        return note.get("host"), note.get("pid"), note.get("reason")
+
+    new = {key(e) for e in entries}
+    try:
+        with meta_lock(run_dir):
+            meta = read_meta(run_dir)
+            if not meta:
+                return False
+            notes = [n for n in meta.get(PARTIAL_KEY) or [] if isinstance(n, dict)]
+            meta[PARTIAL_KEY] = [n for n in notes if key(n) not in new] + list(entries)
+            write_meta(run_dir, meta)
+        return True
+    except Exception:
+        return False
+
+
+# A forked child that trains is a second trainer beside its parent (`PartialRecording`).
+_trainer: tuple[Any, Any] | None = None  # this process's (pid, rank) once it records steps
+_fork_parent: tuple[Any, Any] | None = None  # in a fork of a trainer: the parent's (pid, rank)
+_forked = False  # this process is a fork (no exec) of a profiled process
+
+
+def _after_fork() -> None:
+    global _trainer, _fork_parent, _forked
+    _fork_parent, _trainer, _forked = _trainer, None, True
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def forked_child() -> bool:
+    """Whether this process is a fork (no exec) of a profiled process."""
+    return _forked
+
+
+def close_before_os_exit(close: Callable[[], Any], seconds: float = 5.0) -> None:
+    """Make os._exit call `close` first, for at most `seconds` (in a thread: a hung flush must not
+    hang the exit). A forked child ends with os._exit, past atexit, and would lose its last
+    flush: every step, where it trains for less than one."""
+    real = os._exit
+    if getattr(real, "gpufeed_close", None) is not None:
+        return
+
+    def _exit(code: int) -> NoReturn:
+        flusher = threading.Thread(target=close, name="gpufeed-exit-flush", daemon=True)
+        with contextlib.suppress(Exception):
+            flusher.start()
+            flusher.join(seconds)
+        real(code)
+
+    _exit.gpufeed_close = close  # type: ignore[attr-defined]
+    os._exit = _exit
+
+
+class PartialRecording:
+    """What one training process cannot record as it should, and why, for meta.json and its store.
+
+    `thread_stepped`: an optimizer stepped in a thread other than the recorded loop's (several
+    training threads: one loop per process is recorded). `forked` (found when made): the process
+    is a fork of a training process and trains as the same rank. Each warns once; `take()` gives
+    the entries to write when they changed (and always at the end: the counts)."""
+
+    def __init__(self, who: dict[str, Any], store: Path) -> None:
+        global _trainer
+        self._who = {k: who.get(k) for k in ("host", "pid", "rank")}
+        self._store = store
+        self._threads: dict[threading.Thread, int] = {}  # thread -> optimizer steps unrecorded
+        self._parent: int | None = None
+        self._changed = False
+        _trainer = (self._who["pid"], self._who["rank"])
+        if _fork_parent is not None and _fork_parent[1] == self._who["rank"]:
+            self.forked(_fork_parent[0])
+
+    def thread_stepped(self, thread: threading.Thread) -> None:
+        """Count one optimizer step of `thread`, whose steps are not recorded (called by it: a
+        dict update, and a warning the first time)."""
+        steps = self._threads.get(thread)
+        self._threads[thread] = 1 if steps is None else steps + 1
+        if steps is None:
+            self._changed = True
+            warn_once("partial-threads", self._threads_note()["message"])
+
+    def forked(self, parent: int) -> None:
+        """This process was forked from training process `parent` and trains as its rank."""
+        self._parent = parent
+        self._changed = True
+        warn_once("partial-forked", self._forked_note()["message"])
+
+    def notes(self) -> list[dict[str, Any]]:
+        """One entry per reason: host, pid, rank, reason, its details and a message."""
+        notes = [self._threads_note()] if self._threads else []
+        return notes + ([self._forked_note()] if self._parent is not None else [])
+
+    def take(self, final: bool = False) -> list[dict[str, Any]]:
+        """The entries where they changed since the last call (all of them if `final`), else []."""
+        if not (self._changed or final):
+            return []
+        self._changed = False
+        return self.notes()
+
+    def publish(self, notes: list[dict[str, Any]]) -> None:
+        """Write `notes` (from `take`) into the run's meta.json, best effort."""
+        if notes:
+            note_partial(self._store.parent, notes)
+
+    def _threads_note(self) -> dict[str, Any]:
+        others: dict[str, int] = {}  # by name (two threads of one name count together)
+        for thread, steps in list(self._threads.items()):
+            others[thread.name] = others.get(thread.name, 0) + steps
+        message = (
+            f"several threads train in process {self._who['pid']}: one training loop per "
+            f"process is recorded, so the optimizer steps of thread(s) "
+            f"{', '.join(map(repr, others))} are not recorded as steps and their work falls in "
+            "the recorded ones; run one training loop per process (e.g. torchrun "
+            "--nproc_per_node N) to record each"
+        )
+        return {**self._who, "reason": "threads", "threads": others, "message": message}
+
+    def _forked_note(self) -> dict[str, Any]:
+        message = (
+            f"process {self._who['pid']}, forked from training process {self._parent}, trains "
+            f"too, as the same rank {self._who['rank']}: its steps are recorded apart, in "
+            f"{self._store.name}, and read as that rank's beside its parent's; give each trainer a "
+            "rank of its own (torch.distributed) or start it as a process of its own (torchrun)"
+        )
+        return {**self._who, "reason": "forked", "forked_from": self._parent, "message": message}
 
 
 _warned: set[str] = set()

@@ -28,7 +28,7 @@ from gpufeed.profiler.batches import batch_kind, batch_size
 from gpufeed.profiler.clocks import CudaClock, Spans
 from gpufeed.profiler.headspace import NOTHING, Headspace
 from gpufeed.profiler.phases import gpu_marks, split_step
-from gpufeed.profiler.session import FLUSH_INTERVAL, warn_once
+from gpufeed.profiler.session import FLUSH_INTERVAL, PARTIAL_KEY, PartialRecording, warn_once
 from gpufeed.profiler.store import Store
 
 NAN = math.nan
@@ -99,6 +99,8 @@ class Recorder:
         self._explicit = False
         self._hook_ended = False  # the last step was ended by the optimizer hook
         self._primary: weakref.ref | None = None
+        self._primary_thread: threading.Thread | None = None  # whose optimizer steps end steps
+        self.partial = PartialRecording(self._info, self.path)  # what is not recorded
         self._last_iter = 0
         self._cuda = None  # torch.cuda once it is initialized
         self._gpu_off = False  # CUDA events failed once: GPU time is not measured any more
@@ -213,10 +215,16 @@ class Recorder:
         if self._explicit:
             return
         primary = self._primary() if self._primary is not None else None
+        thread = threading.current_thread()  # not its ident: a new thread may reuse a dead one's
         if primary is not optimizer:
             if primary is not None:
-                return  # several optimizers (e.g. a GAN): the first one to step marks the steps
+                # several optimizers (e.g. a GAN): the first one to step marks the steps; one in
+                # another thread is another training loop, whose steps go unrecorded
+                if thread is not self._primary_thread:
+                    self.partial.thread_stepped(thread)
+                return
             self._primary = weakref.ref(optimizer)
+        self._primary_thread = thread
         self.end_step(None)
         self._hook_ended = True
 
@@ -341,7 +349,8 @@ class Recorder:
                     self._spans.add(step, [("step", ev0, ev1), *parts.gpu], owned)
             gpu_times, gpu_rows = self._resolve_gpu_times()
             closing_tail = self._closing and bool(self._events)
-            idle = not rows and not workers and not gpu_times and not gpu_rows
+            notes = self.partial.take(final=self._closing)
+            idle = not rows and not workers and not gpu_times and not gpu_rows and not notes
             if idle and not closing_tail and self._store is not None:
                 return
             if self._closing and self._events:
@@ -370,6 +379,8 @@ class Recorder:
             window = self.headspace.window if self.headspace is not None else None
             if window != self._saved_window:
                 info["headspace"] = list(window)  # type: ignore[arg-type]
+            if notes:
+                info[PARTIAL_KEY] = notes
             try:
                 if self._store is None:
                     self._store = Store(self.path)
@@ -393,6 +404,7 @@ class Recorder:
             except Exception as e:  # any store failure: never let it reach training
                 self.dropped += len(rows)
                 self._warn(e)
+            self.partial.publish(notes)  # and in meta.json, where the run is read first
 
     def _resolve_gpu_times(self) -> tuple[list[tuple[float, int]], list[tuple]]:
         """(gpu_time, step) pairs and gpu_phases rows of the steps whose CUDA events are done.
