@@ -8,6 +8,7 @@ import socket
 import struct
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpufeed.data.packing import pack
+from gpufeed.data.source import filesystem
 from gpufeed.demo.synth import make_image_folder
 
 N_IMAGES = 48
@@ -67,6 +69,17 @@ def s3_env(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
     }.items():
         monkeypatch.setenv(k, v)
     return s3_server
+
+
+@pytest.fixture
+def s3_shards(s3_env: str, id_list: Path) -> str:
+    """48 samples in 7 shards in a new bucket of the moto server (written without faults)."""
+    bucket = f"bucket-{uuid.uuid4().hex[:12]}"
+    filesystem("s3://x").mkdir(bucket)
+    url = f"s3://{bucket}/train"
+    with pytest.warns(UserWarning, match="outside 1-128 MB"):
+        pack(id_list, url, shard_size="16KB", workers=1, progress=False)
+    return url
 
 
 class FaultyProxy:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from gpufeed.text import visible
 
 
 def export_tensorboard(
@@ -16,16 +20,20 @@ def export_tensorboard(
     `out/RUN` (RUN: the run directory's name), so that runs exported into one folder stay apart
     in TensorBoard; returns `out/RUN`. Refuses to add to an earlier export of the same run.
     Every scalar is on the training-step axis (system samples: the mean of each step's, see
-    `gpufeed.present.tensorboard`), with its unit in its tag and its wall time."""
+    `gpufeed.present.tensorboard`), with its unit in its tag and its wall time.
+
+    All or nothing: the files are written into a hidden folder beside `out/RUN` and renamed to
+    it once complete; where they cannot be (a full disk), that folder is removed and the OSError
+    raised names `out/RUN`."""
     from gpufeed.analysis.run import load
     from gpufeed.present.tensorboard import (
         ExportError,
+        check_extra,
         run_folder,
-        summary_writer,
         tensorboard_scalars,
     )
 
-    writer_class = summary_writer()
+    check_extra()
     run = load(run_path)
     if len(run.steps) == 0 and len(run.system) == 0:
         raise ExportError(f"{run.path} holds no steps and no system samples: nothing to export")
@@ -36,17 +44,38 @@ def export_tensorboard(
             f"--tensorboard {base}: {target} already holds an export of this run (TensorBoard "
             "would show both, doubled): remove that folder first, or give another folder"
         )
-    scalars = 0
-    for name, series in tensorboard_scalars(run).items():
-        writer = writer_class(log_dir=str(target / name))
-        try:
-            for tag, step, value, wall in series:
-                writer.add_scalar(tag, value, global_step=step, walltime=wall)
-                scalars += 1
-        finally:
-            writer.close()
+    made_base = not base.exists()
+    staging = base / f".{target.name}.{os.getpid()}.tmp"
+    try:
+        scalars = _write_all(staging, tensorboard_scalars(run))
+        os.replace(staging, target)
+    except BaseException as e:
+        began = staging.exists()  # else the folder could not even be made in `out`
+        shutil.rmtree(staging, ignore_errors=True)
+        if made_base:
+            with contextlib.suppress(OSError):
+                base.rmdir()
+        if isinstance(e, OSError):  # a write error names no file: name the export's folder
+            where = target if began else base
+            raise OSError(e.errno, e.strerror, str(where)) from None
+        raise
     echo(
-        f"gpufeed: TensorBoard events written to {target} ({scalars:,} scalars): "
-        f"tensorboard --logdir {base}"
+        f"gpufeed: TensorBoard events written to {visible(target)} ({scalars:,} scalars): "
+        f"tensorboard --logdir {visible(base)}"
     )
     return target
+
+
+def _write_all(folder: Path, runs: dict[str, list]) -> int:
+    """One event file per TensorBoard run under `folder`, on disk (fsync) when this returns;
+    the number of scalars written."""
+    from gpufeed.present.tensorboard import event_file_name, event_records
+
+    for name, series in runs.items():
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        with open(folder / name / event_file_name(), "wb") as f:
+            for record in event_records(series):
+                f.write(record)
+            f.flush()
+            os.fsync(f.fileno())
+    return sum(len(series) for series in runs.values())

@@ -44,6 +44,7 @@ import stat
 import tempfile
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,6 +53,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from gpufeed.atomic import write_atomic
+from gpufeed.data.partials import (
+    pack_tmp,
+    partial_prefix,
+    remove_partial_files,
+    remove_stale_pack_tmp,
+)
+from gpufeed.data.partials import writer_host as _writer_host  # noqa: F401 - its old home
+from gpufeed.data.resends import count_resends
 from gpufeed.data.shards import (
     INDEX_NAME,
     LEGACY_INDEX_NAME,
@@ -64,7 +73,7 @@ from gpufeed.data.shards import (
 )
 from gpufeed.errors import OptionError
 from gpufeed.extras import require
-from gpufeed.processes import alive
+from gpufeed.text import visible
 
 MB = 1 << 20
 
@@ -240,15 +249,19 @@ def _counting_s3_class() -> Any:
                 if not getattr(s3, "_gpufeed_counted", False):
                     s3.meta.events.register("request-created.s3", self._count_retry)
                     s3.meta.events.register("needs-retry.s3", self._hear_answer)
+                    count_resends(s3, self._retry_made)  # aiohttp's own, below botocore
                     s3._gpufeed_counted = True
                 return s3
 
             def _count_retry(self, request: Any, **_: Any) -> None:
                 if (request.context.get("retries") or {}).get("attempt", 1) > 1:
-                    self.retried += 1
-                    call = _HTTP_CALL.get()
-                    if call is not None:
-                        call.on_retry()
+                    self._retry_made()
+
+            def _retry_made(self) -> None:
+                self.retried += 1
+                call = _HTTP_CALL.get()
+                if call is not None:
+                    call.on_retry()
 
             def _hear_answer(self, response: Any = None, **_: Any) -> None:
                 # response: (http response, parsed) when the endpoint answered at all
@@ -431,6 +444,17 @@ def remote_error(
     return ShardError(f"cannot {what} {url}{at}: {why}")
 
 
+def _forked(*sources: Source) -> None:
+    """Copies in a new process report only their own retries (`new_retries`): those made before
+    are the original's to report, else each worker reported them once again."""
+    for source in sources or list(_SOURCES):
+        source._reported = source.retried
+
+
+_SOURCES: weakref.WeakSet[Source] = weakref.WeakSet()
+os.register_at_fork(after_in_child=_forked)
+
+
 class Source:
     """Read the index and byte ranges of shards from a local directory or a remote prefix."""
 
@@ -463,6 +487,7 @@ class Source:
         self._http_retried = 0  # botocore's retries of this Source's requests
         self._reached = False  # the endpoint answered once: connection errors may be transient
         self._reported = 0  # retries already handed to `new_retries`
+        _SOURCES.add(self)
         # local shards and cache files whose SHA-256 matched: (path, dev, inode, size, mtime_ns)
         self._verified: set[tuple[str, int, int, int, int]] = set()
 
@@ -481,15 +506,25 @@ class Source:
 
     @property
     def retried(self) -> int:
-        """Retries of this Source's requests in this process: of whole requests here, of HTTP
-        attempts in botocore (not those of other Sources sharing the filesystem)."""
+        """Requests of this Source sent again after a transient failure (an error answer such
+        as HTTP 500/503, a reset or dropped connection, a timeout), in this process: each time
+        counted once, by the layer that sent it again: gpufeed (a whole read), botocore (an HTTP
+        attempt) or aiohttp (a GET whose connection was reset, see `resends`). Not those of
+        other Sources sharing the filesystem."""
         return self._retried + self._http_retried
 
     def new_retries(self) -> int:
-        """Retries since the last call: also those made by read-ahead threads in between."""
+        """Retries since the last call: also those made by read-ahead threads in between. A copy
+        in another process (a forked worker) starts from none: those made before are the
+        original's to report, once (they were counted once per worker)."""
         now = self.retried
         new, self._reported = now - self._reported, now
         return new
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        _SOURCES.add(self)
+        _forked(self)  # a copy in another process (spawned, a Ray actor)
 
     def path(self, name: str) -> str:
         return f"{self.url}/{name}"
@@ -576,7 +611,9 @@ class Source:
             raise
         except Exception as e:
             warnings.warn(
-                f"shard {raw.entry.name} not verified or cached: {e}", RuntimeWarning, stacklevel=2
+                f"shard {visible(raw.entry.name)} not verified or cached: {visible(e)}",
+                RuntimeWarning,
+                stacklevel=2,
             )
 
     def _open_local(self, entry: ShardEntry, where: str, start: int) -> BinaryIO:
@@ -739,45 +776,6 @@ def _retrying(
             attempt += 1
 
 
-STALE_PARTIAL_S = 24 * 3600  # a partial cache file untouched this long has no live writer
-_PARTIAL = re.compile(r"\.tmp-(\d+)@(.+)-[^-]*$")  # PID@HOST of its writer (see _partial_prefix)
-
-
-def _partial_prefix(name: str) -> str:
-    """The name prefix of cache file `name` while it is written: its writer's PID and host, so
-    a later run can tell a killed writer's partial file from a live one's."""
-    return f"{name}.tmp-{os.getpid()}@{_writer_host()}-"
-
-
-def _writer_host() -> str:
-    """This host and PID namespace: containers that share a host name (--uts=host) and a
-    cache_dir but not their PIDs must not judge each other's writers by PID."""
-    try:
-        namespace = os.readlink("/proc/self/ns/pid").partition("[")[2].rstrip("]")
-    except OSError:
-        namespace = ""
-    return f"{socket.gethostname()}~{namespace}" if namespace else socket.gethostname()
-
-
-def remove_partial_files(folder: Path) -> None:
-    """Delete the partial cache files in `folder` that no live writer owns: those of a process
-    of this host and PID namespace that is gone (killed mid-shard: SIGKILL, out of memory), and
-    any untouched for `STALE_PARTIAL_S` (another host's, or an older gpufeed's). Only a writer's
-    own `close` removed them, so each crash left up to a shard per worker behind. Safe beside
-    live writers in other processes."""
-    host, now = _writer_host(), time.time()
-    try:
-        entries = [e for e in os.scandir(folder) if ".tmp-" in e.name]
-    except OSError:
-        return
-    for e in entries:
-        m = _PARTIAL.search(e.name)
-        with contextlib.suppress(OSError):
-            gone = m is not None and m[2] == host and not alive(int(m[1]))
-            if gone or now - e.stat(follow_symlinks=False).st_mtime > STALE_PARTIAL_S:
-                os.unlink(e.path)
-
-
 class ChecksumError(ShardError):
     """A shard's bytes do not have the SHA-256 its index records."""
 
@@ -858,7 +856,7 @@ class RangeReader(io.RawIOBase):
             try:
                 self._cache_to.parent.mkdir(parents=True, exist_ok=True)
                 fd, self._tmp_name = tempfile.mkstemp(
-                    dir=self._cache_to.parent, prefix=_partial_prefix(self._cache_to.name)
+                    dir=self._cache_to.parent, prefix=partial_prefix(self._cache_to.name)
                 )
                 os.fchmod(fd, 0o644)  # as an ordinary file (mkstemp makes it private to its owner)
                 self._tmp = os.fdopen(fd, "wb")
@@ -924,8 +922,9 @@ class RangeReader(io.RawIOBase):
         if not self.source._cache_failed:
             self.source._cache_failed = True
             warnings.warn(
-                f"cache_dir {self.source.cache_dir}: cannot write "
-                f"({error.strerror or error}); shards are read from {self.source.url} uncached. "
+                f"cache_dir {visible(self.source.cache_dir)}: cannot write "
+                f"({error.strerror or error}); shards are read from {visible(self.source.url)} "
+                "uncached. "
                 "Free space or give a writable cache_dir",
                 RuntimeWarning,
                 stacklevel=2,
@@ -960,7 +959,7 @@ class RangeReader(io.RawIOBase):
                     while self.readinto(buf):
                         pass
                 except Exception as e:  # never raise from close(): the copy is just not kept
-                    warnings.warn(f"not cached: {e}", RuntimeWarning, stacklevel=2)
+                    warnings.warn(f"not cached: {visible(e)}", RuntimeWarning, stacklevel=2)
             for fut in self._pending:
                 fut.cancel()
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -1078,18 +1077,16 @@ class Destination:
 
     def local_tmp(self, name: str) -> str:
         """A temporary local path for building `name` (inside DST when it is local, so the rename is atomic)."""
-        if self.remote:
-            fd, p = tempfile.mkstemp(prefix="gpufeed-pack-", suffix=f"-{name}")
-            os.close(fd)
-            return p
+        if self.remote:  # named after this process and DST: see `remove_stale_tmp`
+            return pack_tmp(self.url, name)
         return f"{self.path(name)}.tmp-{os.getpid()}"
 
     def remove_stale_tmp(self, own: re.Pattern[str]) -> int:
         """Delete the temporary files (`local_tmp`) of the files `own` names that a previous,
-        interrupted writer left behind; never another file (a user's `results.tmp-2024`).
-        Returns how many."""
+        interrupted writer left behind; never another file (a user's `results.tmp-2024`), nor,
+        for a remote DST (files in $TMPDIR), those of a live pack. Returns how many."""
         if self.remote:
-            return 0
+            return remove_stale_pack_tmp(self.url, own)
         tmp = re.compile(rf"(?:{own.pattern})\.tmp-\d+")
         stale = [p for p in Path(self.url).glob("*.tmp-*") if tmp.fullmatch(p.name)]
         for p in stale:
