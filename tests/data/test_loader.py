@@ -444,8 +444,7 @@ def test_state_dict_says_where_the_rank_is(shards: Path, make: MakeLoader):
 @pytest.mark.parametrize(
     ("option", "value"),
     [
-        ("num_workers", 1),
-        ("batch_size", 8),
+        ("batch_size", 8),  # other num_workers / world_size resume: test_elastic_resume.py
         ("seed", 1),
         ("drop_last", True),
         ("shuffle", False),  # another order: samples would repeat and others be missed
@@ -482,10 +481,8 @@ def test_rank_0s_state_resumes_every_rank_at_its_own_batches(shards: Path, make:
     assert [y for _, y in _batches(resumed)] == [y for _, y in _batches(whole)][2:]
 
 
-def test_resume_on_another_world_size_or_data_set_is_refused(shards: Path, make: MakeLoader):
+def test_resume_on_another_data_set_is_refused(shards: Path, make: MakeLoader):
     state = make(shards, 4, num_workers=0, rank=0, world_size=2).state_dict()
-    with pytest.raises(ValueError, match="resume with the same world_size"):
-        make(shards, 4, num_workers=0, rank=0, world_size=3).load_state_dict(state)
     with pytest.raises(ValueError, match="resume with the same samples"):
         make(shards, 4, num_workers=0, rank=0, world_size=2).load_state_dict(
             {**state, "samples": 50}
@@ -888,6 +885,10 @@ def test_a_killed_worker_is_always_named_with_its_pid(shards: Path):
                 for _ in it:
                     pass
             assert f"pid {victim}" in str(raised.value), str(raised.value)
+        # the error's traceback holds the loop's frames, and so the loader's shared-memory
+        # slots, in a cycle: collect it, or 120 loaders hold a thousand file descriptors at once
+        del raised, it
+        gc.collect()
 
 
 @pytest.mark.timeout(120)

@@ -23,30 +23,34 @@ import torch
 
 from gpufeed.cores import cores_per_rank
 from gpufeed.data.augment import Augment
-from gpufeed.data.budget import default_max_host_bytes, host_bytes, machine_memory
+from gpufeed.data.budget import default_max_host_bytes, host_bytes
 from gpufeed.data.choose import PREPROCESS_MODES, choose_preprocess, trial_rate
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.device import CANVAS_ELEMENTS, DeviceStage, decoder_name
 from gpufeed.data.feeder import Feeder
+from gpufeed.data.host_fit import deepest, too_small
 from gpufeed.data.lending import Lender
-from gpufeed.data.options import flag, known, whole
+from gpufeed.data.options import byte_count, flag, known, whole
 from gpufeed.data.outputs import use_counts
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.rank_check import check_rank
 from gpufeed.data.remote import RayPool, cluster_option, default_remote_workers, release_cluster
+from gpufeed.data.resume import COUNT_KEYS, Stage, resume
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
+from gpufeed.data.watchdog import timeout_option
 from gpufeed.data.workers import InlinePool, WorkerPool
 from gpufeed.devices import default_device
 from gpufeed.errors import OptionError
-from gpufeed.present.numbers import count
+from gpufeed.text import visible
 
 # What the loop may receive: floats normalized, or uint8 pixels (augmented, not normalized)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8)
 
 DEVICE_DEPTH = 2  # batches the feeder keeps ready on the device
 # what fixes the order a state's position counts in; not the rank: every rank has the same
-# batches per epoch, and DDP trainers (Lightning) save rank 0's state and load it on every rank
+# batches per epoch, and DDP trainers (Lightning) save rank 0's state and load it on every rank;
+# the counts (COUNT_KEYS) may differ: the rest of the epoch is then shared anew (`resume`)
 _STATE_KEYS = ("seed", "world_size", "num_workers", "batch_size", "samples", "drop_last")
 # checked where saved (older states lack them); "index": which shards, in which order
 _ORDER_KEYS = ("shuffle", "shuffle_buffer", "index")
@@ -145,7 +149,14 @@ class Loader:
     while the loop finishes the current one, so the GPU does not wait at epoch boundaries. A corrupt image is left out of its batch and listed in `stats()`, with a
     warning at the first and at any batch left empty (or raises with `strict=True`). Host
     buffers are shared, reused and (on CUDA) page-locked once; they are capped by
-    `max_host_bytes` (default: a quarter of the machine's memory).
+    `max_host_bytes` (bytes, or text such as "4GB" or "512MiB"; default: a quarter of the
+    machine's memory), which lowers `prefetch` to fit.
+
+    A worker process (or Ray actor) that makes no progress while its batch is waited for
+    (stopped, hung in a read, deadlocked) raises `LoaderWorkerError` naming it, its pid and
+    state, and the batch, shard and key it was on, after `worker_timeout` seconds: None (the
+    default) is 10× the slowest batch so far, at least 120 s; 0 waits without end. A dead worker
+    raises at once.
 
     `cluster="HEAD_IP:6379"` (or "ray://HEAD_IP:10001", or "auto" for a cluster started on this
     machine) moves reading, decoding and augmenting to `num_workers` Ray actors on the cluster's
@@ -198,6 +209,7 @@ class Loader:
         pin_memory: bool | None = None,
         non_blocking: bool = True,
         worker_nice: int = 5,
+        worker_timeout: float | None = None,
         cluster: str | None = None,
         **dataset_options: Any,
     ) -> None:
@@ -214,6 +226,9 @@ class Loader:
         worker_nice = 0 if worker_nice is None else whole("worker_nice", worker_nice, -20)
         if num_workers is not None:
             num_workers = whole("num_workers", num_workers, 0)
+        if max_host_bytes is not None:
+            max_host_bytes = byte_count("max_host_bytes", max_host_bytes)
+        self.worker_timeout = timeout_option(worker_timeout)
         if augment is not None and not isinstance(augment, Augment):
             raise OptionError(
                 f"augment={augment!r}: give a gpufeed.data.Augment (your own batch transform "
@@ -343,20 +358,10 @@ class Loader:
         lent_room = -(-(DEVICE_DEPTH + 2) // self.num_workers) if self._lends() else 0
         for room in dict.fromkeys((lent_room, 0)):
             self._room = room
-            prefetch = max(1, asked)
-            while prefetch > 1 and self.host_bytes_bound(prefetch) > self.max_host_bytes:
-                prefetch -= 1
-            need = self.host_bytes_bound(prefetch)
-            if need <= self.max_host_bytes:
+            prefetch = deepest(lambda p: self.host_bytes_bound(p) <= self.max_host_bytes, asked)
+            if self.host_bytes_bound(prefetch) <= self.max_host_bytes:
                 return prefetch
-        raise OptionError(
-            f"max_host_bytes={self.max_host_bytes:,} is too small: "
-            f"{count(max(1, self.num_workers), 'worker')} with batches of "
-            f"{self.spec().slot_bytes:,} bytes and "
-            f"shuffle_buffer={self.dataset.shuffle_buffer} need at least {need:,} bytes; pass "
-            f"max_host_bytes={need} (this machine has {machine_memory():,}) or lower "
-            "batch_size, num_workers or shuffle_buffer"
-        )
+        raise too_small(self.max_host_bytes, self.spec(), self.dataset, *self._slot_layout(1))
 
     def device_bytes_bound(self) -> int:
         """Device memory the loader holds at most: batches ready and in the making (and, for
@@ -393,6 +398,7 @@ class Loader:
                 pin_memory=self.pin_memory,
                 non_blocking=self.non_blocking,
                 worker_nice=self.worker_nice,
+                worker_timeout=self.worker_timeout,
             )
         )
 
@@ -414,8 +420,9 @@ class Loader:
             self._next = Position(epoch, 0)
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank (the same on every rank, for any num_workers)."""
-        return self.plan.batches
+        """Batches per epoch on this rank (the same on every rank, for any num_workers); of an
+        epoch resumed on other counts, its own."""
+        return self.plan.batches_in(self._epoch if self._next is None else self._next.epoch)
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         """The epoch's batches, (images, labels) on the device; see the class docstring for
@@ -444,7 +451,7 @@ class Loader:
 
     def _begin(self, at: Position) -> None:
         """Make `at` where the current iteration starts, and the feeder run from there."""
-        self._fresh = at if at.batch < self.plan.batches else None
+        self._fresh = at if at.batch < self.plan.batches_in(at.epoch) else None
         self._epoch, self._delivered = at.epoch, at.batch
         self.dataset.set_epoch(at.epoch)
         feeder = self._running_feeder()
@@ -465,10 +472,20 @@ class Loader:
         """Make the slots, the worker pool, the device stage and the feeder thread."""
         spec = self.spec()
         self._slots = Slots(spec, *self._slot_layout(self.prefetch))
+        # this process's own retries (the index read): workers and Ray actors report only theirs
+        self._stats["retried"] += self.dataset.source.new_retries()
         if self.cluster is not None:
-            self._pool = RayPool(self.plan, self._slots, self.cluster, depth=self.prefetch + 1)
+            self._pool = RayPool(
+                self.plan,
+                self._slots,
+                self.cluster,
+                depth=self.prefetch + 1,
+                timeout=self.worker_timeout,
+            )
         elif self.num_workers > 0:
-            self._pool = WorkerPool(self.plan, self._slots, nice=self.worker_nice)
+            self._pool = WorkerPool(
+                self.plan, self._slots, nice=self.worker_nice, timeout=self.worker_timeout
+            )
         else:
             self._pool = InlinePool(self.plan, self._slots)
         # after the fork: CUDA may keep page-locked memory out of later forks
@@ -534,7 +551,7 @@ class Loader:
         """Say so at the first corrupt sample skipped, and at every batch left with none: the
         skip is otherwise seen only in `stats()`, and an empty batch reaches the training step."""
         shard, key, why = corrupt[0]
-        where = f"shard {shard}, key {key}: {why}"
+        where = visible(f"shard {shard}, key {key}: {why}")  # a key may hold ESC/OSC sequences
         if kept == 0:
             n = len(corrupt)
             what = "its 1 sample is corrupt" if n == 1 else f"all {n:,} of its samples are corrupt"
@@ -607,20 +624,25 @@ class Loader:
 
     # --- resumption --------------------------------------------------------------------------------
 
+    _earlier: tuple[Stage, ...] = ()  # the stages of an epoch resumed on other counts before it
+
     def state_dict(self) -> dict[str, Any]:
-        """Where this rank is: the epoch and how many of its batches were delivered."""
+        """Where this rank is: the epoch and how many of its batches were delivered (and, inside
+        an epoch resumed on other counts, the stages of it delivered before: `resume`)."""
         live = self._live() if self._live is not None else None
         running = (  # an epoch part delivered: set_epoch mid-epoch applies to the next one
-            live is not None and live._token == self._token and 0 < self._delivered < len(self)
+            live is not None
+            and live._token == self._token
+            and 0 < self._delivered < self.plan.batches_in(self._epoch)
         )
         if self._next is not None and not running:  # load_state_dict or set_epoch, not iterated
             epoch, batch = self._next.epoch, self._next.batch
         else:
             epoch, batch = self._epoch, self._delivered
-        if batch >= self.plan.batches:
+        if batch >= self.plan.batches_in(epoch):
             epoch, batch = epoch + 1, 0
         ds = self.dataset
-        return {
+        state = {
             "epoch": epoch,
             "batch": batch,
             "seed": ds.seed,
@@ -634,6 +656,9 @@ class Loader:
             "shuffle_buffer": ds.shuffle_buffer,
             "index": self._index_id(),
         }
+        if self._earlier and self.plan.remainder is not None and self.plan.remainder[0] == epoch:
+            state["stages"] = [stage.as_dict() for stage in self._earlier]  # how it came to be
+        return state
 
     def _index_id(self) -> str:
         """Which shards, with which samples, in which order: the same count of images packed
@@ -645,7 +670,9 @@ class Loader:
         return self._index_key
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next iteration delivers exactly the batches not yet delivered."""
+        """Resume: the next iteration delivers exactly the batches not yet delivered. A state
+        saved on other counts of ranks or workers (elastic restarts) delivers the rest of its
+        epoch shared among this job's ranks and workers, then the usual epochs (`resume`)."""
         if not isinstance(state, dict):
             raise OptionError(
                 f"loader state is a {type(state).__name__}, not a dict: pass what "
@@ -659,7 +686,7 @@ class Loader:
                     "(states saved by gpufeed before 0.2 cannot be resumed)"
                 )
         for key in (*_STATE_KEYS, *(k for k in _ORDER_KEYS if k in state)):
-            if state[key] != mine[key]:
+            if state[key] != mine[key] and key not in COUNT_KEYS:
                 raise OptionError(
                     f"loader state was saved with {key}={state[key]!r} but this loader has "
                     f"{mine[key]!r}; resume with the same {key}"
@@ -671,15 +698,19 @@ class Loader:
                     f"loader state {key}={value!r} is not a count (a whole number >= 0): pass "
                     "what Loader.state_dict() returned"
                 )
-        if not 0 <= int(state["batch"]) <= self.plan.batches:
-            raise OptionError(f"loader state batch={state['batch']} is outside 0..{len(self)}")
-        self._next = Position(int(state["epoch"]), int(state["batch"]))
+        resumed = resume(state, self.plan, self.cluster is None)
+        if resumed.plan is not self.plan:  # an epoch's remainder: its workers take the new plan
+            if self._feeder is not None:
+                self.close()
+            self.plan = resumed.plan
+        self._earlier, self._next = resumed.earlier, resumed.at
 
     # --- reporting ---------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
         """Throughput, data wait, first-batch wait per epoch, corrupt samples (`corrupt`: how
-        many; `corrupt_samples`: the first 100, shard, key and reason), retries, memory
+        many; `corrupt_samples`: the first 100, shard, key and reason), `retried` (requests sent
+        again after a transient failure, each once, by whichever layer re-sent it), memory
         bounds and `lent_batches` (CPU batches handed out as their workers' slots, uncopied)."""
         st = dict(self._stats)
         st["first_batch_waits"] = list(st["first_batch_waits"])
@@ -716,7 +747,7 @@ class _EpochIterator(_IterBase):  # type: ignore[misc,valid-type]
 
     def __init__(self, loader: Loader, at: Position, token: int) -> None:
         self._loader, self._at, self._token = loader, at, token
-        self._end = loader.plan.batches
+        self._end = loader.plan.batches_in(at.epoch)
         # what the base class's __next__ reads
         self._sampler_iter = iter(())
         self._num_yielded = 0

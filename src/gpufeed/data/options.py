@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -57,6 +58,33 @@ def _number(value: Any) -> float | None:
     except (TypeError, ValueError, RuntimeError):  # RuntimeError: a torch tensor of many values
         return None
     return number if math.isfinite(number) else None
+
+
+def finite(value: Any) -> float | None:
+    """`value` as a finite float, None where it is not a number (for checks made elsewhere)."""
+    return _number(value)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgtp])(i)?)?b?\s*$", re.IGNORECASE)
+
+
+def byte_count(name: str, value: Any, least: int = 1) -> int:
+    """`value` as a number of bytes >= `least`: a whole number (an int, or a float such as
+    4e9), or text with a unit: '4GB', '1.5G' (powers of 1000), '512MiB' (powers of 1024)."""
+    n = _number(value)
+    if isinstance(value, str):
+        m = _SIZE.match(value)
+        if m:
+            power = 1 + "kmgtp".index(m.group(2).lower()) if m.group(2) else 0
+            n = math.floor(float(m.group(1)) * (1024 if m.group(3) else 1000) ** power)
+    if n is None or not float(n).is_integer():
+        raise OptionError(
+            f"{name}={value!r}: give a number of bytes (an int such as 4_000_000_000) or a "
+            "size such as '4GB' (powers of 1000) or '512MiB' (powers of 1024)"
+        )
+    if n < least:
+        raise OptionError(f"{name}={value!r} is {int(n):,} bytes: give at least {least:,}")
+    return int(n)
 
 
 def several(

@@ -13,6 +13,9 @@ each worker reads its batches' runs. Everything is a pure function of (seed, epo
 - the number of batches and their sizes do not depend on the number of workers,
 - resuming needs only (epoch, batches delivered), and
 - a worker can run on into the next epoch before the training loop gets there.
+
+One epoch may instead be given as an explicit list of ids (`remainder`): what is left of an epoch
+resumed on other counts of ranks or workers (`resume`). It is cut and dealt the same way.
 """
 
 from __future__ import annotations
@@ -38,22 +41,67 @@ class BatchPlan:
     """Batch boundaries and worker regions of every epoch of one rank."""
 
     def __init__(
-        self, dataset: ShardDataset, batch_size: int, workers: int, drop_last: bool
+        self,
+        dataset: ShardDataset,
+        batch_size: int,
+        workers: int,
+        drop_last: bool,
+        remainder: tuple[int, np.ndarray] | None = None,
     ) -> None:
         self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
         self.workers = max(1, workers)
-        n = len(dataset)
-        self.samples = (n // batch_size) * batch_size if drop_last else n
+        # (epoch, ids): that epoch is this rank's ids, in read order, instead of its usual share
+        self.remainder = remainder
+        self.samples = self._whole(len(dataset))
         self.batches = -(-self.samples // batch_size)
         if self.batches == 0:
             raise OptionError(
                 f"batch_size={batch_size} with drop_last=True leaves no batch: this rank has only "
-                f"{n} samples per epoch; lower batch_size or pass drop_last=False"
+                f"{len(dataset)} samples per epoch; lower batch_size or pass drop_last=False"
             )
 
-    def batch_len(self, j: int) -> int:
+    def _whole(self, n: int) -> int:
+        """Samples of an epoch of n that are delivered: whole batches only, with drop_last."""
+        return (n // self.batch_size) * self.batch_size if self.drop_last else n
+
+    def _samples_in(self, epoch: int) -> int:
+        if self.remainder is not None and self.remainder[0] == epoch:
+            return self._whole(len(self.remainder[1]))
+        return self.samples
+
+    def batches_in(self, epoch: int) -> int:
+        """Batches of `epoch` (`batches`, but for a remainder epoch its own count)."""
+        return -(-self._samples_in(epoch) // self.batch_size)
+
+    def batch_len(self, j: int, epoch: int | None = None) -> int:
         """Samples in batch j (the last batch of the epoch may be partial)."""
-        return min(self.batch_size, self.samples - j * self.batch_size)
+        samples = self.samples if epoch is None else self._samples_in(epoch)
+        return min(self.batch_size, samples - j * self.batch_size)
+
+    def _sequence(self, epoch: int) -> np.ndarray:
+        """Global ids of this rank's `epoch` in read order (the dataset is set to `epoch`)."""
+        if self.remainder is not None and self.remainder[0] == epoch:
+            return self.remainder[1]
+        return self.dataset.rank_sequence()
+
+    def planned(self, epoch: int) -> np.ndarray:
+        """Global ids this rank delivers in `epoch`, in read order. Sets the dataset's epoch."""
+        self.dataset.set_epoch(epoch)
+        return self._sequence(epoch)[: self._samples_in(epoch)]
+
+    def delivered(self, epoch: int, batches: int) -> np.ndarray:
+        """Global ids of batches 0..batches-1 of `epoch`, without reading a shard: what this
+        rank delivered by then. Sets the dataset's epoch."""
+        self.dataset.set_epoch(epoch)
+        seq, taken = self._sequence(epoch), []
+        for worker in range(self.workers):
+            mine = range(self._first_of(worker, epoch), min(batches, self.batches_in(epoch)))
+            count = sum(self.batch_len(j, epoch) for j in mine[:: self.workers])
+            if count:
+                ids = self._reads(worker, epoch, seq)
+                order = self.dataset.delivery_order(len(ids), worker)
+                taken.append(ids[np.asarray(order[:count])])
+        return np.concatenate(taken) if taken else np.zeros(0, np.int64)
 
     def worker_of(self, at: Position) -> int:
         """The worker that makes batch `at`."""
@@ -68,27 +116,28 @@ class BatchPlan:
         start = sum(self._region_len(w, epoch) for w in range(worker))
         return start, self._region_len(worker, epoch)
 
-    def _reads(self, worker: int, epoch: int) -> np.ndarray:
+    def _reads(self, worker: int, epoch: int, seq: np.ndarray | None = None) -> np.ndarray:
         """Global ids `worker` reads in `epoch`, in read order: the samples of its batches.
         Shuffled: one region of the rank's read order. Unshuffled: each batch's own run, so that
-        the delivered order is the packed order (an evaluation matches outputs to files by it)."""
-        seq = self.dataset.rank_sequence()
+        the delivered order is the packed order (an evaluation matches outputs to files by it).
+        `seq`: the epoch's sequence, where the caller has it already."""
+        seq = self._sequence(epoch) if seq is None else seq
         if self.dataset.shuffle:
             offset, length = self._region(worker, epoch)
             return seq[offset : offset + length]
-        b, first = self.batch_size, self._first_of(worker, epoch)
+        b, first, end = self.batch_size, self._first_of(worker, epoch), self.batches_in(epoch)
         runs = [
-            seq[j * b : j * b + self.batch_len(j)] for j in range(first, self.batches, self.workers)
+            seq[j * b : j * b + self.batch_len(j, epoch)] for j in range(first, end, self.workers)
         ]
         return np.concatenate(runs) if runs else seq[:0]
 
     def _region_len(self, worker: int, epoch: int) -> int:
-        first = self._first_of(worker, epoch)
-        return sum(self.batch_len(j) for j in range(first, self.batches, self.workers))
+        first, end = self._first_of(worker, epoch), self.batches_in(epoch)
+        return sum(self.batch_len(j, epoch) for j in range(first, end, self.workers))
 
     def next_position(self, at: Position) -> Position:
         """The position after `at` in an endless stream of epochs."""
-        if at.batch + 1 < self.batches:
+        if at.batch + 1 < self.batches_in(at.epoch):
             return Position(at.epoch, at.batch + 1)
         return Position(at.epoch + 1, 0)
 
@@ -100,18 +149,18 @@ class BatchPlan:
         ds = self.dataset
         epoch = start.epoch
         first = self._first_of(worker, epoch)
-        mine_before = len(range(first, min(start.batch, self.batches), self.workers))
+        mine_before = len(range(first, min(start.batch, self.batches_in(epoch)), self.workers))
         while True:
             ds.set_epoch(epoch)
-            first = self._first_of(worker, epoch)
+            first, end = self._first_of(worker, epoch), self.batches_in(epoch)
             ids = self._reads(worker, epoch)
             order = ds.delivery_order(len(ids), worker)
             samples = ds.iter_planned(np.asarray(ids), order, skip=mine_before * self.batch_size)
             j = first + mine_before * self.workers
-            while j < self.batches:
-                n = self.batch_len(j)
+            while j < end:
+                n = self.batch_len(j, epoch)
                 chunk = [next(samples) for _ in range(n)]
-                if j + self.workers >= self.batches:  # its last of the epoch: files done now
+                if j + self.workers >= end:  # its last of the epoch: files done now
                     samples.close()
                 yield Position(epoch, j), chunk
                 j += self.workers

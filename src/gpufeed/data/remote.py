@@ -10,7 +10,9 @@ capped); the training host copies each into one of two host slots, taken in turn
 (`BatchPlan.worker_batches`), so a worker's region is read sequentially, as locally. When an
 actor or its node dies, the batches asked of it and not yet taken are asked again, in order, of
 a surviving actor: none is lost, and since the pool takes one result per index, none is
-duplicated. The error comes only when no actor can be started on the cluster any more.
+duplicated. The error comes only when no actor can be started on the cluster any more. An actor
+that is alive but delivers no batch within `worker_timeout` (`watchdog.deadline`: automatic,
+10× its slowest batch, at least 120 s) is a LoaderWorkerError naming it, its pid and host.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.produce import fill_slot
 from gpufeed.data.slots import Slots
+from gpufeed.data.watchdog import deadline, process_state, what_to_do
 from gpufeed.data.worker_errors import WorkerFailure, describe_batch
 from gpufeed.data.workers import POLL_S, LoaderWorkerError, Stopped
 from gpufeed.errors import GpufeedError, OptionError
@@ -237,8 +240,9 @@ class _Maker:
         self.streams: dict[int, tuple[int, BatchPlan, Any]] = {}  # worker -> (next g, plan, it)
         self.made = 0
 
-    def ready(self) -> bool:
-        return True
+    def ready(self) -> tuple[int, str]:
+        """The actor's pid and host, once it has started."""
+        return os.getpid(), socket.gethostname()
 
     def count(self) -> int:
         """Batches made so far (tests read back-pressure from it)."""
@@ -246,6 +250,7 @@ class _Maker:
 
     def make(self, worker: int, g: int) -> tuple[Position, Any, Any, dict[str, Any]]:
         """Batch g of `worker`'s stream: (position, images N×H×W×3 uint8, labels, meta)."""
+        started = time.monotonic()
         state = self.streams.pop(worker, None)
         if state is None or state[0] != g:
             if state is not None:
@@ -268,6 +273,7 @@ class _Maker:
             )
             raise WorkerFailure.of(e, where, describe_batch(at, samples)) from None
         meta["retried"] = ds.source.retried - retried
+        meta["seconds"] = time.monotonic() - started  # for the pool's deadline
         self.streams[worker] = (g + plan.workers, plan, stream)  # only once the batch is made
         self.made += 1
         n = meta["n"]
@@ -286,9 +292,11 @@ class RayPool:
         *,
         depth: int,
         start_timeout: float | None = None,
+        timeout: float | None = None,
     ) -> None:
         ray = import_ray()
         self.plan, self.slots, self.address = plan, slots, address
+        self.timeout, self.slowest = timeout, 0.0  # worker_timeout; the slowest batch's seconds
         self.depth = max(1, depth)
         self.start_timeout = START_TIMEOUT_S if start_timeout is None else start_timeout
         self.gen = 0
@@ -301,6 +309,7 @@ class RayPool:
         self._plan_ref = ray.put(plan)
         self._actors: list[Any] = []
         self._owner: dict[int, Any] = {}  # plan worker -> actor
+        self._where: dict[int, tuple[int, str]] = {}  # id(actor) -> (pid, host)
         self._queue: dict[int, deque[tuple[int, Any]]] = {}  # plan worker -> asked (g, ref)
         self._next_g: dict[int, int] = {}
         self._slot = 0  # the feeder is done with a slot before it asks for the next batch
@@ -337,12 +346,13 @@ class RayPool:
             ray.wait(refs, num_returns=len(refs), timeout=self.start_timeout) if refs else ([], [])
         )
         for actor, ref in zip(new, refs, strict=True):
-            ok = False
+            where = None
             if ref in done:
                 with contextlib.suppress(ray.exceptions.RayError):
-                    ok = ray.get(ref)
-            if ok:
+                    where = ray.get(ref)
+            if where:
                 self._actors.append(actor)
+                self._where[id(actor)] = where
             else:
                 with contextlib.suppress(Exception):
                     ray.kill(actor)
@@ -425,6 +435,7 @@ class RayPool:
         Stopped once `stop` is set."""
         ray = import_ray()
         w, g = self.plan.worker_of(at), self._index(at)
+        since = time.monotonic()
         while True:
             q = self._queue[w]
             if not q or q[0][0] != g:
@@ -442,6 +453,7 @@ class RayPool:
                 if stop.is_set():
                     raise Stopped
                 self._check_head()
+                self._check_deadline(w, at, since)
                 continue
             try:
                 got, images, labels, meta = ray.get(ref)
@@ -452,10 +464,12 @@ class RayPool:
                 raise (cause if isinstance(cause, BaseException) else e) from None
             except ray.exceptions.RayError:  # the actor, its node or the result is gone
                 self._lost(self._owner[w])
+                since = time.monotonic()  # asked again, of another actor
                 continue
             break
         q.popleft()
         self._fill(w)
+        self.slowest = max(self.slowest, meta.pop("seconds", 0.0))
         if got != at:
             raise LoaderWorkerError(f"Ray loader actor made batch {got}, expected {at}")
         k = self._slot = (self._slot + 1) % self.slots.per_worker
@@ -465,6 +479,23 @@ class RayPool:
         np.copyto(self.slots.labels[index][:n].numpy(), labels)
         self.bytes_received += images.nbytes + labels.nbytes
         return 0, k, meta
+
+    def _check_deadline(self, w: int, at: Position, since: float) -> None:
+        """Raise LoaderWorkerError once batch `at` has been waited for past the deadline."""
+        limit = deadline(self.timeout, self.slowest)
+        idle = time.monotonic() - since
+        if limit is None or idle <= limit:
+            return
+        pid, host = self._where.get(id(self._owner[w]), (0, "?"))
+        state, hint = ("unknown (on another node)", "")
+        if host == socket.gethostname():
+            state, hint = process_state(pid)
+        raise LoaderWorkerError(
+            f"Ray loader actor of worker {w} (pid {pid} on {host}, process state: {state}) made "
+            f"no progress for {idle:.1f} s while the training loop waited for batch {at.batch} "
+            f"of epoch {at.epoch}, which it was asked to make.{hint} "
+            + what_to_do(self.timeout, self.slowest, limit)
+        )
 
     def _check_head(self, now: bool = False) -> None:
         """Raise LoaderWorkerError (every `HEAD_CHECK_S` of waiting, or `now`) once the

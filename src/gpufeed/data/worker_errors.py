@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpufeed.errors import GpufeedError
+from gpufeed.text import visible
 
 if TYPE_CHECKING:
     from gpufeed.data.dataset import RawSample
@@ -42,11 +43,14 @@ def describe_batch(at: Position | None, samples: Sequence[RawSample] | None) -> 
     if not samples:
         return what
     if len(samples) == 1:
-        return f"{what} (shard {samples[0].shard}, key {samples[0].key})"
+        return f"{what} (shard {visible(samples[0].shard)}, key {visible(samples[0].key)})"
     by_shard: dict[str, list[str]] = {}
     for s in samples[:KEYS_SHOWN]:
         by_shard.setdefault(s.shard, []).append(s.key)
-    parts = "; ".join(f"shard {shard}: keys {', '.join(keys)}" for shard, keys in by_shard.items())
+    parts = "; ".join(
+        f"shard {visible(shard)}: keys {visible(', '.join(keys))}"
+        for shard, keys in by_shard.items()
+    )
     more = len(samples) - KEYS_SHOWN
     tail = f" and {more} more" if more > 0 else ""
     return f"{what} of {len(samples)} samples ({parts}{tail})"
@@ -115,7 +119,8 @@ class WorkerFailure(Exception):
     def message(self) -> str:
         """torch's wording ("Original Traceback"), which `rate` and other tools look for."""
         return (
-            f"Caught {self.type_name} in {self.where} {self.doing}.\nOriginal {self.text.rstrip()}"
+            f"Caught {self.type_name} in {self.where} {self.doing}.\n"
+            f"Original {visible(self.text.rstrip(), keep_newlines=True)}"
         )
 
     def error(self) -> BaseException:

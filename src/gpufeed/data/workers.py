@@ -8,7 +8,8 @@ batches of older generations are dropped by the main process and their slots giv
 Workers run at a lower CPU priority than the training process, so the loop that feeds the GPU is
 never starved by the work that feeds it. With `num_workers=0` the same plan runs in the caller's
 thread (`InlinePool`). A worker's exception is sent back with its traceback and the batch's shards
-and keys, and raised at that batch as the same type (`worker_errors`).
+and keys, and raised at that batch as the same type (`worker_errors`); a worker that dies, or
+that makes no progress within `worker_timeout` (`watchdog`), is a LoaderWorkerError naming it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from gpufeed.data.forking import frozen_heap
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.produce import fill_slot
 from gpufeed.data.slots import Slots
+from gpufeed.data.watchdog import Progress, Watchdog
 from gpufeed.data.worker_errors import LoaderWorkerError, WorkerFailure, describe_batch, note_batch
 
 __all__ = ["InlinePool", "LoaderWorkerError", "Pool", "Stopped", "WorkerPool"]
@@ -59,7 +61,13 @@ class Stopped(Exception):
 
 
 def _worker_main(
-    worker: int, conn: Any, plan: BatchPlan, slots: Slots, nice: int, parent: int
+    worker: int,
+    conn: Any,
+    plan: BatchPlan,
+    slots: Slots,
+    nice: int,
+    parent: int,
+    progress: Progress,
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's to handle
     torch.set_num_threads(1)
@@ -67,6 +75,7 @@ def _worker_main(
         with contextlib.suppress(OSError):
             os.nice(nice)
     ds = plan.dataset
+    note = progress.note(worker)
     free = list(range(slots.per_worker))
     gen = 0
     stream: Iterator[tuple[Position, list[RawSample]]] | None = None
@@ -91,8 +100,10 @@ def _worker_main(
         assert stream is not None
         k = free.pop(0)
         at = samples = None
+        note.reading()
         try:
             at, samples = next(stream)
+            note.making(at, samples)
             meta = fill_slot(samples, at, slots, slots.index(worker, k), ds.seed, ds.rank)
             meta["retried"] = ds.source.new_retries()
         except Exception as e:
@@ -100,15 +111,21 @@ def _worker_main(
             stream = None  # wait for the next "go"
             where = f"loader worker {worker} (pid {os.getpid()})"
             conn.send(("error", gen, WorkerFailure.of(e, where, describe_batch(at, samples))))
+            note.waiting()
             continue
         conn.send(("batch", gen, at, k, meta))
+        note.made()
 
 
 class WorkerPool:
-    """`num_workers` worker processes over one plan and one set of slots (main-process side)."""
+    """`num_workers` worker processes over one plan and one set of slots (main-process side).
+    `timeout`: the `worker_timeout` option (`watchdog`)."""
 
-    def __init__(self, plan: BatchPlan, slots: Slots, *, nice: int = 5) -> None:
+    def __init__(
+        self, plan: BatchPlan, slots: Slots, *, nice: int = 5, timeout: float | None = None
+    ) -> None:
         self.plan, self.slots, self.gen = plan, slots, 0
+        self.watchdog = Watchdog(plan.workers, timeout)
         method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
         ctx = mp.get_context(method)
         self.conns: list[Any] = []
@@ -118,7 +135,7 @@ class WorkerPool:
                 mine, theirs = ctx.Pipe(duplex=True)
                 p = ctx.Process(
                     target=_worker_main,
-                    args=(w, theirs, plan, slots, nice, os.getpid()),
+                    args=(w, theirs, plan, slots, nice, os.getpid(), self.watchdog.progress),
                     name=f"gpufeed-loader-{w}",
                     daemon=True,
                 )
@@ -138,14 +155,17 @@ class WorkerPool:
 
     def get(self, at: Position, stop: threading.Event) -> tuple[int, int, dict[str, Any]]:
         """(worker, slot, meta) of batch `at`; waits for it, raising the worker's error if it
-        failed, LoaderWorkerError if it died, Stopped once `stop` is set."""
+        failed, LoaderWorkerError if it died or made no progress within the deadline, Stopped
+        once `stop` is set."""
         w = self.plan.worker_of(at)
         conn = self.conns[w]
+        watch = self.watchdog.watch(w)
         while True:
             if not conn.poll(POLL_S):
                 if stop.is_set():
                     raise Stopped
                 self._check_alive(w)
+                watch.check(self.processes[w].pid, at)
                 continue
             try:
                 msg = conn.recv()
@@ -198,6 +218,9 @@ class WorkerPool:
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=2)
+            if p.is_alive():  # stopped (SIGSTOP) or stuck: SIGTERM waits until it runs again
+                p.kill()
+                p.join(timeout=2)
         for conn in self.conns:
             conn.close()
         self.conns, self.processes = [], []
@@ -208,7 +231,7 @@ class InlinePool:
 
     def __init__(self, plan: BatchPlan, slots: Slots) -> None:
         mine = copy.copy(plan.dataset)  # set_epoch on the copy leaves the loader's own alone
-        self.plan = BatchPlan(mine, plan.batch_size, 1, plan.drop_last)
+        self.plan = BatchPlan(mine, plan.batch_size, 1, plan.drop_last, plan.remainder)
         self.slots = slots
         self.processes: list[Any] = []
         self._stream: Iterator[tuple[Position, list[RawSample]]] | None = None

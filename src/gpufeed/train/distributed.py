@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -74,4 +75,8 @@ def setup_distributed(backend: str | None = None) -> DistInfo:
 def cleanup_distributed() -> None:
     """Leave the process group, if this process joined one."""
     if dist.is_available() and dist.is_initialized():
+        # every rank done with its last collective first: gloo's threads torn down under a peer
+        # still talking abort the process ("terminate called without an active exception")
+        with contextlib.suppress(Exception):
+            dist.barrier()
         dist.destroy_process_group()
