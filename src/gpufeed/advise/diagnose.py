@@ -41,7 +41,7 @@ from gpufeed.advise.measure import (
 )
 from gpufeed.advise.progress import progress_notes
 from gpufeed.devices import default_device
-from gpufeed.present.numbers import count
+from gpufeed.text import count
 
 if TYPE_CHECKING:
     from rich.console import Group

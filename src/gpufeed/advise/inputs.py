@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from gpufeed.advise.measure import MeasureError, load_object
 from gpufeed.data.shards import has_index
 from gpufeed.data.source import is_remote
-from gpufeed.present.numbers import count
+from gpufeed.text import count
 
 SAMPLE_IMAGES = 512  # images packed for the pre-resized alternative
 

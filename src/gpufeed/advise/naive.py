@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpufeed.data.augment import Augment
-from gpufeed.present.numbers import count
+from gpufeed.text import count
 
 if TYPE_CHECKING:
     import torch

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from gpufeed.advise.measure import WAITING
-from gpufeed.present.numbers import count
+from gpufeed.text import count
 
 HEADROOM = 1.2  # remote cores are sized 20% above the bare need: node jitter, network stalls
 # the README section on Loader(cluster=...), named as its heading reads

@@ -51,7 +51,7 @@ from gpufeed.data.settings import SETTING_KEYS
 from gpufeed.data.source import is_remote
 from gpufeed.devices import default_device
 from gpufeed.extras import installed
-from gpufeed.present.numbers import count
+from gpufeed.text import count
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -120,7 +120,7 @@ class TuneResult:
     def to_json(self) -> str:
         from gpufeed.cores import cores_per_rank
         from gpufeed.hardware import describe, hardware
-        from gpufeed.present.numbers import finite
+        from gpufeed.text import finite
 
         return json.dumps(
             {

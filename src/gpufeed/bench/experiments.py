@@ -31,7 +31,7 @@ from gpufeed.bench.workload import (
     train,
 )
 from gpufeed.output_paths import check_output_dir
-from gpufeed.present.numbers import count
+from gpufeed.text import count
 
 EXPERIMENTS: dict[str, str] = {
     "augload": "CPU vs GPU preprocessing × augmentation load × model (s/epoch, images/s, efficiency)",
@@ -123,7 +123,7 @@ def _start(
 def _skipped_note(cfg: BenchConfig, skipped: list[tuple[str, str]]) -> str:
     """The sentence naming the files of --data that were left out (the first few, and how many)."""
     from gpufeed.data.packing import printable
-    from gpufeed.present.terminal import visible
+    from gpufeed.text import visible
 
     shown = "; ".join(f"{visible(printable(path))}: {why}" for path, why in skipped[:5])
     more = f"; and {len(skipped) - 5} more" if len(skipped) > 5 else ""

@@ -14,9 +14,9 @@ if TYPE_CHECKING:
 def list_runs(out: str | os.PathLike[str], console: Console | None = None) -> list[Path]:
     """Print the run directories under `out` (or `out` itself where it is one), latest start
     time first; returns them."""
-    from gpufeed.present.numbers import finite
     from gpufeed.present.terminal import print_runs
     from gpufeed.profiler.session import META_FILE
+    from gpufeed.text import finite
 
     base = Path(out)
     # a run killed before it wrote meta.json, or whose meta.json was lost, still has store files

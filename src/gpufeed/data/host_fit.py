@@ -10,7 +10,7 @@ from gpufeed.data.budget import host_bytes, machine_memory
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.spec import BatchSpec
 from gpufeed.errors import OptionError
-from gpufeed.present.numbers import count
+from gpufeed.text import count
 
 MIN_CHUNK = 64 * 1024  # the least chunk_size a Source reads in
 

@@ -37,7 +37,7 @@ from gpufeed.data.shards import (
 )
 from gpufeed.data.source import MB, Destination, Source, is_remote
 from gpufeed.data.tar_scan import BLOCK, BadHeader, Tape, members, samples
-from gpufeed.present.numbers import count
+from gpufeed.text import count
 
 LABEL_FIELDS = ("cls", "label", "class")
 

@@ -67,8 +67,7 @@ from gpufeed.data.shards import (
 )
 from gpufeed.data.source import Destination, base_url, is_remote
 from gpufeed.errors import GpufeedError
-from gpufeed.present.numbers import count, figure
-from gpufeed.text import valid_text, visible
+from gpufeed.text import count, figure, valid_text, visible
 
 STATE_NAME = ".pack-state.json"  # the journal of older versions (`.done`: a finished pack's mark)
 SKIPPED_NAME = "pack-skipped.txt"

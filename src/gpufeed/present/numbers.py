@@ -3,46 +3,11 @@ placeholder where a value is missing."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-MISSING = "–"
+from gpufeed.text import MISSING, count, figure, finite, number, ordinal
 
-
-def number(value: float | None, digits: int = 0, unit: str = "", missing: str = MISSING) -> str:
-    """`value` with thousands separators, `digits` decimals and `unit`; `missing` where it is None,
-    NaN or infinite."""
-    if value is None or not math.isfinite(value):
-        return missing
-    return f"{value:,.{digits}f}{unit}"
-
-
-def figure(value: float | None, unit: str = "", missing: str = MISSING) -> str:
-    """`value` with about three significant digits, whatever its size: "0.45", "11.3", "1,234"
-    (a rate of 0.45 steps/s is not "0")."""
-    if value is None or not math.isfinite(value):
-        return missing
-    size = abs(value)
-    return number(value, 2 if size < 10 else 1 if size < 100 else 0, unit)
-
-
-def count(n: int, noun: str) -> str:
-    """`n` and `noun`, plural unless n is 1: "1 step", "3 steps", "2 classes"."""
-    if n == 1:
-        return f"1 {noun}"
-    return f"{n:,} {noun}{'es' if noun.endswith(('s', 'x', 'ch', 'sh')) else 's'}"
-
-
-def ordinal(n: int) -> str:
-    """`n` as an ordinal: "2nd", "3rd", "11th", "21st"."""
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
-def finite(value: object) -> float | None:
-    """A value read from a file (meta.json) as a float where it is a finite number, else None."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
+__all__ = ["MISSING", "count", "figure", "finite", "number", "ordinal"]
 
 
 def cpu_counts(meta: dict) -> str:

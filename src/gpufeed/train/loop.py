@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gpufeed.devices import default_device
-from gpufeed.present.numbers import count
+from gpufeed.text import count
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 OPTIMIZERS = ("sgd", "adam")

@@ -19,7 +19,7 @@ import pandas as pd
 from gpufeed.analysis.headspace import Ceiling, measure_ceiling, refill_mask
 from gpufeed.analysis.rules.base import Param
 from gpufeed.analysis.rules.periods import stall_period, waits_for_data
-from gpufeed.present.numbers import count
+from gpufeed.text import count
 
 if TYPE_CHECKING:
     from collections.abc import Callable

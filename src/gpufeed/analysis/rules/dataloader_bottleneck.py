@@ -23,7 +23,7 @@ from gpufeed.analysis.rules.cpu_bottleneck import CPUBottleneck
 from gpufeed.analysis.rules.periodic_stall import PeriodicStall
 from gpufeed.analysis.rules.predict import stated, upper_bound, with_workers
 from gpufeed.analysis.stats import WAIT_ASLEEP
-from gpufeed.present.numbers import count
+from gpufeed.text import count
 
 
 class DataLoaderBottleneck(Rule):

@@ -16,7 +16,7 @@ from gpufeed.analysis.rules.context import (
 )
 from gpufeed.analysis.rules.periods import stall_period, waits_for_data
 from gpufeed.analysis.rules.predict import stated, without_stall
-from gpufeed.present.numbers import ordinal
+from gpufeed.text import ordinal
 
 
 class PeriodicStall(Rule):

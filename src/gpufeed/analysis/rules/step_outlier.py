@@ -20,7 +20,7 @@ from gpufeed.analysis.rules.dataloader_bottleneck import DataLoaderBottleneck
 from gpufeed.analysis.rules.periodic_stall import PeriodicStall
 from gpufeed.analysis.rules.periods import slow_mask, slowed_by_others, stall_period
 from gpufeed.analysis.rules.predict import stated, upper_bound
-from gpufeed.present.numbers import count
+from gpufeed.text import count
 
 
 class StepOutlier(Rule):
