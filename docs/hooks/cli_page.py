@@ -1,5 +1,5 @@
 """The command-line reference: every command of `gpufeed` with its help, usage, arguments and
-options (defaults included), read from the typer app in gpufeed/cli.py, in the order
+options (defaults included), read from the typer app in gpufeed/cli/, in the order
 `gpufeed --help` lists them. (Typer keeps its own copy of click: parameters are told apart by
 `param_type_name`, not by class.)"""
 

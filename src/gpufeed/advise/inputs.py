@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from gpufeed.advise.measure import MeasureError, load_object
-from gpufeed.data.shards import has_index
-from gpufeed.data.source import is_remote
+from gpufeed.data.index_file import has_index
+from gpufeed.data.location import is_remote
 from gpufeed.text import count
 
 SAMPLE_IMAGES = 512  # images packed for the pre-resized alternative

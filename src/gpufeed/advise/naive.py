@@ -35,7 +35,8 @@ class NaiveImageFolder:
     """
 
     def __init__(self, root: str | os.PathLike[str], augment: Augment | None = None) -> None:
-        from gpufeed.data.packing import IMAGE_SUFFIXES, PackError, list_inputs
+        from gpufeed.data.listing import IMAGE_SUFFIXES, list_inputs
+        from gpufeed.data.pack_errors import PackError
 
         self.augment = Augment.load_factor(1) if augment is None else augment
         if self.augment.transform is not None:

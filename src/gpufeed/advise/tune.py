@@ -47,8 +47,8 @@ from gpufeed.advise.measure import (
 )
 from gpufeed.advise.progress import progress_notes
 from gpufeed.atomic import write_atomic
+from gpufeed.data.location import is_remote
 from gpufeed.data.settings import SETTING_KEYS
-from gpufeed.data.source import is_remote
 from gpufeed.devices import default_device
 from gpufeed.extras import installed
 from gpufeed.text import count

@@ -9,22 +9,21 @@ does anyway. Every frame's relative time `t` counts from the earliest part's sta
 from __future__ import annotations
 
 import glob
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufeed.analysis.frames import Run, RunError, add_relative_time
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
-
-    from gpufeed.analysis.run import Run
 
 _GLOB_CHARS = "*?["
 
 
 def run_paths(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[Path]:
     """The run directories named by a path, a glob pattern, or a list of either; in order, no repeats."""
-    from gpufeed.analysis.run import RunError
-
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     out: list[Path] = []
     for item in items:
@@ -47,8 +46,6 @@ def run_paths(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) 
 def combine(runs: list[Run]) -> Run:
     """One Run from the runs of several hosts; refuses parts that hold the same host's rank twice."""
     import pandas as pd
-
-    from gpufeed.analysis.run import Run, RunError, add_relative_time
 
     if len(runs) == 1:
         return runs[0]
@@ -130,8 +127,6 @@ def combine(runs: list[Run]) -> Run:
 def _refuse_apart_in_time(runs: list[Run]) -> None:
     """Parts of one job run at the same time: two parts from one host (one clock) that do not
     overlap are separate runs, even where neither recorded a rank to tell them apart."""
-    from gpufeed.analysis.run import RunError
-
     spans = [(run, _span(run), {str(h) for h in run.meta.get("hosts") or []}) for run in runs]
     for i, (a, (a0, a1), hosts_a) in enumerate(spans):
         for b, (b0, b1), hosts_b in spans[i + 1 :]:
@@ -146,8 +141,6 @@ def _refuse_apart_in_time(runs: list[Run]) -> None:
 
 def _span(run: Run) -> tuple[float, float]:
     """When a part ran (epoch seconds): from meta.json, else from its first and last records."""
-    import math
-
     first, last = run.recorded_span() or (-math.inf, math.inf)
     start, end = run.meta.get("start_time"), run.meta.get("end_time")
     start = float(start) if isinstance(start, (int, float)) else first

@@ -20,13 +20,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gpufeed.errors import GpufeedError
+from gpufeed.analysis.rules.params import ConfigError
+from gpufeed.analysis.rules.registry import validate
+
+__all__ = ["DEFAULT_FILE", "ConfigError", "load_file", "parse_sets", "resolve"]
 
 DEFAULT_FILE = "gpufeed.toml"
-
-
-class ConfigError(GpufeedError, ValueError):
-    """A bad threshold override: the message names the file or option, the key, and what to do."""
 
 
 def load_file(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -92,8 +91,6 @@ def resolve(
 
 
 def _validated(raw: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
-    from gpufeed.analysis.rules import validate
-
     try:
         return validate(raw)
     except ValueError as exc:

@@ -2,25 +2,32 @@
 
 THE SCHEMA IS A CONTRACT between profile, analyze and present, kept as one table in
 `gpufeed.analysis.schema` (every frame's columns, the system metrics and the meta keys, with units
-and meanings; `help(gpufeed.load)` prints it). The column lists below are derived from it. `load`
+and meanings; `help(gpufeed.load)` prints it). The column lists (`frames`) are derived from it. `load`
 adds to every frame with times the column `t` (`schema.RELATIVE_TIME`: seconds since the run
 started); frames built by hand may lack it, so code must not require it.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import sqlite3
 import tempfile
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpufeed.analysis import schema
-from gpufeed.errors import GpufeedError
+from gpufeed.analysis.combine import combine, run_paths
+from gpufeed.analysis.frames import (
+    EVAL_COLUMNS,
+    PROCESS_COLUMNS,
+    STEP_COLUMNS,
+    SYSTEM_COLUMNS,
+    Run,
+    RunError,
+    add_relative_time,
+    frame,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -28,10 +35,6 @@ if TYPE_CHECKING:
 
     import pandas as pd
 
-SYSTEM_COLUMNS = schema.columns(schema.SYSTEM)
-STEP_COLUMNS = schema.columns(schema.STEPS)
-EVAL_COLUMNS = schema.columns(schema.EVALS)
-PROCESS_COLUMNS = schema.columns(schema.PROCESSES)
 _RANK_KEYS = (
     "host",
     "rank",
@@ -48,52 +51,11 @@ _RANK_KEYS = (
 )
 
 
-class RunError(GpufeedError, ValueError):
-    """A path that is not a readable run directory; the message says which and what to do."""
-
-
-@dataclass
-class Run:
-    """One profiled run: the frames and meta of `gpufeed.analysis.schema`."""
-
-    path: Path
-    meta: dict[str, Any]
-    system: pd.DataFrame
-    steps: pd.DataFrame
-    processes: pd.DataFrame
-    workers: dict[str, set[int]] = field(default_factory=dict, repr=False)
-    evals: pd.DataFrame = field(default_factory=lambda: _frame([], EVAL_COLUMNS), repr=False)
-    headspace: pd.DataFrame = field(default_factory=lambda: _frame([], STEP_COLUMNS), repr=False)
-
-    def __repr__(self) -> str:
-        return (
-            f"Run({str(self.path)!r}, steps={len(self.steps)}, system={len(self.system)}, "
-            f"processes={len(self.processes)}, finished={self.meta.get('finished')})"
-        )
-
-    def recorded_span(self) -> tuple[float, float] | None:
-        """(first, last) time anything was recorded: steps, system and process samples; None
-        where nothing was."""
-        times = [
-            float(t)
-            for frame, first, last in (
-                (self.steps, "start", "end"),
-                (self.system, "time", "time"),
-                (self.processes, "time", "time"),
-            )
-            if len(frame)
-            for t in (frame[first].min(), frame[last].max())
-            if math.isfinite(float(t))
-        ]
-        return (min(times), max(times)) if times else None
-
-
 def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
     """Read every store file of a run directory (also one still written, or killed) into a Run.
     Several directories (a list, or a glob pattern) are read as one run of several hosts."""
     import pandas as pd
 
-    from gpufeed.analysis.combine import combine, run_paths
     from gpufeed.analysis.headspace import split_replayed
     from gpufeed.profiler.session import read_meta
 
@@ -176,8 +138,8 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
         system_df = pd.DataFrame(system, columns=SYSTEM_COLUMNS).astype(
             {"time": float, "value": float}
         )
-        steps_df = _frame(steps, STEP_COLUMNS)
-        evals_df = _frame(evals, EVAL_COLUMNS)
+        steps_df = frame(steps, STEP_COLUMNS)
+        evals_df = frame(evals, EVAL_COLUMNS)
         proc_df = pd.DataFrame(processes, columns=PROCESS_COLUMNS).astype(
             {"cpu": float, "rss": float}
         )
@@ -223,34 +185,6 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
     steps_df, replayed = split_replayed(steps_df, meta["ranks"])
     run = Run(run_dir, meta, system_df, steps_df, proc_df, workers, evals_df, replayed)
     return add_relative_time(run)
-
-
-def add_relative_time(run: Run) -> Run:
-    """Set the column `t` of every frame with times, in place: seconds from the run's start (meta
-    start_time, else its first record) to a sample's `time` or a step's or eval's `end` (always
-    known, where a start may not be). Returns `run`."""
-    t0 = run.meta.get("start_time")
-    if not isinstance(t0, (int, float)) or not t0:
-        span = run.recorded_span()
-        t0 = span[0] if span else math.nan
-    for frame, at in (
-        (run.system, "time"),
-        (run.processes, "time"),
-        (run.steps, "end"),
-        (run.evals, "end"),
-        (run.headspace, "end"),
-    ):
-        frame[schema.RELATIVE_TIME] = frame[at].astype(float) - float(t0)
-    return run
-
-
-def _frame(rows: list[tuple], columns: list[str]) -> pd.DataFrame:
-    """Rows as a frame whose time and measure columns are float (None -> NaN)."""
-    import pandas as pd
-
-    ints = {"host", "rank", "local_rank", "pid", "step", "batches"}
-    df = pd.DataFrame(rows, columns=columns)
-    return df.astype({c: float for c in columns if c not in ints})
 
 
 _META_TYPES: dict[str, tuple[type, ...]] = {

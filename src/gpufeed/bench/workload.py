@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from gpufeed.atomic import write_atomic
 from gpufeed.cores import usable_cores
-from gpufeed.data.shards import has_index
+from gpufeed.data.index_file import has_index
 from gpufeed.errors import GpufeedError
 
 T = TypeVar("T")

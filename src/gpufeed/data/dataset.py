@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed.data.indexer import expand_urls, is_shard_pattern, split_shards
+from gpufeed.data.index_file import IMAGE_EXTS, Index
 from gpufeed.data.members import read_with_members
 from gpufeed.data.options import flag, whole
 from gpufeed.data.sample_extras import extras_option, members_wanted, sample_values
-from gpufeed.data.shards import IMAGE_EXTS, Index, ShardError, iter_samples, read_indexed
+from gpufeed.data.shard_urls import expand_urls, is_shard_pattern, split_shards
+from gpufeed.data.shards import ShardError, iter_samples, read_indexed
 from gpufeed.data.source import MB, Source
 from gpufeed.errors import OptionError
 

@@ -16,9 +16,7 @@ high-priority stream, so its few kernels slot in between the training step's:
   the hardware JPEG decoder, own memory pools and streams) or nvJPEG through torchvision;
   `second` = crop + resize + the first augmentation warp as ONE batched, supersampled bilinear
   resampling of all images (`sample_canvases`), then the other warps and normalization, batched.
-  `BatchSpec.decoder` chooses (`decoder_choice`). Asked for on the CPU, DALI decodes with its CPU
-  decoder and both steps run on the feeder thread; without DALI or CUDA the same batch is made
-  with libjpeg-turbo on the feeder thread (`build_batch`).
+  Who decodes (`BatchSpec.decoder`, the device) is `decoders`' choice.
 Random parameters come from the same per-batch generator as on CPU workers, so both paths draw
 the same crops, flips and angles.
 """
@@ -39,110 +37,23 @@ import torch.nn.functional as F
 
 from gpufeed.data.augment import Box, _normalizer, sampling_grid
 from gpufeed.data.batch import CorruptSampleError, batch_generator, build_batch, cpu_decoder
-from gpufeed.data.dali import DaliDecoder, dali_importable
+from gpufeed.data.dali import DaliDecoder
 from gpufeed.data.dataset import RawSample
-from gpufeed.data.nvimgcodec import NvImageCodecDecoder
+from gpufeed.data.decoders import (  # noqa: F401 - also imported from here
+    decoder_name,
+    describe_decoder,
+    nvjpeg_available,
+    open_decoder,
+)
 from gpufeed.data.outputs import OutputPool
 from gpufeed.data.plan import Position
 from gpufeed.data.sample_extras import columns
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
-from gpufeed.errors import GpufeedError, OptionError
-from gpufeed.extras import MissingExtra, require
+from gpufeed.errors import OptionError
 
 MAX_TAPS = 3  # supersampling taps per axis: antialiasing for downscales up to 3×
 CANVAS_ELEMENTS = 1 << 28  # images per resampling pass are limited to this many canvas elements
-
-
-def nvjpeg_available() -> bool:
-    """True when `torchvision.io.decode_jpeg(device="cuda")` can be used."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        require("gpu")
-    except MissingExtra as e:
-        if not _warned_gpu:
-            _warned_gpu.append(True)
-            warnings.warn(f"{e}; decoding JPEGs on the CPU instead", RuntimeWarning, stacklevel=2)
-        return False
-    return True
-
-
-_warned_gpu: list[bool] = []  # warn once per process
-
-
-def decoder_choice(spec: BatchSpec, device: torch.device) -> str:
-    """Who decodes `spec`'s batches for `device`: "workers", "regions" (the workers, through
-    nvImageCodec, over the crop boxes), "dali", "nvimgcodec", "nvjpeg" or "cpu" (the feeder
-    thread); a clear error when the decoder asked for cannot run here."""
-    if spec.crop_regions:
-        require("nvimgcodec")
-        return "regions"
-    if spec.handoff != "encoded":
-        return "workers"
-    cuda = device.type == "cuda"
-    if spec.decoder in ("dali", "nvimgcodec"):
-        require(spec.decoder)
-        return spec.decoder
-    if spec.decoder == "nvjpeg":
-        if not cuda:
-            raise OptionError(
-                f"decoder='nvjpeg' needs a CUDA device, not {device}: use decoder='dali' or 'cpu'"
-            )
-        require("gpu")
-        return "nvjpeg"
-    if spec.decoder == "auto" and cuda:
-        if dali_importable():
-            return "dali"
-        if nvjpeg_available():
-            return "nvjpeg"
-    return "cpu"
-
-
-def open_decoder(
-    spec: BatchSpec, device: torch.device
-) -> tuple[str, DaliDecoder | NvImageCodecDecoder | None]:
-    """(decoder_choice, its started library or None). DALI that `decoder="auto"` picked but that
-    cannot start on `device` (a DALI build for another CUDA than the driver's) gives way, with a
-    warning, to nvJPEG or else libjpeg-turbo; a decoder asked for by name raises its clear error."""
-    choice = decoder_choice(spec, device)
-    try:
-        if choice == "dali":
-            return choice, DaliDecoder(device, spec.batch_size)
-        if choice == "nvimgcodec":
-            return choice, NvImageCodecDecoder(device)
-    except GpufeedError as e:
-        if spec.decoder != "auto":
-            raise
-        choice = "nvjpeg" if nvjpeg_available() else "cpu"
-        warnings.warn(
-            f"decoder='auto' decodes with {describe_decoder(choice, device)}, not DALI: {e}",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-    return choice, None
-
-
-def decoder_name(spec: BatchSpec, device: torch.device) -> str:
-    """Which decoder makes `spec`'s batches for `device`, and where it runs."""
-    return describe_decoder(decoder_choice(spec, device), device)
-
-
-def describe_decoder(choice: str, device: torch.device) -> str:
-    """A `decoder_choice` for `device` in words: the library and where it runs."""
-    if choice == "dali":
-        return "dali (mixed)" if device.type == "cuda" else "dali (cpu)"
-    if choice == "nvimgcodec":
-        return "nvimgcodec (cuda)" if device.type == "cuda" else "nvimgcodec (cpu)"
-    return DECODER_NAMES[choice]
-
-
-DECODER_NAMES = {
-    "workers": "libjpeg-turbo (CPU workers)",
-    "regions": "nvimgcodec crop regions (CPU workers)",
-    "nvjpeg": "nvjpeg (torchvision)",
-    "cpu": "libjpeg-turbo (feeder thread)",
-}
 
 
 @dataclass

@@ -8,129 +8,49 @@ decode on the GPU, in a side stream) → the training loop, which only waits on 
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import hashlib
 import inspect
 import os
 import time
-import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from gpufeed.cores import cores_per_rank
+from gpufeed.data import loader_state, open_loaders
 from gpufeed.data.augment import Augment
 from gpufeed.data.budget import default_max_host_bytes, host_bytes
 from gpufeed.data.choose import PREPROCESS_MODES, choose_preprocess, trial_rate
 from gpufeed.data.dataset import ShardDataset
-from gpufeed.data.device import CANVAS_ELEMENTS, DeviceStage, decoder_name
+from gpufeed.data.decoders import decoder_name
+from gpufeed.data.device import CANVAS_ELEMENTS, DeviceStage
 from gpufeed.data.feeder import Feeder
 from gpufeed.data.host_fit import deepest, too_small
 from gpufeed.data.lending import Lender
-from gpufeed.data.options import byte_count, flag, known, whole
+from gpufeed.data.loader_iter import EpochIterator, LoaderSampler, checked_device
+from gpufeed.data.loader_options import (  # noqa: F401 - DTYPES, default_workers: also from here
+    DTYPES,
+    check_augment_dtype,
+    default_workers,
+    open_dataset,
+)
+from gpufeed.data.loader_state import EpochPosition
+from gpufeed.data.loader_stats import new_stats, warn_corrupt
+from gpufeed.data.loader_stats import stats as loader_stats
+from gpufeed.data.open_loaders import close_open_loaders as _close_open_loaders  # noqa: F401
+from gpufeed.data.options import byte_count, flag, whole
 from gpufeed.data.outputs import use_counts
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.rank_check import check_rank
-from gpufeed.data.remote import RayPool, cluster_option, default_remote_workers, release_cluster
-from gpufeed.data.resume import COUNT_KEYS, Stage, resume
+from gpufeed.data.ray_pool import RayPool, cluster_option, default_remote_workers, release_cluster
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
 from gpufeed.data.watchdog import timeout_option
 from gpufeed.data.workers import InlinePool, WorkerPool
-from gpufeed.devices import default_device
 from gpufeed.errors import OptionError
-from gpufeed.text import visible
-
-# What the loop may receive: floats normalized, or uint8 pixels (augmented, not normalized)
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8)
 
 DEVICE_DEPTH = 2  # batches the feeder keeps ready on the device
-# what fixes the order a state's position counts in; not the rank: every rank has the same
-# batches per epoch, and DDP trainers (Lightning) save rank 0's state and load it on every rank;
-# the counts (COUNT_KEYS) may differ: the rest of the epoch is then shared anew (`resume`)
-_STATE_KEYS = ("seed", "world_size", "num_workers", "batch_size", "samples", "drop_last")
-# checked where saved (older states lack them); "index": which shards, in which order
-_ORDER_KEYS = ("shuffle", "shuffle_buffer", "index")
-
-try:  # the profiler measures data wait in DataLoader iterators' __next__: be one of them
-    from torch.utils.data.dataloader import _BaseDataLoaderIter as _IterBase
-except ImportError:  # pragma: no cover - a torch without it
-    _IterBase = object  # type: ignore[assignment,misc]
-
-
-# Loaders whose feeder may be running -> the pid of the process that started it
-_OPEN: weakref.WeakKeyDictionary[Loader, int] = weakref.WeakKeyDictionary()
-# Feeders told to stop without waiting (a Loader freed mid-run) -> the pid that started them
-_STOPPING: dict[Feeder, int] = {}
-
-
-def _outside_level() -> int:
-    """The `stacklevel` of the first caller outside gpufeed and torch's DataLoader (the training
-    loop that took the batch), for a warning that points there."""
-    import sys
-
-    inside = (
-        os.path.dirname(os.path.dirname(__file__)),
-        os.path.dirname(torch.utils.data.__file__),
-    )
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(inside):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-@atexit.register
-def _close_open_loaders() -> None:
-    """Stop the feeder threads of Loaders still open when the interpreter exits (a loop that ends
-    or breaks without `close()`), and wait for those of Loaders freed meanwhile: a daemon thread
-    still inside torch code when the interpreter finalizes aborts the process ("terminate called
-    without an active exception", exit 134)."""
-    for loader, pid in list(_OPEN.items()):
-        if pid == os.getpid():  # not a forked child's copy of its parent's Loader
-            with contextlib.suppress(Exception):
-                loader.close(wait=5.0)
-    for feeder, pid in list(_STOPPING.items()):
-        if pid == os.getpid():
-            with contextlib.suppress(Exception):
-                feeder.stop(5.0)
-
-
-def default_workers() -> int:
-    """Cores per local rank (torchrun's LOCAL_WORLD_SIZE), less one for the training loop."""
-    return max(1, cores_per_rank() - 1)
-
-
-def _device(device: Any) -> torch.device:
-    """`device` as a torch.device this machine has (the default device where None)."""
-    try:
-        dev = torch.device(device or default_device())
-    except (RuntimeError, TypeError):
-        raise OptionError(
-            f"device={device!r}: not a device PyTorch knows; pass 'cuda', 'cuda:N' or 'cpu'"
-        ) from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise OptionError(
-            f"device={device!r}: PyTorch sees no CUDA GPU on this machine; pass device='cpu' "
-            "(or leave it out: the default is a GPU where there is one)"
-        )
-    return dev
-
-
-class _Sampler:
-    """`loader.sampler.set_epoch(n)`, where trainers (Lightning) look for it."""
-
-    def __init__(self, loader: Loader) -> None:
-        # weak: a strong reference back would keep a dropped Loader (and its worker processes)
-        # alive until the cycle collector happens to run
-        self._loader = weakref.ref(loader)
-
-    def set_epoch(self, epoch: int) -> None:
-        loader = self._loader()
-        if loader is not None:
-            loader.set_epoch(epoch)
 
 
 class Loader:
@@ -229,40 +149,9 @@ class Loader:
         if max_host_bytes is not None:
             max_host_bytes = byte_count("max_host_bytes", max_host_bytes)
         self.worker_timeout = timeout_option(worker_timeout)
-        if augment is not None and not isinstance(augment, Augment):
-            raise OptionError(
-                f"augment={augment!r}: give a gpufeed.data.Augment (your own batch transform "
-                "goes in Augment(transform=...))"
-            )
-        if dtype is not None and dtype not in DTYPES:
-            raise OptionError(
-                f"dtype={dtype!r}: give one of {', '.join(map(str, DTYPES))} (uint8: the "
-                "augmented pixels, not normalized)"
-            )
-        if isinstance(data, ShardDataset):
-            if dataset_options:
-                raise OptionError(
-                    f"options {sorted(dataset_options)} go to ShardDataset, which was given "
-                    "ready-made"
-                )
-            if drop_last and not data.drop_last and data.index.total % data.world_size:
-                raise OptionError(
-                    "drop_last=True: the ShardDataset given ready-made pads its rank's share "
-                    "with repeated samples (its drop_last is False); build it with "
-                    "ShardDataset(..., drop_last=True), or give the Loader the shards' path"
-                )
-            self.dataset = data
-        else:
-            takes = [
-                *inspect.signature(Loader).parameters,
-                *inspect.signature(ShardDataset).parameters,
-            ]
-            known(
-                "Loader",
-                dataset_options,
-                [n for n in takes if n not in ("data", "url", "dataset_options")],
-            )
-            self.dataset = ShardDataset(data, drop_last=drop_last, **dataset_options)
+        check_augment_dtype(augment, dtype)
+        takes = [*inspect.signature(Loader).parameters, *inspect.signature(ShardDataset).parameters]
+        self.dataset = open_dataset(data, drop_last, dataset_options, takes)
         self.batch_size, self.drop_last = batch_size, drop_last
         given = isinstance(data, ShardDataset) or {"rank", "world_size"} & set(dataset_options)
         self._auto_rank = not given  # a detected split, checked against torch.distributed
@@ -274,21 +163,15 @@ class Loader:
         self.augment = augment or Augment()
         self.dtype = torch.float32 if dtype is None else dtype
         self.channels_last, self.strict = channels_last, strict
-        self.device = _device(device)
+        self.device = checked_device(device)
         self.pin_memory = (self.device.type == "cuda") if pin_memory is None else pin_memory
         self.non_blocking, self.worker_nice = non_blocking, worker_nice
         self.max_host_bytes = default_max_host_bytes() if max_host_bytes is None else max_host_bytes
         self.max_device_bytes = max_device_bytes
         self.plan = BatchPlan(self.dataset, batch_size, self.num_workers, drop_last)
-        self.sampler = _Sampler(self)
+        self.sampler = LoaderSampler(self)
         self.batch_sampler = None  # batches made here, as DataLoader(batch_size=None): none to swap
-        self._epoch = self.dataset.epoch
-        self._next: Position | None = None  # set by set_epoch / load_state_dict
-        self._iterated = False
-        self._fresh: Position | None = None  # where the iteration no batch was taken from starts
-        self._live: Any = None  # weakref to that iteration
-        self._delivered = 0  # batches of the current epoch handed to the loop
-        self._token = 0  # the iteration in progress
+        self._pos = EpochPosition(self.dataset.epoch)  # where it is in its epochs
         self._index_key: str | None = None  # `_index_id`, once computed
         self._feeder: Feeder | None = None
         self._pool: WorkerPool | InlinePool | RayPool | None = None
@@ -296,15 +179,7 @@ class Loader:
         self._pinned = False
         self._stage: DeviceStage | None = None
         self._lender: Lender | None = None
-        self._stats: dict[str, Any] = {
-            "images": 0,
-            "batches": 0,
-            "seconds": 0.0,
-            "wait_seconds": 0.0,
-            "retried": 0,
-            "first_batch_waits": [],
-            "lent_batches": 0,  # of lenders closed; the current one counts its own
-        }
+        self._stats = new_stats()
         self._corrupt: list[tuple[str, str, str]] = []
         self.preprocess, self.preprocess_reason = choose_preprocess(
             preprocess, self.device, self.cluster, self._trial_rate
@@ -409,20 +284,22 @@ class Loader:
         Without it each iteration is the epoch after the previous one. After `load_state_dict`,
         the same epoch keeps the restored position (trainers call both on resume)."""
         epoch = whole("set_epoch's epoch", epoch)
-        if self._next is None and self._fresh is not None and self._feeder is not None:
-            if self._fresh.epoch != epoch:  # iter() came first (Lightning): aim it at `epoch`
+        if self._pos.next is None and self._pos.fresh is not None and self._feeder is not None:
+            if self._pos.fresh.epoch != epoch:  # iter() came first (Lightning): aim it at `epoch`
                 self._begin(Position(epoch, 0))
-                live = self._live()
-                if live is not None and live._token == self._token:
-                    live._at = self._fresh
+                live = self._pos.live()
+                if live is not None and live._token == self._pos.token:
+                    live._at = self._pos.fresh
             return
-        if self._next is None or self._next.epoch != epoch:
-            self._next = Position(epoch, 0)
+        if self._pos.next is None or self._pos.next.epoch != epoch:
+            self._pos.next = Position(epoch, 0)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank, for any num_workers); of an
         epoch resumed on other counts, its own."""
-        return self.plan.batches_in(self._epoch if self._next is None else self._next.epoch)
+        return self.plan.batches_in(
+            self._pos.epoch if self._pos.next is None else self._pos.next.epoch
+        )
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         """The epoch's batches, (images, labels) on the device; see the class docstring for
@@ -434,25 +311,25 @@ class Loader:
             )
         if self._auto_rank:
             check_rank(self.dataset.rank, self.dataset.world_size)
-        if self._next is not None:
-            at = self._next
-        elif self._fresh is not None:  # nothing was taken from the last one: not an epoch
-            at = self._fresh
-        elif self._iterated:
-            at = Position(self._epoch + 1, 0)
+        if self._pos.next is not None:
+            at = self._pos.next
+        elif self._pos.fresh is not None:  # nothing was taken from the last one: not an epoch
+            at = self._pos.fresh
+        elif self._pos.iterated:
+            at = Position(self._pos.epoch + 1, 0)
         else:
-            at = Position(self._epoch, 0)
-        self._next, self._iterated = None, True
+            at = Position(self._pos.epoch, 0)
+        self._pos.next, self._pos.iterated = None, True
         self._begin(at)
-        self._token += 1
-        it = _EpochIterator(self, at, self._token)
-        self._live = weakref.ref(it)
+        self._pos.token += 1
+        it = EpochIterator(self, at, self._pos.token)
+        self._pos.live = weakref.ref(it)
         return it
 
     def _begin(self, at: Position) -> None:
         """Make `at` where the current iteration starts, and the feeder run from there."""
-        self._fresh = at if at.batch < self.plan.batches_in(at.epoch) else None
-        self._epoch, self._delivered = at.epoch, at.batch
+        self._pos.fresh = at if at.batch < self.plan.batches_in(at.epoch) else None
+        self._pos.epoch, self._pos.delivered = at.epoch, at.batch
         self.dataset.set_epoch(at.epoch)
         feeder = self._running_feeder()
         if not feeder.running or feeder.expected != at:
@@ -510,10 +387,10 @@ class Loader:
         self._stats["decoder"] = stage.decoder_name  # auto's fallback, if any
         self._lender = Lender(self._slots) if self._lends() else None
         self._feeder = Feeder(self._pool, stage, self.plan, DEVICE_DEPTH, self._lender)
-        _OPEN[self] = os.getpid()
+        open_loaders.opened(self)
 
     def _take(self, token: int, at: Position, first: bool = False) -> tuple[Any, ...]:
-        if token != self._token:
+        if token != self._pos.token:
             raise RuntimeError(
                 "another iteration over this Loader has started: a Loader serves one at a time"
             )
@@ -542,35 +419,10 @@ class Loader:
         st["wait_seconds"] += wait
         st["retried"] += batch.retried
         if batch.corrupt:
-            self._warn_corrupt(at, batch.corrupt, len(labels))
+            warn_corrupt(at, batch.corrupt, len(labels), first=not self._corrupt)
             self._corrupt += batch.corrupt
-        self._delivered, self._fresh = at.batch + 1, None
+        self._pos.delivered, self._pos.fresh = at.batch + 1, None
         return (images, labels, *batch.extras)  # extras=: one list per name after the labels
-
-    def _warn_corrupt(self, at: Position, corrupt: list[tuple[str, str, str]], kept: int) -> None:
-        """Say so at the first corrupt sample skipped, and at every batch left with none: the
-        skip is otherwise seen only in `stats()`, and an empty batch reaches the training step."""
-        shard, key, why = corrupt[0]
-        where = visible(f"shard {shard}, key {key}: {why}")  # a key may hold ESC/OSC sequences
-        if kept == 0:
-            n = len(corrupt)
-            what = "its 1 sample is corrupt" if n == 1 else f"all {n:,} of its samples are corrupt"
-            warnings.warn(
-                f"gpufeed Loader: batch {at.batch} of epoch {at.epoch} is empty: {what} "
-                f"(the first: {where}); "
-                "its loss will read NaN. Repack or remove the damaged images "
-                "(loader.stats()['corrupt_samples'] lists them)",
-                RuntimeWarning,
-                stacklevel=_outside_level(),
-            )
-        elif not self._corrupt:
-            warnings.warn(
-                f"gpufeed Loader: left a corrupt sample out of its batch ({where}); later ones "
-                "are left out without a warning and listed in loader.stats()['corrupt_samples'] "
-                "(strict=True stops at the first instead)",
-                RuntimeWarning,
-                stacklevel=_outside_level(),
-            )
 
     def close(self, wait: float = 1.0) -> None:
         """Stop the feeder thread and the worker processes (also done when the Loader is freed).
@@ -583,10 +435,7 @@ class Loader:
             release_cluster()  # disconnect what cluster= connected, if no pool uses it
         if self._feeder is not None:
             self._feeder.stop(wait)
-            for feeder in [f for f in _STOPPING if not f.ending]:  # ended since
-                _STOPPING.pop(feeder, None)
-            if self._feeder.ending:  # still ending: waited for at exit
-                _STOPPING[self._feeder] = _OPEN.get(self, os.getpid())
+            open_loaders.stopped(self, self._feeder)  # still ending: waited for at exit
         if self._pool is not None:
             self._pool.close()
         if self._slots is not None:
@@ -594,12 +443,12 @@ class Loader:
         if self._lender is not None:
             self._stats["lent_batches"] += self._lender.lent
         self._feeder = self._pool = self._slots = self._lender = None
-        _OPEN.pop(self, None)
+        open_loaders.closed(self)
 
     def _forked(self) -> bool:
         """True in a process forked from the one whose workers this Loader runs: they share its
         pipes, and a word from here would stop them or move them on under the parent."""
-        owner = _OPEN.get(self)
+        owner = open_loaders.owner(self)
         return owner is not None and owner != os.getpid()
 
     def __del__(self) -> None:
@@ -624,86 +473,16 @@ class Loader:
 
     # --- resumption --------------------------------------------------------------------------------
 
-    _earlier: tuple[Stage, ...] = ()  # the stages of an epoch resumed on other counts before it
-
     def state_dict(self) -> dict[str, Any]:
         """Where this rank is: the epoch and how many of its batches were delivered (and, inside
         an epoch resumed on other counts, the stages of it delivered before: `resume`)."""
-        live = self._live() if self._live is not None else None
-        running = (  # an epoch part delivered: set_epoch mid-epoch applies to the next one
-            live is not None
-            and live._token == self._token
-            and 0 < self._delivered < self.plan.batches_in(self._epoch)
-        )
-        if self._next is not None and not running:  # load_state_dict or set_epoch, not iterated
-            epoch, batch = self._next.epoch, self._next.batch
-        else:
-            epoch, batch = self._epoch, self._delivered
-        if batch >= self.plan.batches_in(epoch):
-            epoch, batch = epoch + 1, 0
-        ds = self.dataset
-        state = {
-            "epoch": epoch,
-            "batch": batch,
-            "seed": ds.seed,
-            "world_size": ds.world_size,
-            "rank": ds.rank,
-            "num_workers": self.num_workers,
-            "batch_size": self.batch_size,
-            "samples": ds.index.total,
-            "drop_last": self.drop_last,
-            "shuffle": ds.shuffle,
-            "shuffle_buffer": ds.shuffle_buffer,
-            "index": self._index_id(),
-        }
-        if self._earlier and self.plan.remainder is not None and self.plan.remainder[0] == epoch:
-            state["stages"] = [stage.as_dict() for stage in self._earlier]  # how it came to be
-        return state
-
-    def _index_id(self) -> str:
-        """Which shards, with which samples, in which order: the same count of images packed
-        another way (another shard size) orders an epoch differently, so a position in it means
-        other samples."""
-        if self._index_key is None:
-            shards = [(s.name, s.samples, s.sha256) for s in self.dataset.index.shards]
-            self._index_key = hashlib.sha256(repr(shards).encode()).hexdigest()[:16]
-        return self._index_key
+        return loader_state.state_dict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration delivers exactly the batches not yet delivered. A state
         saved on other counts of ranks or workers (elastic restarts) delivers the rest of its
         epoch shared among this job's ranks and workers, then the usual epochs (`resume`)."""
-        if not isinstance(state, dict):
-            raise OptionError(
-                f"loader state is a {type(state).__name__}, not a dict: pass what "
-                "Loader.state_dict() returned"
-            )
-        mine = self.state_dict()
-        for key in (*_STATE_KEYS, "epoch", "batch"):
-            if key not in state:
-                raise OptionError(
-                    f"loader state has no {key!r}; pass what Loader.state_dict() returned "
-                    "(states saved by gpufeed before 0.2 cannot be resumed)"
-                )
-        for key in (*_STATE_KEYS, *(k for k in _ORDER_KEYS if k in state)):
-            if state[key] != mine[key] and key not in COUNT_KEYS:
-                raise OptionError(
-                    f"loader state was saved with {key}={state[key]!r} but this loader has "
-                    f"{mine[key]!r}; resume with the same {key}"
-                )
-        for key in ("epoch", "batch"):
-            value = state[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise OptionError(
-                    f"loader state {key}={value!r} is not a count (a whole number >= 0): pass "
-                    "what Loader.state_dict() returned"
-                )
-        resumed = resume(state, self.plan, self.cluster is None)
-        if resumed.plan is not self.plan:  # an epoch's remainder: its workers take the new plan
-            if self._feeder is not None:
-                self.close()
-            self.plan = resumed.plan
-        self._earlier, self._next = resumed.earlier, resumed.at
+        loader_state.load_state_dict(self, state)
 
     # --- reporting ---------------------------------------------------------------------------------
 
@@ -712,68 +491,7 @@ class Loader:
         many; `corrupt_samples`: the first 100, shard, key and reason), `retried` (requests sent
         again after a transient failure, each once, by whichever layer re-sent it), memory
         bounds and `lent_batches` (CPU batches handed out as their workers' slots, uncopied)."""
-        st = dict(self._stats)
-        st["first_batch_waits"] = list(st["first_batch_waits"])
-        st["images_per_s"] = st["images"] / st["seconds"] if st["seconds"] else 0.0
-        st["corrupt"] = len(self._corrupt)
-        st["corrupt_samples"] = [
-            {"shard": s, "key": k, "reason": r} for s, k, r in self._corrupt[:100]
-        ]
-        st["preprocess"], st["preprocess_reason"] = self.preprocess, self.preprocess_reason
-        st["prefetch"] = self.prefetch
-        st["num_workers"] = self.num_workers
-        st["cluster"] = self.cluster
-        if self.cluster is not None:  # batches received from the cluster, actors lost
-            pool = self._pool if isinstance(self._pool, RayPool) else None
-            st["remote_bytes"] = pool.bytes_received if pool else 0
-            st["remote_actors_lost"] = pool.actors_lost if pool else 0
-        st["pinned"] = self._pinned
-        st["lent_batches"] += self._lender.lent if self._lender is not None else 0
-        st["stage_seconds"] = dict(self._stage.seconds) if self._stage is not None else {}
-        st["host_bytes_bound"] = self.host_bytes_bound(self.prefetch)
-        st["max_host_bytes"] = self.max_host_bytes
-        st["device_bytes_bound"] = self.device_bytes_bound()
-        if self.device.type == "cuda":
-            st["device_max_allocated"] = torch.cuda.max_memory_allocated(self.device)
-        return st
+        return loader_stats(self)
 
     def _add_seconds(self, seconds: float) -> None:
         self._stats["seconds"] += seconds
-
-
-class _EpochIterator(_IterBase):  # type: ignore[misc,valid-type]
-    """One epoch's batches. Subclasses torch's DataLoader iterator base only so that profilers
-    hooking DataLoader `__next__` (gpufeed's own included) see the time spent waiting here."""
-
-    def __init__(self, loader: Loader, at: Position, token: int) -> None:
-        self._loader, self._at, self._token = loader, at, token
-        self._end = loader.plan.batches_in(at.epoch)
-        # what the base class's __next__ reads
-        self._sampler_iter = iter(())
-        self._num_yielded = 0
-        self._profile_name = "enumerate(DataLoader)#gpufeed.Loader.__next__"
-        self._dataset_kind = 0  # map-style: no length warnings
-        self._IterableDataset_len_called = None
-        pool = loader._pool
-        self._workers = list(pool.processes) if pool is not None else []
-        self._last = time.perf_counter()
-
-    def __iter__(self) -> _EpochIterator:
-        return self
-
-    def __len__(self) -> int:
-        return self._end - self._at.batch
-
-    def _next_data(self) -> tuple[Any, ...]:
-        at = self._at
-        if at.batch >= self._end:
-            raise StopIteration
-        batch = self._loader._take(self._token, at, first=self._num_yielded == 0)
-        now = time.perf_counter()
-        self._loader._add_seconds(now - self._last)
-        self._last = now
-        self._at = Position(at.epoch, at.batch + 1)
-        return batch
-
-    if _IterBase is object:  # pragma: no cover
-        __next__ = _next_data

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from gpufeed.data.shards import ShardEntry, ShardError, _check_agrees, _no_header
+from gpufeed.data.index_file import ShardEntry
+from gpufeed.data.shards import ShardError, _check_agrees, _no_header
 from gpufeed.data.tar_scan import BLOCK, BadHeader, Tape, members, split_name
 
 

@@ -139,8 +139,8 @@ def test_a_wait_low_gpu_blames_on_the_input_has_an_input_finding_to_point_at() -
 
 def test_the_rules_call_steps_input_bound_where_diagnose_and_tune_do() -> None:
     from gpufeed.advise import diagnose, tune
-    from gpufeed.analysis.rules.base import INPUT_BOUND
     from gpufeed.analysis.rules.dataloader_bottleneck import DataLoaderBottleneck
+    from gpufeed.analysis.rules.params import INPUT_BOUND
 
     assert INPUT_BOUND == diagnose.WAITING == tune.WAITING
     assert DataLoaderBottleneck.params["threshold"].default == INPUT_BOUND

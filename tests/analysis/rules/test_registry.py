@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import ast
+import sys
+from pathlib import Path
+
 import pytest
 from rule_runs import RunBuilder, healthy
 
 from gpufeed.analysis.rules import RULES, run_rules, settings
+from gpufeed.analysis.rules.shared import CPU_SATURATION, INPUT_WAIT, STALL_PERIOD
 
 
 def test_every_rule_has_an_id_a_docstring_documented_params_and_cpu_only_behaviour() -> None:
@@ -83,3 +88,20 @@ def test_gpufeed_rules_lists_every_rule_with_its_parameters() -> None:
     for rid in ["warmup", *RULES]:
         assert f"\n{rid}: " in cp.stdout
     assert "    threshold = 0.1  data-wait share of step time that triggers a warning" in cp.stdout
+
+
+def test_shared_settings_are_the_parameters_of_the_rule_that_owns_them() -> None:
+    for setting in (CPU_SATURATION, STALL_PERIOD, INPUT_WAIT):
+        owner = RULES[setting.id].params
+        assert all(owner.get(name) is p for name, p in setting.params.items()), setting.id
+
+
+def test_no_rule_module_imports_another() -> None:
+    """A rule reads another's parameters through `shared`, and derived facts through `context`,
+    `periods` or `predict`: never from the other rule's module."""
+    rule_modules = {type(rule).__module__ for rule in RULES.values()}
+    for name in sorted(rule_modules):
+        tree = ast.parse(Path(str(sys.modules[name].__file__)).read_text(encoding="utf-8"))
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not imported & (rule_modules - {name}), f"{name} imports {imported & rule_modules}"

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import GPU_UTIL_P95, INPUT_BOUND, Param, Rule
+from gpufeed.analysis.rules.base import Rule
 from gpufeed.analysis.rules.context import Context, pct, wait_share
+from gpufeed.analysis.rules.params import GPU_UTIL_P95, INPUT_BOUND, Param
 
 
 class BatchSize(Rule):

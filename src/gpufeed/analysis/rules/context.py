@@ -17,8 +17,9 @@ import numpy as np
 import pandas as pd
 
 from gpufeed.analysis.headspace import Ceiling, measure_ceiling, refill_mask
-from gpufeed.analysis.rules.base import Param
+from gpufeed.analysis.rules.params import Param
 from gpufeed.analysis.rules.periods import stall_period, waits_for_data
+from gpufeed.analysis.rules.shared import BUSY
 from gpufeed.text import count
 
 if TYPE_CHECKING:
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from gpufeed.analysis.run import Run
 
 WARMUP_ID = "warmup"
-BUSY = 80.0  # % of a core at which a process counts as CPU-saturated (CPUBottleneck's default)
 IDLE_GPU_UTIL = 5.0  # NVML utilization % that a GPU no process runs kernels on never exceeds
 WARMUP_PARAMS: dict[str, Param] = {
     "steps": Param(5, "steps skipped at the start of each rank before rules look at it"),
@@ -49,7 +49,9 @@ class Context:
         self._measured: dict[str | None, tuple[float, float, float]] = {}  # ... measured, per host
 
     def rule_params(self, rule: Any) -> dict[str, Any]:
-        """The parameters `rule` (a Rule class) runs with in this analysis, overrides included."""
+        """The parameters the rule `rule.id` runs with in this analysis, overrides included; `rule`:
+        a Rule class, or a `shared.Shared` setting that another rule reads (its `rule.params`
+        then the defaults where the analysis set none)."""
         return self.params.get(rule.id) or {n: p.default for n, p in rule.params.items()}
 
     # --- steps ----------------------------------------------------------------------------------
@@ -607,7 +609,7 @@ class Context:
 def data_stall_period(steps: pd.DataFrame, p: dict[str, Any]) -> tuple[int, int] | None:
     """(N, r) when every N-th step of one rank is slow because it waits for data (most of the slow
     steps' excess over the other steps' median is data wait, as when N loader workers each deliver
-    one batch in turn); None otherwise. `p`: PeriodicStall's parameters (`periods.find_period`)."""
+    one batch in turn); None otherwise. `p`: PeriodicStall's parameters (`shared.STALL_PERIOD`, `periods.find_period`)."""
     found = stall_period(steps, p)
     if found is None or not waits_for_data(found, steps):
         return None

@@ -8,9 +8,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import GPU_UTIL_P95, INPUT_BOUND, Param, Rule
+from gpufeed.analysis.rules.base import Rule
 from gpufeed.analysis.rules.context import (
-    BUSY,
     Context,
     fmt_pct,
     one_thread_each,
@@ -19,7 +18,9 @@ from gpufeed.analysis.rules.context import (
     wait_share,
     workers_at,
 )
+from gpufeed.analysis.rules.params import GPU_UTIL_P95, INPUT_BOUND, Param
 from gpufeed.analysis.rules.predict import stated, upper_bound, with_workers
+from gpufeed.analysis.rules.shared import CPU_SATURATION
 
 
 class CPUBottleneck(Rule):
@@ -46,8 +47,7 @@ class CPUBottleneck(Rule):
     id = "CPUBottleneck"
     params: ClassVar[dict[str, Param]] = {
         "gpu_util_p95": Param(70.0, f"{GPU_UTIL_P95} below which the GPU counts as underused"),
-        "busy": Param(BUSY, "% of one core at which a process counts as CPU-saturated"),
-        "host_busy": Param(90.0, "median whole-host CPU % at which the host counts as saturated"),
+        **CPU_SATURATION.params,  # busy, host_busy: DataLoaderBottleneck and IOBottleneck read them
         "wait_share": Param(
             INPUT_BOUND,
             "data-wait share of step time that ties the CPU to the input pipeline",

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.headspace import Ceiling
-from gpufeed.analysis.rules.base import INPUT_BOUND, Param, Rule
+from gpufeed.analysis.rules.base import Rule
 from gpufeed.analysis.rules.context import (
     Context,
     data_stall_period,
@@ -19,9 +19,9 @@ from gpufeed.analysis.rules.context import (
     wait_share,
     workers_at,
 )
-from gpufeed.analysis.rules.cpu_bottleneck import CPUBottleneck
-from gpufeed.analysis.rules.periodic_stall import PeriodicStall
+from gpufeed.analysis.rules.params import Param
 from gpufeed.analysis.rules.predict import stated, upper_bound, with_workers
+from gpufeed.analysis.rules.shared import CPU_SATURATION, INPUT_WAIT, STALL_PERIOD
 from gpufeed.analysis.stats import WAIT_ASLEEP
 from gpufeed.text import count
 
@@ -52,9 +52,7 @@ class DataLoaderBottleneck(Rule):
 
     id = "DataLoaderBottleneck"
     params: ClassVar[dict[str, Param]] = {
-        "threshold": Param(
-            INPUT_BOUND, "data-wait share of step time that triggers a warning", share=True
-        ),
+        **INPUT_WAIT.params,  # threshold: StepOutlier reads it
         "critical": Param(0.5, "data-wait share that makes it critical", share=True),
         "min_steps": Param(5, "post-warm-up steps needed before judging"),
         "min_wait_ms": Param(
@@ -110,7 +108,7 @@ class DataLoaderBottleneck(Rule):
             evidence["worker_cpu_pct"] = round(ctx.worker_cpu, 1)
         if host in ctx.host_cpu_by_host:
             evidence["host_cpu_p50"] = round(ctx.host_cpu_by_host[host], 1)
-        period = data_stall_period(s, ctx.rule_params(PeriodicStall))
+        period = data_stall_period(s, ctx.rule_params(STALL_PERIOD))
         if period is not None:
             evidence["stall_period_steps"] = period[0]
         if ctx.steps["rank"].nunique() > 1:
@@ -231,7 +229,7 @@ def _recommend(
             n,
             False,
         )
-    host_busy = ctx.rule_params(CPUBottleneck)["host_busy"]
+    host_busy = ctx.rule_params(CPU_SATURATION)["host_busy"]
     bound = ctx.workers_cpu_bound(host, p["busy_worker_cpu"], host_busy)
     if bound and ctx.host_full(host, host_busy):
         util = ctx.host_cpu_by_host[host]

@@ -6,8 +6,9 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import Param, Rule
+from gpufeed.analysis.rules.base import Rule
 from gpufeed.analysis.rules.context import Context, fmt_pct
+from gpufeed.analysis.rules.params import Param
 
 
 class MaxInitializationTime(Rule):

@@ -6,10 +6,11 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import INPUT_BOUND, Param, Rule
+from gpufeed.analysis.rules.base import Rule
 from gpufeed.analysis.rules.context import Context, fmt_pct, pct, speedup_without, wait_share
-from gpufeed.analysis.rules.cpu_bottleneck import CPUBottleneck
+from gpufeed.analysis.rules.params import INPUT_BOUND, Param
 from gpufeed.analysis.rules.predict import stated, upper_bound
+from gpufeed.analysis.rules.shared import CPU_SATURATION
 
 MB = 1e6
 
@@ -64,7 +65,7 @@ class IOBottleneck(Rule):
         share = wait_share(ctx.steps)
         if share < p["wait_share"]:
             return
-        cpu = ctx.rule_params(CPUBottleneck)
+        cpu = ctx.rule_params(CPU_SATURATION)
         bound = any(ctx.workers_cpu_bound(h, cpu["busy"], cpu["host_busy"]) for h in ctx.rank_hosts)
         evidence: dict[str, float | int | str] = {"data_wait_share": round(share, 4)}
         causes = []

@@ -8,8 +8,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import Param, Rule
+from gpufeed.analysis.rules.base import Rule
 from gpufeed.analysis.rules.context import Context, fmt_pct, speedup_without, wait_share
+from gpufeed.analysis.rules.params import Param
 from gpufeed.analysis.rules.predict import stated, upper_bound
 
 

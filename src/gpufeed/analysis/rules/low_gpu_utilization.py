@@ -8,8 +8,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import GPU_UTIL_P95, INPUT_BOUND, Param, Rule
+from gpufeed.analysis.rules.base import Rule
 from gpufeed.analysis.rules.context import Context, fmt_pct, pct, wait_share
+from gpufeed.analysis.rules.params import GPU_UTIL_P95, INPUT_BOUND, Param
 
 
 class LowGPUUtilization(Rule):

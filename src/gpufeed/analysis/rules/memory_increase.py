@@ -9,8 +9,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import Param, Rule
+from gpufeed.analysis.rules.base import Rule
 from gpufeed.analysis.rules.context import Context
+from gpufeed.analysis.rules.params import Param
 
 MB = 1e6
 

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import INPUT_BOUND, Param, Rule
+from gpufeed.analysis.rules.base import Rule
 from gpufeed.analysis.rules.context import Context, pct, wait_share
+from gpufeed.analysis.rules.params import INPUT_BOUND, Param
 
 # NVIDIA GPUs with tensor cores (Volta and later) by product name, when no compute capability is given.
 _TENSOR_CORE_NAMES = re.compile(

@@ -8,14 +8,16 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import Param, Rule
+from gpufeed.analysis.rules.base import Rule
 from gpufeed.analysis.rules.context import (
     Context,
     fmt_ms,
     fmt_pct,
 )
+from gpufeed.analysis.rules.params import Param
 from gpufeed.analysis.rules.periods import stall_period, waits_for_data
 from gpufeed.analysis.rules.predict import stated, without_stall
+from gpufeed.analysis.rules.shared import STALL_PERIOD
 from gpufeed.text import ordinal
 
 
@@ -33,19 +35,9 @@ class PeriodicStall(Rule):
     """
 
     id = "PeriodicStall"
-    params: ClassVar[dict[str, Param]] = {
-        "min_ratio": Param(
-            1.5, "a stalled step takes at least this many times the other steps' median"
-        ),
-        "match": Param(0.7, "share of the period's steps that must be stalled", share=True),
-        "min_periods": Param(3, "periods that must be seen", least=2),
-        "max_chance": Param(
-            0.001,
-            "chance at most that steps slow at random (other load) line up on some period as well",
-            share=True,
-        ),
-        "min_lost_share": Param(0.02, "share of run time the stalls must cost", share=True),
-    }
+    params: ClassVar[dict[str, Param]] = (
+        STALL_PERIOD.params
+    )  # StepOutlier, DataLoaderBottleneck read them
     cpu_only = "same as on GPU runs"
 
     def check(self, ctx: Context, p: dict[str, Any]) -> Iterator[Finding]:

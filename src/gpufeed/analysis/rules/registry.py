@@ -3,7 +3,7 @@
 Each rule is a small class in its own module with an id, a docstring, and parameters with documented
 defaults (`gpufeed rules` lists them). Parameters are overridden per call as
 ``run_rules(run, DataLoaderBottleneck={"threshold": 0.3}, warmup={"steps": 10})``, from the command
-line with ``--set DataLoaderBottleneck.threshold=0.3`` or from ``gpufeed.toml`` (see analyze.config).
+line with ``--set DataLoaderBottleneck.threshold=0.3`` or from ``gpufeed.toml`` (see analysis.config).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from gpufeed.analysis.rules.base import Param, Rule
+from gpufeed.analysis.rules.base import Rule
 from gpufeed.analysis.rules.batch_size import BatchSize
 from gpufeed.analysis.rules.context import WARMUP_ID, WARMUP_PARAMS, Context
 from gpufeed.analysis.rules.cpu_bottleneck import CPUBottleneck
@@ -22,6 +22,7 @@ from gpufeed.analysis.rules.load_balancing import LoadBalancing
 from gpufeed.analysis.rules.low_gpu_utilization import LowGPUUtilization
 from gpufeed.analysis.rules.memory_increase import GPUMemoryIncrease
 from gpufeed.analysis.rules.mixed_precision import MixedPrecision
+from gpufeed.analysis.rules.params import ConfigError, Param
 from gpufeed.analysis.rules.periodic_stall import PeriodicStall
 from gpufeed.analysis.rules.step_outlier import StepOutlier
 
@@ -95,8 +96,6 @@ def validate(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, 
 def run_rules(run: Run, **overrides: Mapping[str, Any]) -> list[Finding]:
     """Apply every enabled rule to `run`; findings come most severe first, then by estimated
     speedup. A bad override is a `ConfigError` naming it."""
-    from gpufeed.analysis.config import ConfigError
-
     try:
         checked = validate(overrides)
     except ConfigError:

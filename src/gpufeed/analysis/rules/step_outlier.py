@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpufeed.analysis.finding import Finding
-from gpufeed.analysis.rules.base import Param, Rule
+from gpufeed.analysis.rules.base import Rule
 from gpufeed.analysis.rules.context import (
     Context,
     fmt_ms,
@@ -16,10 +16,10 @@ from gpufeed.analysis.rules.context import (
     speedup_without,
     wait_share,
 )
-from gpufeed.analysis.rules.dataloader_bottleneck import DataLoaderBottleneck
-from gpufeed.analysis.rules.periodic_stall import PeriodicStall
+from gpufeed.analysis.rules.params import Param
 from gpufeed.analysis.rules.periods import slow_mask, slowed_by_others, stall_period
 from gpufeed.analysis.rules.predict import stated, upper_bound
+from gpufeed.analysis.rules.shared import INPUT_WAIT, STALL_PERIOD
 from gpufeed.text import count
 
 
@@ -60,8 +60,8 @@ class StepOutlier(Rule):
     cpu_only = "same as on GPU runs"
 
     def check(self, ctx: Context, p: dict[str, Any]) -> Iterator[Finding]:
-        pp = ctx.rule_params(PeriodicStall)
-        loader = ctx.rule_params(DataLoaderBottleneck)
+        pp = ctx.rule_params(STALL_PERIOD)
+        loader = ctx.rule_params(INPUT_WAIT)
         for rank, g in ctx.steps.groupby("rank", sort=True):
             d = g["duration"].to_numpy(dtype=float)
             step = g["step"].to_numpy(dtype=np.int64)

@@ -1,0 +1,113 @@
+"""Who decodes the device stage's batches: DALI, nvImageCodec, nvJPEG (torchvision),
+libjpeg-turbo on the feeder thread, or the CPU workers; chosen from `BatchSpec.decoder` and the
+device (`decoder_choice`), started (`open_decoder`: DALI that "auto" picked but that cannot start
+gives way, with a warning) and named in words for `stats()` (`describe_decoder`). Asked for on
+the CPU, DALI decodes with its CPU decoder and both device steps run on the feeder thread;
+without DALI or CUDA the same batch is made with libjpeg-turbo on the feeder thread
+(`build_batch`).
+
+Apart from `device` so that the choice can be made and named without building a device stage.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from gpufeed.data.dali import DaliDecoder, dali_importable
+from gpufeed.data.nvimgcodec import NvImageCodecDecoder
+from gpufeed.data.spec import BatchSpec
+from gpufeed.errors import GpufeedError, OptionError
+from gpufeed.extras import MissingExtra, require
+
+
+def nvjpeg_available() -> bool:
+    """True when `torchvision.io.decode_jpeg(device="cuda")` can be used."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        require("gpu")
+    except MissingExtra as e:
+        if not _warned_gpu:
+            _warned_gpu.append(True)
+            warnings.warn(f"{e}; decoding JPEGs on the CPU instead", RuntimeWarning, stacklevel=2)
+        return False
+    return True
+
+
+_warned_gpu: list[bool] = []  # warn once per process
+
+
+def decoder_choice(spec: BatchSpec, device: torch.device) -> str:
+    """Who decodes `spec`'s batches for `device`: "workers", "regions" (the workers, through
+    nvImageCodec, over the crop boxes), "dali", "nvimgcodec", "nvjpeg" or "cpu" (the feeder
+    thread); a clear error when the decoder asked for cannot run here."""
+    if spec.crop_regions:
+        require("nvimgcodec")
+        return "regions"
+    if spec.handoff != "encoded":
+        return "workers"
+    cuda = device.type == "cuda"
+    if spec.decoder in ("dali", "nvimgcodec"):
+        require(spec.decoder)
+        return spec.decoder
+    if spec.decoder == "nvjpeg":
+        if not cuda:
+            raise OptionError(
+                f"decoder='nvjpeg' needs a CUDA device, not {device}: use decoder='dali' or 'cpu'"
+            )
+        require("gpu")
+        return "nvjpeg"
+    if spec.decoder == "auto" and cuda:
+        if dali_importable():
+            return "dali"
+        if nvjpeg_available():
+            return "nvjpeg"
+    return "cpu"
+
+
+def open_decoder(
+    spec: BatchSpec, device: torch.device
+) -> tuple[str, DaliDecoder | NvImageCodecDecoder | None]:
+    """(decoder_choice, its started library or None). DALI that `decoder="auto"` picked but that
+    cannot start on `device` (a DALI build for another CUDA than the driver's) gives way, with a
+    warning, to nvJPEG or else libjpeg-turbo; a decoder asked for by name raises its clear error."""
+    choice = decoder_choice(spec, device)
+    try:
+        if choice == "dali":
+            return choice, DaliDecoder(device, spec.batch_size)
+        if choice == "nvimgcodec":
+            return choice, NvImageCodecDecoder(device)
+    except GpufeedError as e:
+        if spec.decoder != "auto":
+            raise
+        choice = "nvjpeg" if nvjpeg_available() else "cpu"
+        warnings.warn(
+            f"decoder='auto' decodes with {describe_decoder(choice, device)}, not DALI: {e}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return choice, None
+
+
+def decoder_name(spec: BatchSpec, device: torch.device) -> str:
+    """Which decoder makes `spec`'s batches for `device`, and where it runs."""
+    return describe_decoder(decoder_choice(spec, device), device)
+
+
+def describe_decoder(choice: str, device: torch.device) -> str:
+    """A `decoder_choice` for `device` in words: the library and where it runs."""
+    if choice == "dali":
+        return "dali (mixed)" if device.type == "cuda" else "dali (cpu)"
+    if choice == "nvimgcodec":
+        return "nvimgcodec (cuda)" if device.type == "cuda" else "nvimgcodec (cpu)"
+    return DECODER_NAMES[choice]
+
+
+DECODER_NAMES = {
+    "workers": "libjpeg-turbo (CPU workers)",
+    "regions": "nvimgcodec crop regions (CPU workers)",
+    "nvjpeg": "nvjpeg (torchvision)",
+    "cpu": "libjpeg-turbo (feeder thread)",
+}
