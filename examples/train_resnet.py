@@ -17,10 +17,7 @@ from pathlib import Path
 
 import torch.distributed
 
-from gpufeed.data.augment import Augment
-from gpufeed.data.loader import Loader
-from gpufeed.data.packing import pack
-from gpufeed.data.shards import has_index
+from gpufeed.data import Augment, Loader, has_index, pack
 from gpufeed.train import (
     MODELS,
     DistInfo,

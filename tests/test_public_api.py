@@ -42,3 +42,28 @@ def test_gpufeed_data_is_there_after_import_gpufeed():
     code = "import gpufeed; gpufeed.data.load_settings; gpufeed.data.Augment"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_every_public_name_of_the_feed_resolves_to_its_home():
+    from gpufeed.data.indexer import index_shards
+    from gpufeed.data.tar_scan import ShardError
+    from gpufeed.data.worker_errors import LoaderWorkerError
+
+    assert all(getattr(gpufeed.data, name) is not None for name in gpufeed.data.__all__)
+    assert gpufeed.data.index_shards is index_shards and gpufeed.data.ShardError is ShardError
+    assert gpufeed.data.LoaderWorkerError is LoaderWorkerError
+
+
+def test_the_readme_and_examples_go_through_the_public_facades():
+    """Module paths inside `gpufeed.data` are internal: what users copy names only the facade."""
+    import re
+    from pathlib import Path
+
+    root = Path(gpufeed.__file__).parents[2]
+    texts = [root / "README.md", *sorted((root / "examples").glob("*.py"))]
+    inside = re.compile(r"\bgpufeed\.data\.([A-Za-z_]+)\b")
+    found = {
+        str(p.relative_to(root)): set(inside.findall(p.read_text())) - set(gpufeed.data.__all__)
+        for p in texts
+    }
+    assert all(not names for names in found.values()), found

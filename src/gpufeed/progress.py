@@ -14,10 +14,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from gpufeed.text import figure
+from gpufeed.text import MB, figure
 
 LINE_EVERY_S = 30.0  # seconds between two plain progress lines (also one per 10% of the total)
-MB = 1e6  # bytes are shown in megabytes of 10^6, as `pack --shard-size` reads them
 
 
 @contextmanager

@@ -58,6 +58,8 @@ def _escape_newlines(m: re.Match[str]) -> str:
     return "\n" if m.group(0) == "\n" else _escape(m)
 
 
+MB = 1_000_000  # a megabyte, as sizes are said (`--shard-size 64MB`, reports)
+MiB = 1 << 20  # a mebibyte, as buffers and reads are sized
 MISSING = "–"
 
 

@@ -28,8 +28,9 @@ from gpufeed.data.options import flag, whole
 from gpufeed.data.sample_extras import extras_option, members_wanted, sample_values
 from gpufeed.data.shard_urls import expand_urls, is_shard_pattern, split_shards
 from gpufeed.data.shards import ShardError, iter_samples, read_indexed
-from gpufeed.data.source import MB, Source
+from gpufeed.data.source import Source
 from gpufeed.errors import OptionError
+from gpufeed.text import MiB
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class ShardDataset:
         storage_options: dict[str, Any] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         retries: int = 6,
-        chunk_size: int = 8 * MB,
+        chunk_size: int = 8 * MiB,
         read_ahead: int = 2,
         extras: Sequence[str] = (),
         decode_extras: bool = True,

@@ -42,10 +42,10 @@ from gpufeed.data.shard_urls import (  # noqa: F401 - their old home
     split_shards,
 )
 from gpufeed.data.shards import ShardError
-from gpufeed.data.source import MB, Source
+from gpufeed.data.source import Source
 from gpufeed.data.tar_scan import BLOCK, BadHeader, Tape, members, samples
 from gpufeed.progress import reporting
-from gpufeed.text import count
+from gpufeed.text import MB, MiB, count
 
 LABEL_FIELDS = ("cls", "label", "class")
 
@@ -66,7 +66,7 @@ class IndexResult:
     def summary(self) -> str:
         totals = (
             f"{count(self.samples, 'sample')} of {count(self.classes, 'class')} in "
-            f"{count(self.shards, 'shard')} ({self.bytes / 1e6:.1f} MB)"
+            f"{count(self.shards, 'shard')} ({self.bytes / MB:.1f} MB)"
         )
         if self.kept:
             text = (
@@ -134,7 +134,7 @@ class _Hashing:
         data = self.f.read(n)
         self.sha.update(data)
         self.count += len(data)
-        if self.count - self.reported >= 4 * MB or not data:  # tarfile reads 10 KB at a time
+        if self.count - self.reported >= 4 * MiB or not data:  # tarfile reads 10 KB at a time
             self.seen(self.count - self.reported)
             self.reported = self.count
         return data
@@ -223,7 +223,7 @@ def _samples(
     """Read the shard through `tar_scan` (its rules are the Loader's), recording each sample's
     key, header offset and image into `entry`; returns each sample's raw label."""
     raw: list[int | str] = []
-    tape = Tape(url, b"", 0, size, read=stream.read, chunk=8 * MB)
+    tape = Tape(url, b"", 0, size, read=stream.read, chunk=8 * MiB)
     for key, start, parts in samples(members(tape, 0, size, end=True, keep=LABEL_EXTS), url):
         # the first image member, its type kept as written (.JPEG): it names the member
         image = next((m for ext, (m, _) in parts.items() if ext in IMAGE_EXTS), None)
@@ -259,7 +259,7 @@ def index_shard(
             if size < BLOCK:
                 raise _not_a_tar(url, f"{size} bytes, less than one tar header")
             raw = _samples(stream, size, entry, label_field, url)
-            while stream.read(8 * MB):  # the rest, if it grew: size and checksum as read
+            while stream.read(8 * MiB):  # the rest, if it grew: size and checksum as read
                 pass
         except BadHeader as e:
             if e.at == 0:

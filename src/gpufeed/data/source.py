@@ -102,9 +102,7 @@ from gpufeed.data.storage_errors import (  # noqa: F401
 from gpufeed.data.storage_errors import answer_of as _answer_of  # noqa: F401
 from gpufeed.data.storage_errors import retrying as _retrying  # noqa: F401
 from gpufeed.errors import OptionError
-from gpufeed.text import visible
-
-MB = 1 << 20
+from gpufeed.text import MiB, visible
 
 
 def _forked(*sources: Source) -> None:
@@ -129,7 +127,7 @@ class Source:
         cache_dir: str | os.PathLike[str] | None = None,
         retries: int = 6,
         backoff: float = 0.05,
-        chunk_size: int = 8 * MB,
+        chunk_size: int = 8 * MiB,
         read_ahead: int = 2,
     ) -> None:
         self.url = base_url(url)

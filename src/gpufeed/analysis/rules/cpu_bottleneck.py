@@ -9,15 +9,9 @@ import numpy as np
 
 from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.rules.base import Rule
-from gpufeed.analysis.rules.context import (
-    Context,
-    fmt_pct,
-    one_thread_each,
-    pct,
-    speedup_without,
-    wait_share,
-    workers_at,
-)
+from gpufeed.analysis.rules.context import Context
+from gpufeed.analysis.rules.evidence_text import fmt_pct, one_thread_each, workers_at
+from gpufeed.analysis.rules.facts_steps import pct, speedup_without, wait_share
 from gpufeed.analysis.rules.params import GPU_UTIL_P95, INPUT_BOUND, Param
 from gpufeed.analysis.rules.predict import stated, upper_bound, with_workers
 from gpufeed.analysis.rules.shared import CPU_SATURATION

@@ -9,16 +9,9 @@ from typing import Any, ClassVar
 from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.headspace import Ceiling
 from gpufeed.analysis.rules.base import Rule
-from gpufeed.analysis.rules.context import (
-    Context,
-    data_stall_period,
-    fmt_ms,
-    fmt_pct,
-    one_thread_each,
-    speedup_without,
-    wait_share,
-    workers_at,
-)
+from gpufeed.analysis.rules.context import Context
+from gpufeed.analysis.rules.evidence_text import fmt_ms, fmt_pct, one_thread_each, workers_at
+from gpufeed.analysis.rules.facts_steps import data_stall_period, speedup_without, wait_share
 from gpufeed.analysis.rules.params import Param
 from gpufeed.analysis.rules.predict import stated, upper_bound, with_workers
 from gpufeed.analysis.rules.shared import CPU_SATURATION, INPUT_WAIT, STALL_PERIOD

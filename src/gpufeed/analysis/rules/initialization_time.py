@@ -7,7 +7,8 @@ from typing import Any, ClassVar
 
 from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.rules.base import Rule
-from gpufeed.analysis.rules.context import Context, fmt_pct
+from gpufeed.analysis.rules.context import Context
+from gpufeed.analysis.rules.evidence_text import fmt_pct
 from gpufeed.analysis.rules.params import Param
 
 

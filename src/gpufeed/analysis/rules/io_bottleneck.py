@@ -7,7 +7,9 @@ from typing import Any, ClassVar
 
 from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.rules.base import Rule
-from gpufeed.analysis.rules.context import Context, fmt_pct, pct, speedup_without, wait_share
+from gpufeed.analysis.rules.context import Context
+from gpufeed.analysis.rules.evidence_text import fmt_pct
+from gpufeed.analysis.rules.facts_steps import pct, speedup_without, wait_share
 from gpufeed.analysis.rules.params import INPUT_BOUND, Param
 from gpufeed.analysis.rules.predict import stated, upper_bound
 from gpufeed.analysis.rules.shared import CPU_SATURATION

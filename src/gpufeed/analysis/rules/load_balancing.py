@@ -9,7 +9,9 @@ import numpy as np
 
 from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.rules.base import Rule
-from gpufeed.analysis.rules.context import Context, fmt_pct, speedup_without, wait_share
+from gpufeed.analysis.rules.context import Context
+from gpufeed.analysis.rules.evidence_text import fmt_pct
+from gpufeed.analysis.rules.facts_steps import speedup_without, wait_share
 from gpufeed.analysis.rules.params import Param
 from gpufeed.analysis.rules.predict import stated, upper_bound
 

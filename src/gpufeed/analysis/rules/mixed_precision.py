@@ -8,7 +8,8 @@ from typing import Any, ClassVar
 
 from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.rules.base import Rule
-from gpufeed.analysis.rules.context import Context, pct, wait_share
+from gpufeed.analysis.rules.context import Context
+from gpufeed.analysis.rules.facts_steps import pct, wait_share
 from gpufeed.analysis.rules.params import INPUT_BOUND, Param
 
 # NVIDIA GPUs with tensor cores (Volta and later) by product name, when no compute capability is given.

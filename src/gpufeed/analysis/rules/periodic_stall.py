@@ -9,11 +9,8 @@ import numpy as np
 
 from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.rules.base import Rule
-from gpufeed.analysis.rules.context import (
-    Context,
-    fmt_ms,
-    fmt_pct,
-)
+from gpufeed.analysis.rules.context import Context
+from gpufeed.analysis.rules.evidence_text import fmt_ms, fmt_pct
 from gpufeed.analysis.rules.params import Param
 from gpufeed.analysis.rules.periods import stall_period, waits_for_data
 from gpufeed.analysis.rules.predict import stated, without_stall

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gpufeed.analysis.rules.context import Context, fmt_ms
+from gpufeed.analysis.rules.context import Context
+from gpufeed.analysis.rules.evidence_text import fmt_ms
 
 # Seconds the training process spends taking a batch from a loader worker, about.
 HANDOVER = 1e-3

@@ -1,0 +1,206 @@
+"""The HTML report's sections in words: the summary cards, the healthy-run sentence, the parts of a
+training step and the percentile table, with the figures said the report's way."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gpufeed.analysis.schema import unit
+from gpufeed.analysis.stats import (
+    PHASES,
+    no_steps_note,
+    percentile_table,
+    phases,
+    step_phases,
+    step_summary,
+    wait_cpu_note,
+)
+from gpufeed.present.numbers import after_warmup, ceiling_text, count, cpu_counts, figure, number
+
+if TYPE_CHECKING:
+    from gpufeed.analysis.headspace import Ceiling
+    from gpufeed.analysis.run import Run
+
+
+def summary_cards(
+    run: Run, t0: float, t1: float, steady: tuple[int, float] | None, ceiling: Ceiling | None
+) -> list[dict[str, str]]:
+    """The summary cards (label, value, detail): duration, phases, steps, throughput, step time,
+    data wait, evaluation, own ceiling, GPU and CPU utilization."""
+    s = step_summary(run)
+    ph = {r.phase: r.duration for r in phases(run).itertuples()}
+    meta = run.meta
+    status = (
+        f"exit code {meta.get('exit_code')}" if meta.get("finished") else "still running or killed"
+    )
+    cards = [
+        {"label": "Duration", "value": _secs(t1 - t0), "detail": status},
+        {
+            "label": "Phases",
+            "value": _secs(ph.get("training", 0.0)) + " training",
+            "detail": f"init {_secs(ph.get('initialization', 0.0))} · "
+            + (f"evaluation {_secs(ph['evaluation'])} · " if "evaluation" in ph else "")
+            + f"finalization {_secs(ph.get('finalization', 0.0))}",
+        },
+        {"label": "Steps", "value": f"{s['steps']:,}", "detail": count(s["ranks"], "rank")},
+        {
+            "label": "Throughput",
+            "value": figure(s["samples_per_s"], " samples/s", missing="n/a"),
+            "detail": figure(s["steps_per_s"], " steps/s per rank", missing="n/a"),
+        },
+        {
+            "label": "Step time p50",
+            "value": figure(1e3 * s["step_p50"], " ms", missing="n/a"),
+            "detail": "p95 " + figure(1e3 * s["step_p95"], " ms", missing="n/a"),
+        },
+        {
+            "label": "Data wait",
+            "value": _num(100 * s["data_wait_share"], "%", 1)
+            if math.isfinite(s["data_wait_share"])
+            else "unknown",
+            "detail": "of step time (wait / whole step)"
+            + (f", every step; {judged}" if (judged := after_warmup(steady, s["ranks"])) else "")
+            + (f"; {note}" if (note := wait_cpu_note(s)) else "")
+            if math.isfinite(s["data_wait_share"])
+            else "not measured for what fed this loop (never read as 0%)",
+        },
+    ]
+    if own := ceiling_text(ceiling, meta):
+        share = number(100 * ceiling.share, 0, "%") if ceiling is not None else "not measured"
+        cards.append({"label": "Own ceiling", "value": share, "detail": own})
+    if s["eval_passes"]:
+        cards.insert(
+            2,
+            {
+                "label": "Evaluation",
+                "value": _secs(s["eval_time"]),
+                "detail": f"{count(s['eval_passes'], 'pass')}, apart from the training steps "
+                f"({_secs(s['training_time'])})",
+            },
+        )
+    gpu = _values(run, "gpu.util")
+    cards.append(
+        {
+            "label": "GPU busy p50",
+            "value": _num(_pct(gpu, 50), "%") if gpu.size else "n/a",
+            "detail": f"p95 {_num(_pct(gpu, 95), '%')} · % of time a kernel ran"
+            if gpu.size
+            else "no GPU data",
+        }
+    )
+    cpu = _values(run, "cpu.util")
+    cards.append(
+        {
+            "label": "CPU utilization p50",
+            "value": _num(_pct(cpu, 50), "%"),
+            "detail": f"p95 {_num(_pct(cpu, 95), '%')} of {cpu_counts(meta)} cores",
+        }
+    )
+    return cards
+
+
+def healthy_text(run: Run) -> str:
+    """What the rules checked, said when none found anything."""
+    from gpufeed.analysis.rules import RULES
+
+    s = step_summary(run)
+    if not s["steps"]:
+        return (
+            f"No training steps were recorded ({no_steps_note(run)}), so the step-based rules had "
+            "nothing to judge."
+        )
+    wait = (
+        f"{_num(100 * s['data_wait_share'], '%', 1)} of step time"
+        if math.isfinite(s["data_wait_share"])
+        else "unknown (not measured for what fed this loop)"
+    )
+    return (
+        f"{len(RULES)} rules checked {s['steps']:,} steps: data wait is "
+        f"{wait} and step time p95 / p50 is "
+        f"{s['step_p95'] / s['step_p50']:.2f}."
+    )
+
+
+def percentile_rows(run: Run) -> tuple[list[str], list[list[str]]]:
+    """The percentile table: its column names and its rows as text."""
+    table = percentile_table(run, by_host=len(run.meta.get("hosts") or []) > 1)
+    names = list(table.index.names)
+    columns = [*names, *table.columns]
+    rows = []
+    for key, values in table.iterrows():
+        key = key if isinstance(key, tuple) else (key,)
+        metric = key[names.index("metric")]
+        rows.append(
+            [str(k) for k in key] + [_metric_value(metric, v, c) for c, v in values.items()]
+        )
+    return columns, rows
+
+
+def _metric_value(metric: str, value: float, column: str) -> str:
+    if column == "n":
+        return f"{int(value):,}"
+    if (shown := unit(metric)).stored in ("bytes", "bytes/s"):  # GiB, MB/s: the schema's units
+        return f"{value / shown.divisor:.{shown.decimals}f} {shown.shown}"
+    return f"{value:.1f}"
+
+
+def step_phase_rows(run: Run) -> list[dict[str, str]]:
+    """Rows (phase, share of step time, mean per step) for the parts of a training step; "unknown"
+    where a part was not measured (data wait outside a DataLoader, phases of an older run). The
+    model's phases are GPU time where CUDA events measured it ("(GPU)" after their names)."""
+    steps = run.steps[np.isfinite(run.steps["duration"].to_numpy(dtype=float))]
+    if len(steps) == 0:
+        return []
+    s = step_summary(run)
+    parts, clock = step_phases(steps)
+    rows = []
+    for p in PHASES:
+        share = s[f"{p}_share"]
+        values = parts[p].to_numpy(dtype=float)
+        values = values[np.isfinite(values)]
+        known = math.isfinite(share) and values.size > 0
+        on_gpu = clock == "cuda" and p in ("forward", "backward", "optimizer")
+        rows.append(
+            {
+                "phase": p.replace("_", " ") + (" (GPU)" if on_gpu else ""),
+                "share": _num(100 * share, "%", 1) if known else "unknown",
+                "mean": _num(1e3 * float(values.mean()), " ms", 2) if known else "unknown",
+            }
+        )
+    return rows
+
+
+def _values(run: Run, metric: str) -> np.ndarray:
+    v = run.system.loc[run.system["metric"] == metric, "value"].to_numpy(dtype=float)
+    return v[np.isfinite(v)]
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if values.size else math.nan
+
+
+def _num(value: float, unit: str = "", digits: int = 0) -> str:
+    return number(value, digits, unit, missing="n/a")
+
+
+def _secs(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "n/a"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def clock_text(epoch: float) -> str:
+    """A Unix time as a UTC date and time; "unknown start" for none."""
+    if not epoch:
+        return "unknown start"
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
