@@ -16,9 +16,19 @@ import pytest
 from test_html import chromium, needs_chromium
 
 import gpufeed
+from gpufeed.analysis.finding import Finding
+from gpufeed.analysis.result import Analysis, analyze_run
+from gpufeed.analysis.run import Run
 from gpufeed.analysis.stats import step_summary
 from gpufeed.present.html import render_html
 from gpufeed.present.trace import build_trace
+
+
+def _analysis(run: Run, findings: list[Finding] | None = None) -> Analysis:
+    """`run` analyzed as the commands do; `findings` given: those shown instead of the rules'."""
+    result = analyze_run(run)
+    return result if findings is None else dataclasses.replace(result, findings=findings)
+
 
 SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "eval_loop.py"
 
@@ -87,7 +97,7 @@ def test_trace_puts_evaluation_on_its_own_track_and_nests_phases_in_steps(run_di
 
 def test_report_shows_evaluation_apart_and_each_phase_of_a_step(run_dir: Path) -> None:
     run = gpufeed.load(run_dir)
-    page = render_html(run, gpufeed.analyze(run))
+    page = render_html(run, _analysis(run))
     s = step_summary(run)
     card = re.search(
         r'<div class="k">Evaluation</div><div class="v">([^<]+)</div>\s*<div class="d">([^<]+)',
@@ -119,7 +129,7 @@ def test_report_shows_evaluation_apart_and_each_phase_of_a_step(run_dir: Path) -
     assert len(bands) == 4 and all(b["x1"] > b["x0"] for b in bands)
 
     unknown = dataclasses.replace(run, steps=run.steps.assign(data_wait=np.nan))
-    page = render_html(unknown, gpufeed.analyze(unknown))
+    page = render_html(unknown, _analysis(unknown))
     assert re.search(r'<div class="k">Data wait</div><div class="v">unknown</div>', page)
     table = re.search(r'<table id="step-phases">(.*?)</table>', page, re.S).group(1)
     assert "<td>data wait</td><td>unknown</td><td>unknown</td>" in table
@@ -156,7 +166,7 @@ def test_report_and_show_use_the_gpu_clock_for_the_model_phases_where_it_was_mea
 
     run = gpufeed.load(run_dir)
     host = Console(record=True, width=200)
-    print_run(run, [], host)
+    print_run(run, _analysis(run, []), host)
     assert "Step phases (host time): data wait" in host.export_text()
 
     # As a CUDA run records them: GPU work between events, here a fixed 1, 2 and 0.5 ms per step.
@@ -166,12 +176,12 @@ def test_report_and_show_use_the_gpu_clock_for_the_model_phases_where_it_was_mea
     assert s["phase_clock"] == "cuda"
     timed = gpu[np.isfinite(gpu["duration"])]
     assert s["backward_share"] == pytest.approx(2e-3 * len(timed) / timed["duration"].sum())
-    page = render_html(on_gpu, [])
+    page = render_html(on_gpu, _analysis(on_gpu, []))
     table = re.search(r'<table id="step-phases">(.*?)</table>', page, re.S).group(1)
     assert "<td>forward (GPU)</td>" in table and "<td>2.00 ms</td>" in table
     assert "<td>data wait</td>" in table  # the wait is the host's, as before
     title = _figures(page)["chart-step-breakdown"]["layout"]["title"]
     assert "GPU time from CUDA events" in json.dumps(title)
     console = Console(record=True, width=200)
-    print_run(on_gpu, [], console)
+    print_run(on_gpu, _analysis(on_gpu, []), console)
     assert "Step phases (GPU time from CUDA events): data wait" in console.export_text()

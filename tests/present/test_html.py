@@ -3,6 +3,7 @@ strings, stays small for a 24-hour run, and `gpufeed report` writes it (also whi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -18,9 +19,11 @@ import plotly.offline
 import pytest
 
 import gpufeed
+from gpufeed.analysis.finding import Finding
+from gpufeed.analysis.result import Analysis, analyze_run
 from gpufeed.analysis.rules import RULES
 from gpufeed.analysis.run import Run
-from gpufeed.present.html import render_html, rule_checks
+from gpufeed.present.html import render_html
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = (
@@ -31,12 +34,20 @@ needs_chromium = pytest.mark.skipif(
 )
 XSS = "<script>alert(1)</script>"
 
+
+def _analysis(run: Run, findings: list[Finding] | None = None) -> Analysis:
+    """`run` analyzed as the commands do; `findings` given: those shown instead of the rules'."""
+    result = analyze_run(run)
+    return result if findings is None else dataclasses.replace(result, findings=findings)
+
+
 # Two seconds of an input-bound loop: one worker sleeping 64 ms per batch against ~10 ms of step
 # work (data-wait share ~0.8, far above the 0.1 threshold even on a loaded machine), so the report
 # has a finding.
 SCRIPT = """
 import time, torch
 from torch.utils.data import DataLoader, Dataset
+
 class Slow(Dataset):
     def __len__(self): return 256
     def __getitem__(self, i):
@@ -105,13 +116,15 @@ def test_report_renders_in_chromium_without_errors_and_escapes_the_name(profiled
 
 
 def test_report_is_self_contained(profiled: Path, tmp_path: Path) -> None:
-    html = render_html(gpufeed.load(profiled), [])
+    run = gpufeed.load(profiled)
+    html = render_html(run, _analysis(run, []))
     assert not re.search(r"""<(script|link|img)[^>]+(src|href)=["']?(https?:)?//""", html)
     assert "No bottleneck found" in html  # no findings passed: the healthy message
 
 
 def test_the_data_wait_card_says_the_training_thread_slept_on_its_worker(profiled: Path) -> None:
-    html = render_html(gpufeed.load(profiled), [])
+    run = gpufeed.load(profiled)
+    html = render_html(run, _analysis(run, []))
     # the one worker sleeps 64 ms a batch; the training thread waits for it, off the CPU
     assert re.search(
         r"the training thread was on a CPU \d+% of it \(asleep on loader workers", html
@@ -208,7 +221,7 @@ def big_run(hours: float = 24, interval: float = 0.2, cores: int = 4) -> Run:
 @pytest.mark.slow
 def test_a_24_hour_run_gives_a_report_under_10_mb() -> None:
     run = big_run()
-    html = render_html(run, gpufeed.analyze(run))
+    html = render_html(run, _analysis(run))
     size = len(html.encode())
     assert size < 10e6, f"{size / 1e6:.1f} MB"
     # plotly.js (inlined for offline use, and said so) stays the only large part.
@@ -226,7 +239,7 @@ def test_a_gpu_report_says_what_utilization_means_and_lists_every_rule(tmp_path:
     run = big_run(hours=0.1)
     findings = gpufeed.analyze(run)
     report = tmp_path / "report.html"
-    report.write_text(render_html(run, findings, checks=rule_checks(findings)))
+    report.write_text(render_html(run, _analysis(run)))
     dom = chromium(report.as_uri(), "--dump-dom")
     assert re.search(r'<pre id="js-errors"></pre>', dom), re.search(r"js-errors.{0,500}", dom)
     # The heatmap's title (plotly's SVG text) says what NVML measures, and nothing claims "SM %".
@@ -256,7 +269,7 @@ def test_a_gpu_report_says_what_utilization_means_and_lists_every_rule(tmp_path:
 
 def test_charts_of_hosts_that_sample_at_different_moments_have_no_holes(jittered_hosts) -> None:
     run = jittered_hosts(hosts=2)
-    html = render_html(run, [])
+    html = render_html(run, _analysis(run, []))
     figures = json.loads(re.search(r'id="chart-data">(.*?)</script>', html, re.S).group(1))
     cores = figures["chart-cpu-cores"]["data"][0]["z"]
     memory = figures["chart-memory"]["data"]
@@ -271,7 +284,9 @@ def test_charts_of_hosts_that_sample_at_different_moments_have_no_holes(jittered
 def test_every_core_of_every_host_has_its_own_row_label(jittered_hosts) -> None:
     run = jittered_hosts(hosts=8)
     figure = json.loads(
-        re.search(r'id="chart-data">(.*?)</script>', render_html(run, []), re.S).group(1)
+        re.search(
+            r'id="chart-data">(.*?)</script>', render_html(run, _analysis(run, [])), re.S
+        ).group(1)
     )
     layout = figure["chart-cpu-cores"]["layout"]
     assert len(figure["chart-cpu-cores"]["data"][0]["y"]) == 32
@@ -286,7 +301,7 @@ def test_a_run_of_hosts_with_different_cores_names_each_hosts_cores() -> None:
         "cpu_count": 4,
         "host_cpu_counts": {"node0": 4, "node1": 2},
     }
-    html = render_html(run, [])
+    html = render_html(run, _analysis(run, []))
     assert "4 + 2 cores (" in html  # the header
     assert re.search(r"p95 [\d.]+% of 4 \+ 2 cores", html)  # the CPU card
 

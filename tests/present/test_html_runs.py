@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
 import pytest
 
 import gpufeed
+from gpufeed.analysis.finding import Finding
+from gpufeed.analysis.result import Analysis, analyze_run
+from gpufeed.analysis.run import Run
 from gpufeed.present.html import render_html
 from gpufeed.profiler.session import steps_store_path
 from gpufeed.profiler.store import Store
+
+
+def _analysis(run: Run, findings: list[Finding] | None = None) -> Analysis:
+    """`run` analyzed as the commands do; `findings` given: those shown instead of the rules'."""
+    result = analyze_run(run)
+    return result if findings is None else dataclasses.replace(result, findings=findings)
 
 
 def _figures(html: str) -> dict:
@@ -28,7 +38,7 @@ def test_report_of_a_multi_host_run_whose_rank_0_host_does_not_sort_first(make_r
     store.close()
     run = gpufeed.load(run_dir)
     assert run.meta["hosts"] == ["node-a", "node-b"]
-    html = render_html(run, [])  # IndexError before
+    html = render_html(run, _analysis(run, []))  # IndexError before
     breakdown = _figures(html)["chart-step-breakdown"]
     wait = breakdown["data"][0]["y"]
     assert wait == [250.0] * 5  # rank 0's data wait (rank 1 waits 500 ms)
@@ -37,7 +47,8 @@ def test_report_of_a_multi_host_run_whose_rank_0_host_does_not_sort_first(make_r
 
 def test_report_redacts_secrets_left_in_an_old_meta_json(make_run):
     command = ["python", "t.py", "--pwd", "Pw9x", "--url", "https://u:p@ss@h/x", "-p", "Pw9x"]
-    html = render_html(gpufeed.load(make_run(meta={"command": command})), [])
+    run = gpufeed.load(make_run(meta={"command": command}))
+    html = render_html(run, _analysis(run, []))
     shown = re.search(r'<span id="run-command">(.*?)</span>', html, re.S).group(1)
     assert "Pw9x" not in shown and "ss@h" not in shown and "p@ss" not in shown
     assert "--pwd" in shown and "https://u:***@h/x" in shown
@@ -47,7 +58,7 @@ def test_a_name_and_command_that_are_not_utf8_are_shown_escaped(make_run):
     # `gpufeed profile --name $'n\xe9' -- python $'\xe9.py'` in a Latin-1 terminal: Python keeps the
     # bytes as lone surrogates, which meta.json stores as "\udce9".
     run = gpufeed.load(make_run(meta={"name": "n\udce9", "command": ["python", "\udce9.py"]}))
-    html = render_html(run, [])  # UnicodeEncodeError before
+    html = render_html(run, _analysis(run, []))  # UnicodeEncodeError before
     html.encode("utf-8")
     assert '<span id="run-name">n\\xe9</span>' in html
     assert "\\xe9.py" in re.search(r'<span id="run-command">(.*?)</span>', html, re.S).group(1)
@@ -77,7 +88,9 @@ def test_chart_data_is_strict_json(make_run):
     run = gpufeed.load(
         make_run(ranks={0: [(i, 1010.0 + i, 1011.0 + i, None, 8.0, None) for i in range(5)]})
     )
-    figures = re.search(r'id="chart-data">(.*?)</script>', render_html(run, []), re.S).group(1)
+    figures = re.search(
+        r'id="chart-data">(.*?)</script>', render_html(run, _analysis(run, [])), re.S
+    ).group(1)
     json.loads(figures, parse_constant=lambda c: pytest.fail(f"{c} in the chart data"))
 
 

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import time
 
 import pytest
 from rich.console import Console
 
+from gpufeed.analysis.finding import Finding
+from gpufeed.analysis.result import Analysis, analyze_run
+from gpufeed.analysis.run import Run
 from gpufeed.commands.ls import list_runs
 from gpufeed.commands.show import show
+
+
+def _analysis(run: Run, findings: list[Finding] | None = None) -> Analysis:
+    """`run` analyzed as the commands do; `findings` given: those shown instead of the rules'."""
+    result = analyze_run(run)
+    return result if findings is None else dataclasses.replace(result, findings=findings)
 
 
 def _text(fn, *args) -> str:
@@ -66,7 +76,9 @@ PROCS = [(100, "main", 180.0), (201, "worker", 60.0), (202, "worker", 40.0)]
 def test_show_adds_up_processes_of_hosts_that_sample_at_different_moments(jittered_hosts):
     from gpufeed.present.terminal import print_run
 
-    out = _text(lambda run, console: print_run(run, [], console), jittered_hosts(hosts=8))
+    out = _text(
+        lambda run, console: print_run(run, _analysis(run, []), console), jittered_hosts(hosts=8)
+    )
     (main,) = [line for line in out.splitlines() if line.startswith("│ main")]
     # 8 hosts, each with one training process at 95% of a core and 2 GB (1.86 GiB)
     assert [c.strip() for c in main.split("│")[2:6]] == ["8", "760%", "760%", "14.90 GiB"]

@@ -28,6 +28,7 @@ from gpufeed.analysis.frames import (
     add_relative_time,
     frame,
 )
+from gpufeed.profiler.redact import redact_argv, redact_value
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -81,6 +82,7 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
             f"{run_dir / 'meta.json'} is not valid JSON ({e}): the run's metadata is damaged"
         ) from None
     _check_meta(meta, run_dir / "meta.json")
+    redact_meta(meta)
     if not meta and not stores:
         raise RunError(
             f"{str(run_dir)!r} is not a gpufeed run directory (no meta.json, no store files): "
@@ -185,6 +187,18 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
     steps_df, replayed = split_replayed(steps_df, meta["ranks"])
     run = Run(run_dir, meta, system_df, steps_df, proc_df, workers, evals_df, replayed)
     return add_relative_time(run)
+
+
+def redact_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """`meta` with its command redacted in place (and returned): the one pass of a run's metadata
+    through today's redaction, when it is read, so that a meta.json written by an older gpufeed
+    shows nothing today's redaction hides and no presenter redacts again."""
+    command = meta.get("command")
+    if isinstance(command, list):
+        meta["command"] = redact_argv(str(c) for c in command)
+    elif command:
+        meta["command"] = redact_value(str(command))
+    return meta
 
 
 _META_TYPES: dict[str, tuple[type, ...]] = {

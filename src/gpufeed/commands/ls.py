@@ -1,4 +1,5 @@
-"""`gpufeed ls`: read the meta.json of every run under a folder and print them, latest first."""
+"""`gpufeed ls`: read the meta.json of every run under a folder (its command redacted as
+`analysis.run.load` does) and print them, latest first."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def list_runs(out: str | os.PathLike[str], console: Console | None = None) -> li
 def _read_meta(path: Path) -> dict[str, Any]:
     """A meta.json as a dict; where it is missing, unreadable or not an object, {PROBLEM: why} (one
     damaged run must not stop `ls` from listing the others)."""
+    from gpufeed.analysis.run import redact_meta
     from gpufeed.present.terminal import PROBLEM
 
     try:
@@ -47,7 +49,7 @@ def _read_meta(path: Path) -> dict[str, Any]:
         return {PROBLEM: "unreadable meta.json"}
     except ValueError:
         return {PROBLEM: "damaged meta.json"}
-    return data if isinstance(data, dict) else {PROBLEM: "damaged meta.json"}
+    return redact_meta(data) if isinstance(data, dict) else {PROBLEM: "damaged meta.json"}
 
 
 def _mtime(run_dir: Path) -> float:

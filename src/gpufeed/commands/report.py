@@ -42,10 +42,9 @@ def write_report(
     (e.g. to print them in the terminal). Both files are rendered before either is written."""
     from gpufeed.analysis.combine import run_paths
     from gpufeed.analysis.config import resolve
-    from gpufeed.analysis.rules import run_rules
-    from gpufeed.analysis.rules.context import Context
+    from gpufeed.analysis.result import analyze_run
     from gpufeed.analysis.run import load
-    from gpufeed.present.html import findings_json, render_html, rule_checks
+    from gpufeed.present.html import findings_json, render_html
 
     overrides = resolve(config, sets)
     target = Path(out) if out is not None else run_paths(run_path)[0] / "report.html"
@@ -54,19 +53,11 @@ def write_report(
     )
     while True:
         run = load(run_path)
-        findings = run_rules(run, **overrides)
-        ctx = Context(run, overrides.get("warmup"))
+        analysis = analyze_run(run, overrides)
+        findings = analysis.findings
         done = bool(run.meta.get("finished"))
         stopped = None if done else recording_stopped(run, stale_s)
-        checks = rule_checks(findings, overrides)
-        page = render_html(
-            run,
-            findings,
-            checks=checks,
-            steady=ctx.steady_wait(),
-            stopped=stopped,
-            ceiling=ctx.ceiling,
-        )
+        page = render_html(run, analysis, stopped=stopped)
         data = findings_json(run, findings) if json_out is not None else None
         write_atomic(target, page, make_parents=True)
         if data is not None:

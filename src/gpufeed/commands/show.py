@@ -1,4 +1,4 @@
-"""`gpufeed show`: load a run, run the built-in rules and print the summary with the findings."""
+"""`gpufeed show`: load a run, analyze it once (`analysis.result`) and print the summary with the findings."""
 
 from __future__ import annotations
 
@@ -21,14 +21,11 @@ def show(
     """Print the summary of a run (one or several run directories read as one) and its findings,
     judged with the thresholds `gpufeed report` uses: `config` (else ./gpufeed.toml) and `sets`."""
     from gpufeed.analysis.config import resolve
-    from gpufeed.analysis.rules import run_rules
-    from gpufeed.analysis.rules.context import Context
+    from gpufeed.analysis.result import analyze_run
     from gpufeed.analysis.run import load
     from gpufeed.present.terminal import print_run
 
     overrides = resolve(config, sets)
     run = load(runs)
-    findings = run_rules(run, **overrides)
-    ctx = Context(run, overrides.get("warmup"))
-    print_run(run, findings, console, ctx.steady_wait(), ctx.ceiling)
+    print_run(run, analyze_run(run, overrides), console)
     return run

@@ -16,7 +16,7 @@ import math
 import shlex
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpufeed.present import html_charts
 from gpufeed.present.html_charts import GPU_UTIL_MEANS
@@ -32,7 +32,7 @@ from gpufeed.present.safe_json import json_safe, strict_json
 
 if TYPE_CHECKING:
     from gpufeed.analysis.finding import Finding
-    from gpufeed.analysis.headspace import Ceiling
+    from gpufeed.analysis.result import Analysis
     from gpufeed.analysis.run import Run
 
 __all__ = [
@@ -42,7 +42,6 @@ __all__ = [
     "json_safe",
     "readable",
     "render_html",
-    "rule_checks",
     "strict_json",
 ]
 
@@ -81,51 +80,20 @@ def findings_json(run: Run, findings: list[Finding]) -> str:
     )
 
 
-def rule_checks(
-    findings: list[Finding], overrides: dict[str, Any] | None = None
-) -> list[dict[str, str]]:
-    """Every built-in rule with what it checks and its verdict on this run: "passed", the severity
-    of what it found, or "disabled" (by `--set RULE.enabled=false` or a config file)."""
-    from gpufeed.analysis.rules import RULES, validate
-
-    checked = validate(overrides or {})
-    worst: dict[str, str] = {}
-    order = ("info", "warning", "critical")
-    for f in findings:
-        if order.index(f.severity) >= order.index(worst.get(f.rule, "info")):
-            worst[f.rule] = f.severity
-    return [
-        {
-            "rule": rid,
-            "checks": rule.summary(),
-            "verdict": worst.get(rid, "passed")
-            if rule.resolve(checked.get(rid))["enabled"]
-            else "disabled",
-        }
-        for rid, rule in RULES.items()
-    ]
-
-
 def render_html(
     run: Run,
-    findings: list[Finding],
+    analysis: Analysis,
     max_points: int = MAX_POINTS,
-    checks: list[dict[str, str]] | None = None,
-    steady: tuple[int, float] | None = None,
     stopped: str | None = None,
-    ceiling: Ceiling | None = None,
 ) -> str:
-    """The report as one HTML string; `checks` (from `rule_checks`) defaults to the default rules';
-    `steady` (from `Context.steady_wait`) adds the data wait after warm-up to the summary, and
-    `ceiling` (`Context.ceiling`) the job's share of its own ceiling where it was measured;
-    `stopped` (from `recording_stopped`) says why an unfinished run will never finish, which the
-    header then says instead of "run still in progress"."""
+    """The report as one HTML string of `run` and what `analysis.result.analyze_run` found in it
+    (findings, every rule's verdict, the steady-state data wait, the own ceiling, the summary
+    figures); `stopped` (from `recording_stopped`) says why an unfinished run will never finish,
+    which the header then says instead of "run still in progress"."""
     import jinja2
     import plotly.offline
 
     from gpufeed import __version__
-    from gpufeed.analysis.stats import run_span
-    from gpufeed.profiler.redact import redact_argv, redact_value
 
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("gpufeed.present", "templates"),
@@ -134,19 +102,14 @@ def render_html(
     )
     env.policies["json.dumps_function"] = strict_json  # chart data: null, never NaN
     meta = run.meta
-    t0, t1 = run_span(run)
+    t0, t1 = analysis.span
     if not math.isfinite(t0):
         t0, t1 = 0.0, 0.0
     charts, figures, missing = html_charts.charts(run, t0, t1, max_points)
-    columns, rows = percentile_rows(run)
+    columns, rows = percentile_rows(analysis)
     gpus = meta.get("gpus") or []
-    command = meta.get("command") or []
-    # Redacted again: a meta.json from an older gpufeed may hold what today's redaction hides.
-    command = (
-        shlex.join(redact_argv(str(c) for c in command))
-        if isinstance(command, list)
-        else redact_value(str(command))
-    )
+    command = meta.get("command") or []  # redacted when loaded (`analysis.run.load`)
+    command = shlex.join(command) if isinstance(command, list) else str(command)
     plotly_js = plotly.offline.get_plotlyjs()
     page = env.get_template("report.html").render(
         name=str(meta.get("name") or Path(str(run.path)).name),
@@ -163,11 +126,11 @@ def render_html(
         dropped=int(meta.get("dropped_events") or 0),
         damaged=damaged_text(meta["damaged_stores"]) if meta.get("damaged_stores") else "",
         generated=datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
-        summary=summary_cards(run, t0, t1, steady, ceiling),
-        step_phases=step_phase_rows(run),
-        findings=[f.to_dict() for f in findings],
-        checks=checks if checks is not None else rule_checks(findings),
-        healthy=healthy_text(run),
+        summary=summary_cards(run, analysis, t0, t1),
+        step_phases=step_phase_rows(run, analysis),
+        findings=[f.to_dict() for f in analysis.findings],
+        checks=analysis.checks,
+        healthy=healthy_text(analysis),
         charts=charts,
         missing=missing,
         percentile_columns=columns,

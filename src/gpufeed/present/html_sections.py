@@ -10,29 +10,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpufeed.analysis.schema import unit
-from gpufeed.analysis.stats import (
-    PHASES,
-    no_steps_note,
-    percentile_table,
-    phases,
-    step_phases,
-    step_summary,
-    wait_cpu_note,
-)
+from gpufeed.analysis.stats import PHASES, step_phases
 from gpufeed.present.numbers import after_warmup, ceiling_text, count, cpu_counts, figure, number
 
 if TYPE_CHECKING:
-    from gpufeed.analysis.headspace import Ceiling
+    from gpufeed.analysis.result import Analysis
     from gpufeed.analysis.run import Run
 
 
-def summary_cards(
-    run: Run, t0: float, t1: float, steady: tuple[int, float] | None, ceiling: Ceiling | None
-) -> list[dict[str, str]]:
+def summary_cards(run: Run, analysis: Analysis, t0: float, t1: float) -> list[dict[str, str]]:
     """The summary cards (label, value, detail): duration, phases, steps, throughput, step time,
     data wait, evaluation, own ceiling, GPU and CPU utilization."""
-    s = step_summary(run)
-    ph = {r.phase: r.duration for r in phases(run).itertuples()}
+    s = analysis.summary
+    steady, ceiling = analysis.steady, analysis.ceiling
+    ph = {r.phase: r.duration for r in analysis.phases.itertuples()}
     meta = run.meta
     status = (
         f"exit code {meta.get('exit_code')}" if meta.get("finished") else "still running or killed"
@@ -64,7 +55,7 @@ def summary_cards(
             else "unknown",
             "detail": "of step time (wait / whole step)"
             + (f", every step; {judged}" if (judged := after_warmup(steady, s["ranks"])) else "")
-            + (f"; {note}" if (note := wait_cpu_note(s)) else "")
+            + (f"; {note}" if (note := analysis.wait_note) else "")
             if math.isfinite(s["data_wait_share"])
             else "not measured for what fed this loop (never read as 0%)",
         },
@@ -103,14 +94,12 @@ def summary_cards(
     return cards
 
 
-def healthy_text(run: Run) -> str:
+def healthy_text(analysis: Analysis) -> str:
     """What the rules checked, said when none found anything."""
-    from gpufeed.analysis.rules import RULES
-
-    s = step_summary(run)
+    s = analysis.summary
     if not s["steps"]:
         return (
-            f"No training steps were recorded ({no_steps_note(run)}), so the step-based rules had "
+            f"No training steps were recorded ({analysis.no_steps}), so the step-based rules had "
             "nothing to judge."
         )
     wait = (
@@ -119,15 +108,16 @@ def healthy_text(run: Run) -> str:
         else "unknown (not measured for what fed this loop)"
     )
     return (
-        f"{len(RULES)} rules checked {s['steps']:,} steps: data wait is "
+        f"{len(analysis.checks)} rules checked {s['steps']:,} steps: data wait is "
         f"{wait} and step time p95 / p50 is "
         f"{s['step_p95'] / s['step_p50']:.2f}."
     )
 
 
-def percentile_rows(run: Run) -> tuple[list[str], list[list[str]]]:
-    """The percentile table: its column names and its rows as text."""
-    table = percentile_table(run, by_host=len(run.meta.get("hosts") or []) > 1)
+def percentile_rows(analysis: Analysis) -> tuple[list[str], list[list[str]]]:
+    """The percentile table (per host where the run has several): its column names and its rows
+    as text."""
+    table = analysis.host_percentiles
     names = list(table.index.names)
     columns = [*names, *table.columns]
     rows = []
@@ -148,14 +138,14 @@ def _metric_value(metric: str, value: float, column: str) -> str:
     return f"{value:.1f}"
 
 
-def step_phase_rows(run: Run) -> list[dict[str, str]]:
+def step_phase_rows(run: Run, analysis: Analysis) -> list[dict[str, str]]:
     """Rows (phase, share of step time, mean per step) for the parts of a training step; "unknown"
     where a part was not measured (data wait outside a DataLoader, phases of an older run). The
     model's phases are GPU time where CUDA events measured it ("(GPU)" after their names)."""
     steps = run.steps[np.isfinite(run.steps["duration"].to_numpy(dtype=float))]
     if len(steps) == 0:
         return []
-    s = step_summary(run)
+    s = analysis.summary
     parts, clock = step_phases(steps)
     rows = []
     for p in PHASES:

@@ -27,22 +27,20 @@ from gpufeed.present.numbers import (
 from gpufeed.text import visible
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from gpufeed.analysis.finding import Finding
-    from gpufeed.analysis.headspace import Ceiling
+    from gpufeed.analysis.result import Analysis
     from gpufeed.analysis.run import Run
 
 
-def print_run(
-    run: Run,
-    findings: list[Finding],
-    console: Console | None = None,
-    steady: tuple[int, float] | None = None,
-    ceiling: Ceiling | None = None,
-) -> None:
+def print_run(run: Run, analysis: Analysis, console: Console | None = None) -> None:
     """Print a run's summary: what ran, phases, step throughput, a percentile table per metric, and
-    the given findings. `steady`: (warm-up steps the findings left out, data-wait share after
-    them), said beside the table's all-steps share; `ceiling`: the job's own, where measured."""
-    from gpufeed.analysis.stats import PHASES, no_steps_note, phases, step_summary, wait_cpu_note
+    the findings, all as `analysis.result.analyze_run` found them (the data-wait share after
+    warm-up beside the table's all-steps share; the job's own ceiling, where measured)."""
+    from gpufeed.analysis.stats import PHASES  # pandas: imported when a run is shown
+
+    steady, ceiling = analysis.steady, analysis.ceiling
 
     console = console or Console()
     meta = run.meta
@@ -78,7 +76,7 @@ def print_run(
             head.add_row("", _text(note["message"], "yellow"))
     console.print(Padding(head, (0, 0, 0, 2), expand=False))
 
-    ph = phases(run)
+    ph = analysis.phases
     table = Table(title="Phases", title_justify="left")
     for col in ("phase", "duration", "share"):
         table.add_column(col, justify="left" if col == "phase" else "right")
@@ -89,11 +87,9 @@ def print_run(
     table.add_row("[bold]total[/bold]", _seconds(total), "")
     console.print(table)
 
-    s = step_summary(run)
+    s = analysis.summary
     if s["steps"] == 0:
-        console.print(
-            f"[yellow]No training steps were recorded[/yellow]: {_m(no_steps_note(run))}."
-        )
+        console.print(f"[yellow]No training steps were recorded[/yellow]: {_m(analysis.no_steps)}.")
     else:
         caption = "data wait: its share of step time (a step includes its wait) over every step"
         if (judged := after_warmup(steady, s["ranks"])) and math.isfinite(s["data_wait_share"]):
@@ -122,7 +118,7 @@ def print_run(
                 for p in PHASES
             )
             console.print(f"Step phases ({clock}): {shares}")
-        note = wait_cpu_note(s)
+        note = analysis.wait_note
         if note:
             console.print(f"Data wait: {note}")
         if own := ceiling_text(ceiling, meta):
@@ -133,18 +129,17 @@ def print_run(
                 "(not counted in the training steps above)"
             )
 
-    if len(run.processes):
-        _print_processes(run, console)
+    if analysis.roles is not None:
+        _print_processes(run, analysis.roles, console)
 
-    _print_metrics(run, console)
-    print_findings(findings, console)
+    _print_metrics(analysis.percentiles, console)
+    print_findings(analysis.findings, console)
 
 
-def _print_metrics(run: Run, console: Console) -> None:
-    """Percentiles of every system metric, one row per metric and device."""
-    from gpufeed.analysis.stats import PERCENTILES, percentile_table
+def _print_metrics(pt: pd.DataFrame, console: Console) -> None:
+    """Percentiles of every system metric (`pt`), one row per metric and device."""
+    from gpufeed.analysis.stats import PERCENTILES
 
-    pt = percentile_table(run)
     if len(pt) == 0:
         console.print("[yellow]No system samples were recorded.[/yellow]")
         return
@@ -161,18 +156,15 @@ def _print_metrics(run: Run, console: Console) -> None:
     console.print(table)
 
 
-def _print_processes(run: Run, console: Console) -> None:
+def _print_processes(run: Run, roles: tuple[pd.DataFrame, pd.DataFrame], console: Console) -> None:
     """Per role: how many processes, their CPU (% of one core, summed over processes and hosts) and
-    peak memory."""
-    from gpufeed.analysis.stats import role_totals, run_span, time_bins
-
+    peak memory (`roles`: `Analysis.roles`)."""
     procs = run.processes
     memory = UNITS["bytes"]
     table = Table(title="Processes", title_justify="left")
     for col in ("role", "processes", "CPU p50", "CPU p95", "peak RSS"):
         table.add_column(col, justify="left" if col == "role" else "right")
-    edges = time_bins(run, *run_span(run), most=1_000_000)
-    cpus, rss = role_totals(run, edges, "cpu"), role_totals(run, edges, "rss", how="max")
+    cpus, rss = roles
     for role in ("main", "worker", "other"):
         rows = procs[procs["role"] == role]
         if len(rows) == 0:
@@ -271,14 +263,11 @@ def print_runs(
 
 
 def _command_line(meta: dict[str, Any]) -> str:
-    """The run's command as one line, secrets redacted (again: meta.json of older gpufeed versions
-    may hold what today's redaction hides)."""
-    from gpufeed.profiler.redact import redact_argv, redact_value
-
+    """The run's command as one line (redacted when read: `analysis.run.redact_meta`)."""
     command = meta.get("command") or []
     if isinstance(command, list):
-        return " ".join(redact_argv(str(c) for c in command))
-    return redact_value(str(command))
+        return " ".join(str(c) for c in command)
+    return str(command)
 
 
 def _m(value: Any, keep_newlines: bool = False) -> str:

@@ -96,13 +96,23 @@ def validate(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, 
 def run_rules(run: Run, **overrides: Mapping[str, Any]) -> list[Finding]:
     """Apply every enabled rule to `run`; findings come most severe first, then by estimated
     speedup. A bad override is a `ConfigError` naming it."""
+    checked = checked_overrides(overrides)
+    return check_all(Context(run, checked.get(WARMUP_ID)), checked)
+
+
+def checked_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """`overrides` validated (`validate`); a bad one is a `ConfigError` naming it."""
     try:
-        checked = validate(overrides)
+        return validate(overrides)
     except ConfigError:
         raise
     except ValueError as exc:
         raise ConfigError(f"{exc} (see `gpufeed rules`)") from None
-    ctx = Context(run, checked.get(WARMUP_ID))
+
+
+def check_all(ctx: Context, checked: Mapping[str, Any]) -> list[Finding]:
+    """Every enabled rule applied to `ctx` with the validated overrides `checked` (from
+    `checked_overrides`), most severe first, then by estimated speedup."""
     ctx.params = {rid: rule.resolve(checked.get(rid)) for rid, rule in RULES.items()}
     findings: list[Finding] = []
     for rid, rule in RULES.items():
