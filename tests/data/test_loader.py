@@ -661,7 +661,9 @@ def test_cpu_batches_are_the_workers_slots_lent_and_reused_once_let_go_of(
 ):
     loader = make(shards, 2, num_workers=2, seed=5)
     buffers = {images.data_ptr() for images, _ in loader}  # each batch dropped at the next
-    assert loader.stats()["lent_batches"] == 24  # not one copied out of its slot
+    # every batch of the epoch was its slot, not one copied out of it (the feeder may already
+    # have lent the next epoch's first batches, which count too)
+    assert loader.stats()["lent_batches"] >= 24 and loader._lender.copied == 0
     assert len(buffers) <= 10  # 2 workers × (prefetch 2 + 1 + 2 for lent batches) slots
 
 
