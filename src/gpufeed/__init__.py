@@ -9,6 +9,9 @@ Public API (kept small on purpose):
 - ``gpufeed.data``: ``pack``, ``ShardDataset``, ``Loader``, ``Augment``, ``load_settings`` (there
   after ``import gpufeed``: its names are imported on first use).
 
+These facades, ``gpufeed.integrations.*`` and ``gpufeed.train`` (the examples' training pieces)
+are the public API; every other module path is internal.
+
 Packages: ``profiler`` (COLLECT), ``analysis`` (UNDERSTAND), ``present`` (SHOW: renders only),
 ``commands`` (load → analyze → render → write: show, ls, report, trace, export), ``data`` (FEED),
 ``advise`` (diagnose, tune), ``demo``, ``train`` (MODEL), ``bench`` (EVIDENCE: experiments),

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 import gpufeed
-from gpufeed.analysis import run as run_module
 from gpufeed.profiler import store as store_module
 from gpufeed.profiler.session import steps_store_path
 from gpufeed.profiler.store import Store
@@ -114,10 +113,10 @@ def test_load_without_write_access_never_opens_a_store_for_writing(
         if killed
         else make_run(ranks=STEPS, system=CPU)
     )
-    monkeypatch.setattr(run_module.os, "access", lambda path, mode: mode != os.W_OK)
+    monkeypatch.setattr(store_module.os, "access", lambda path, mode: mode != os.W_OK)
 
     def no_writer(path):
         raise AssertionError(f"opened {path} with a writing connection")
 
-    monkeypatch.setattr(store_module, "read_store", no_writer)
+    monkeypatch.setattr(store_module, "_read_in_place", no_writer)
     _check(run_dir, ranks=2 if killed else 1)

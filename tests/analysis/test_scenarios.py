@@ -38,7 +38,7 @@ EXPECTED: dict[str, set[str]] = {
     "periodic_stall": {"PeriodicStall"},
     "memory_leak": {"GPUMemoryIncrease"},
     "eval_loop": set(),  # a validation pass per epoch is neither an outlier nor a stall
-    "tiny_batch": set(),  # BatchSize needs a GPU's utilization and memory (test_gpu_rules.py)
+    "tiny_batch": set(),  # BatchSize needs a GPU's utilization and memory (test_batch_size.py)
 }
 ALONE = {"crowded_workers"}  # fills every core: profiled after the others, not beside one
 # Profiled beside a CPU hog as well: loader-bound (slow_data), too few workers (cpu_transform:

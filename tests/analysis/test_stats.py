@@ -170,3 +170,11 @@ def test_role_totals_of_a_role_that_lives_part_of_the_run_are_unknown_not_0_else
     assert cpu["worker"].isna().sum() > 10  # where it did not exist
     charted = role_totals(run, edges, "cpu", absent=0.0)  # a stacked chart draws it as 0 there
     assert charted["worker"].isna().sum() == 0 and (charted["worker"] == 0).sum() > 10
+
+
+def test_binned_mean_leaves_empty_bins_and_unknown_values_out():
+    from gpufeed.analysis.stats import binned_mean
+
+    edges = np.array([0.0, 1.0, 2.0, 3.0])
+    means = binned_mean([0.5, 0.6, 2.5, 2.7, np.nan], [1.0, 3.0, 5.0, np.nan, 9.0], edges)
+    assert means[0] == 2.0 and np.isnan(means[1]) and means[2] == 5.0

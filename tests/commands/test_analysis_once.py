@@ -85,3 +85,40 @@ def test_load_redacts_an_old_meta_json_once(make_run) -> None:
     command = ["python", "t.py", "--password", "Pw9x"]
     run = gpufeed.load(make_run(meta={"command": command}))
     assert run.meta["command"] == ["python", "t.py", "--password", "***"]
+
+
+# What a presenter may take from `analysis` (or the `gpufeed` facade, which holds `analyze`) by
+# name beyond constants and types: lookups of how a figure is shown, which compute nothing.
+_LOOKUPS = {"gpufeed.analysis.schema": {"unit"}, "gpufeed": {"__version__"}}
+
+
+def test_presenters_import_no_computing_function_from_analysis() -> None:
+    """The presenters render what `analyze_run` (or `timeline`, `step_scalars`) computed: from
+    `gpufeed.analysis` they import constants (`PHASES`, `PERCENTILES`, `UNITS`) and types only,
+    never a function that computes (`step_phases`, `time_bins`, `role_totals`, ...)."""
+    for path in (SRC / "present").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = {a.name for a in node.names if a.name.startswith("gpufeed.analysis")}
+                assert not modules, f"present/{path.name} imports the module(s) {modules}"
+            if not (isinstance(node, ast.ImportFrom) and node.module):
+                continue
+            if node.module == "gpufeed" or node.module.startswith("gpufeed.analysis"):
+                allowed = _LOOKUPS.get(node.module, set())
+                bad = {
+                    a.name
+                    for a in node.names
+                    if not (a.name.isupper() or a.name[:1].isupper() or a.name in allowed)
+                }
+                assert not bad, f"present/{path.name} imports {bad} from {node.module}"
+
+
+def test_trace_and_export_render_a_timeline_without_running_the_rules(
+    make_run, counted, tmp_path
+) -> None:
+    run_dir = make_run(ranks=STEPS, system=[(1000.0 + i, "cpu.util", "", 10.0) for i in range(5)])
+    res = runner.invoke(app, ["trace", str(run_dir), "-o", str(tmp_path / "t.json")])
+    assert res.exit_code == 0 and (tmp_path / "t.json").is_file(), res.output
+    res = runner.invoke(app, ["export", str(run_dir), "--tensorboard", str(tmp_path / "tb")])
+    assert res.exit_code == 0, res.output
+    assert counted.built == 0

@@ -113,18 +113,18 @@ def test_an_empty_run_is_refused_by_name(make_run, tmp_path):
 
 def test_the_training_threads_cpu_while_it_waited_is_a_scalar_where_it_was_measured(run_dir):
     import gpufeed
-    from gpufeed.present.tensorboard import tensorboard_scalars
+    from gpufeed.analysis.step_scalars import step_scalars
     from gpufeed.profiler.session import steps_store_path
     from gpufeed.profiler.store import Store
 
     def tags(rank: str) -> set[str]:
-        return {tag for tag, *_ in tensorboard_scalars(gpufeed.load(run_dir))[f"node-a/{rank}"]}
+        return {tag for tag, *_ in step_scalars(gpufeed.load(run_dir))[f"node-a/{rank}"]}
 
     assert "step/data_wait_cpu_ms" not in tags("rank0")  # never invented
     store = Store(steps_store_path(run_dir, "node-a", 100))  # rank 0's
     store.write(cpu_phases=[(0, 0.2, 0.03), (1, 0.01, 0.0)])
     store.close()
-    rank0 = tensorboard_scalars(gpufeed.load(run_dir))["node-a/rank0"]
+    rank0 = step_scalars(gpufeed.load(run_dir))["node-a/rank0"]
     waits = [(step, v) for tag, step, v, _ in rank0 if tag == "step/data_wait_cpu_ms"]
     assert waits == [(0, pytest.approx(200.0)), (1, pytest.approx(10.0))]
     ready = [(step, v) for tag, step, v, _ in rank0 if tag == "step/data_wait_ready_ms"]
@@ -207,13 +207,13 @@ def test_system_scalars_read_back_at_the_step_that_ran_at_their_time(make_run, t
 def test_system_and_process_scalars_of_one_sample_time_share_its_step(jittered_hosts):
     """Without training steps, system samples are stepped by sample time: one index per time."""
     import gpufeed
-    from gpufeed.present.tensorboard import tensorboard_scalars
+    from gpufeed.analysis.step_scalars import step_scalars
 
     run = jittered_hosts(hosts=1)
     run = gpufeed.analysis.run.Run(
         run.path, run.meta, run.system, run.steps, run.processes.iloc[1:]
     )  # the process sampler missed the first sample
-    rows = tensorboard_scalars(run)["node0/system"]
+    rows = step_scalars(run)["node0/system"]
     step_at = {wall: step for tag, step, _, wall in rows if tag.startswith("system/")}
     cpu = [(step, wall) for tag, step, _, wall in rows if tag == "processes/cpu_main_percent"]
     assert len(cpu) == run.processes["time"].nunique() > 10

@@ -1,4 +1,5 @@
-"""Fixtures for the feed tests: tiny photo-like images, packed shards, and a real S3 server on loopback."""
+"""Fixtures for the feed tests: tiny photo-like images, packed shards, a real S3 server on loopback,
+and `make`, the Loader of the test_loader_*.py specifications."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
+from loader_helpers import SMALL, MakeLoader
 
+from gpufeed.data.loader import Loader
 from gpufeed.data.packing import pack
 from gpufeed.data.source import filesystem
 from gpufeed.demo.synth import make_image_folder
@@ -204,3 +208,21 @@ def silent_endpoint() -> Iterator[str]:
     for conn in held:
         conn.close()
     server.close()
+
+
+@pytest.fixture
+def make() -> Iterator[MakeLoader]:
+    """`make(data, batch_size, **options)`: a Loader (tiny images by default), closed after the
+    test, so no feeder thread of one test is running when the next forks its workers."""
+    made: list[Loader] = []
+
+    def new(data: Path, batch_size: int, **kw: Any) -> Loader:
+        kw.setdefault("augment", SMALL)
+        kw.setdefault("device", "cpu")
+        loader = Loader(data, batch_size, **kw)
+        made.append(loader)
+        return loader
+
+    yield new
+    for loader in made:
+        loader.close()

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from loader_helpers import WORKERS_DECODER
 
 from gpufeed.data.augment import Augment
 from gpufeed.data.batch import CorruptSampleError
@@ -22,6 +23,7 @@ from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.decode import decode
 from gpufeed.data.device import decoder_name, describe_decoder, open_decoder
 from gpufeed.data.loader import Loader
+from gpufeed.data.placement import Placement
 from gpufeed.data.spec import BatchSpec
 from gpufeed.errors import GpufeedError
 from gpufeed.extras import MissingExtra
@@ -180,7 +182,9 @@ def test_a_library_that_cannot_run_on_the_device_is_a_clear_error(library: str):
 
 def _encoded(decoder: str) -> BatchSpec:
     """The spec of a GPU-preprocessing Loader's batches of 8 with `decoder`."""
-    return BatchSpec(8, EVAL, "encoded", torch.float32, False, False, 1 << 20, decoder=decoder)
+    return BatchSpec(
+        8, EVAL, Placement.of("encoded"), torch.float32, False, False, 1 << 20, decoder=decoder
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
@@ -226,5 +230,5 @@ def test_workers_decode_whatever_the_decoder_when_preprocessing_on_cpu(
     shards: Path, make: MakeLoader
 ):
     loader = make(shards, 4, preprocess="cpu", decoder="nvjpeg")
-    assert decoder_name(loader.spec(), loader.device) == "libjpeg-turbo (CPU workers)"
-    assert loader.stats()["decoder"] == "libjpeg-turbo (CPU workers)"
+    assert decoder_name(loader.spec(), loader.device) == WORKERS_DECODER
+    assert loader.stats()["decoder"] == WORKERS_DECODER

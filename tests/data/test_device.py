@@ -11,12 +11,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpufeed.data import device
+from gpufeed.data import canvases
 from gpufeed.data.augment import Augment, _rotation
 from gpufeed.data.batch import batch_generator, build_batch
+from gpufeed.data.canvases import fill_canvases, padded_canvases, resample_batch
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.decode import image_size
-from gpufeed.data.device import DeviceStage, fill_canvases, padded_canvases, resample_batch
+from gpufeed.data.device import DeviceStage
+from gpufeed.data.placement import Placement
 from gpufeed.data.plan import Position
 from gpufeed.data.produce import fill_slot
 from gpufeed.data.slots import Slots
@@ -31,7 +33,7 @@ def _spec(handoff: str = "decoded", dtype: torch.dtype = torch.float32, **kw) ->
     fields = dict(
         batch_size=4,
         augment=Augment.load_factor(2, size=(16, 16)),
-        handoff=handoff,
+        placement=Placement.of(handoff),
         dtype=dtype,
         channels_last=False,
         strict=True,
@@ -83,7 +85,7 @@ def test_a_uint8_slot_becomes_the_float_batch_of_the_cpu_path(shards: Path, chan
     at = Position(3, 7)
     meta = fill_slot(samples, at, slots, 1, seed=5, rank=1)
     assert slots.images.dtype == torch.uint8
-    batch, _ = stage.first(at, 1, meta)
+    batch, _ = stage.from_slot(at, 1, meta)
     gen = batch_generator(5, 3, 1, 7)
     want, want_labels, _ = build_batch(
         samples, spec.augment, gen, dtype=torch.float32, channels_last=False, strict=True
@@ -110,7 +112,7 @@ def test_encoded_slots_carry_the_bytes_and_the_random_parameters_of_the_cpu_path
     slots = Slots(spec, 1, 2)
     at = Position(3, 7)
     meta = fill_slot(samples, at, slots, 1, seed=5, rank=1)
-    assert meta["n"] == 4 and meta["keys"] == [(s.shard, s.key) for s in samples]
+    assert meta.n == 4 and meta.keys == tuple((s.shard, s.key) for s in samples)
     offs = slots.offsets[1].tolist()
     data = slots.images[1].numpy()
     assert [data[offs[i] : offs[i + 1]].tobytes() for i in range(4)] == [s.data for s in samples]
@@ -121,13 +123,13 @@ def test_encoded_slots_carry_the_bytes_and_the_random_parameters_of_the_cpu_path
     sizes = [image_size(s.data) for s in samples]
     boxes = aug.boxes(sizes, gen)
     hflip, vflip, angle = aug.flips_and_angles(4, gen)
-    params = slots.params[1, :4]
-    assert params[:, 0:2].long().tolist() == [list(s) for s in sizes]
-    assert params[:, 2:6].long().tolist() == [list(b) for b in boxes]
-    reps = aug.load
-    assert torch.equal(params[:, 6 : 6 + reps].T.bool(), hflip)
-    assert torch.equal(params[:, 6 + reps : 6 + 2 * reps].T.bool(), vflip)
-    torch.testing.assert_close(params[:, 6 + 2 * reps :].T.float(), angle)
+    params = spec.params.unpack(slots.params[1, :4])
+    assert list(params) == ["size", "box", "hflip", "vflip", "angle"]
+    assert params["size"].long().tolist() == [list(s) for s in sizes]
+    assert params["box"].long().tolist() == [list(b) for b in boxes]
+    assert torch.equal(params["hflip"].T.bool(), hflip)
+    assert torch.equal(params["vflip"].T.bool(), vflip)
+    torch.testing.assert_close(params["angle"].T.float(), angle)
 
 
 def test_an_image_larger_than_the_index_says_is_the_one_left_out_of_an_encoded_slot(shards: Path):
@@ -138,8 +140,8 @@ def test_an_image_larger_than_the_index_says_is_the_one_left_out_of_an_encoded_s
     big = RawSample(samples[0].shard, "big", 0, samples[0].data * 3)  # its size understated
     slots = Slots(_spec("encoded", max_sample_bytes=bound), 1, 1)
     meta = fill_slot([big, *samples[1:]], Position(0, 0), slots, 0, seed=0, rank=0)
-    assert list(meta["bad"]) == [0]  # not the later images it would have crowded out
-    assert f"more than the index bounds images to ({bound:,})" in meta["bad"][0]
+    assert list(meta.bad) == [0]  # not the later images it would have crowded out
+    assert f"more than the index bounds images to ({bound:,})" in meta.bad[0]
 
 
 # --- resample_batch ---------------------------------------------------------------------------
@@ -223,7 +225,7 @@ def test_a_padded_batch_makes_the_canvases_of_its_images(monkeypatch: pytest.Mon
     padded = torch.zeros((5, 48, 60, 3), dtype=torch.uint8)
     for k, im in enumerate(images):
         padded[k, : im.shape[1], : im.shape[2]] = im.permute(1, 2, 0)
-    monkeypatch.setattr(device, "CANVAS_ELEMENTS", 2 * 3 * 48 * 60)  # two images per canvas
+    monkeypatch.setattr(canvases, "CANVAS_ELEMENTS", 2 * 3 * 48 * 60)  # two images per canvas
     got, want = padded_canvases(padded), fill_canvases(images)
     assert [c.shape[0] for c in got] == [c.shape[0] for c in want] == [2, 2, 1]
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

@@ -37,14 +37,14 @@ class _SplitStage:
     split, one_thread, slots = True, False, _Slots()
 
     def __init__(self) -> None:
-        self.seconds = {"wait_workers": 0.0, "first": 0.0, "second": 0.0}
+        self.seconds = {"wait_workers": 0.0, "from_slot": 0.0, "resample": 0.0}
 
-    def first(
+    def from_slot(
         self, at: Position, index: int, meta: dict[str, Any], lend: Any = None
     ) -> tuple[Any, None]:
         return at, None
 
-    def second(self, at: Position) -> _Batch:
+    def resample(self, at: Position) -> _Batch:
         time.sleep(1.2)  # longer than take's 0.5-s look at the threads
         return _Batch(at)
 

@@ -8,6 +8,7 @@ import torch
 
 from gpufeed.data.augment import Augment
 from gpufeed.data.lending import Lender
+from gpufeed.data.placement import Placement
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
 
@@ -16,12 +17,11 @@ def _slots(dtype: torch.dtype = torch.float32, per_worker: int = 3) -> Slots:
     spec = BatchSpec(
         batch_size=4,
         augment=Augment(size=(8, 8)),
-        handoff="decoded",
+        placement=Placement.of("decoded", host_final=True),
         dtype=dtype,
         channels_last=False,
         strict=False,
         max_sample_bytes=1000,
-        host_final=True,
     )
     return Slots(spec, workers=2, per_worker=per_worker)
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gpufeed.data.augment import Augment
+from gpufeed.data.placement import Placement
 from gpufeed.data.slots import Slots, shared_zeros
 from gpufeed.data.spec import BatchSpec
 
@@ -32,7 +33,7 @@ def test_what_a_forked_process_writes_to_a_slot_the_parent_sees():
     spec = BatchSpec(
         batch_size=4,
         augment=Augment(size=(8, 8)),
-        handoff="decoded",
+        placement=Placement.of("decoded"),
         dtype=torch.float32,
         channels_last=False,
         strict=False,

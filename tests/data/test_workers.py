@@ -26,6 +26,7 @@ from processes import Haunted, gone, wait_until
 from gpufeed.data.augment import Augment
 from gpufeed.data.batch import CorruptSampleError
 from gpufeed.data.dataset import ShardDataset
+from gpufeed.data.placement import Placement
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
@@ -48,7 +49,7 @@ def _parts(
     spec = BatchSpec(
         batch_size=batch_size,
         augment=augment,
-        handoff="decoded",
+        placement=Placement.of("decoded"),
         dtype=torch.float32,
         channels_last=False,
         strict=strict,
@@ -91,7 +92,7 @@ def _expected_labels(data: Path, batch_size: int, workers: int, start: Position,
 def _take(pool: WorkerPool, slots: Slots, at: Position) -> tuple[list[int], int]:
     """Labels of batch `at` and the slot it came in; the slot is given back."""
     w, k, meta = pool.get(at, NEVER)
-    labels = slots.labels[slots.index(w, k), : meta["n"]].tolist()
+    labels = slots.labels[slots.index(w, k), : meta.n].tolist()
     pool.free(w, k)
     return labels, slots.index(w, k)
 
@@ -251,7 +252,7 @@ def test_inline_pool_makes_the_same_batches_as_one_worker(shards: Path):
     at, got = Position(2, 3), []
     for _ in range(10):
         w, k, meta = pool.get(at, NEVER)
-        got.append(slots.labels[slots.index(w, k), : meta["n"]].tolist())
+        got.append(slots.labels[slots.index(w, k), : meta.n].tolist())
         at = plan.next_position(at)
     assert got == _expected_labels(shards, 5, 1, Position(2, 3), 10)
     assert plan.dataset.epoch == epoch_before  # it plans on a copy of the dataset

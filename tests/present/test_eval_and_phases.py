@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,8 +21,14 @@ from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.result import Analysis, analyze_run
 from gpufeed.analysis.run import Run
 from gpufeed.analysis.stats import step_summary
+from gpufeed.analysis.timeline import timeline
+from gpufeed.present import trace as present_trace
 from gpufeed.present.html import render_html
-from gpufeed.present.trace import build_trace
+
+
+def build_trace(run: Run, **options: Any) -> dict[str, Any]:
+    """The trace of `run` as `gpufeed trace` builds it: from its `Timeline`."""
+    return present_trace.build_trace(run, timeline(run), **options)
 
 
 def _analysis(run: Run, findings: list[Finding] | None = None) -> Analysis:

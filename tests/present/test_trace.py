@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -14,9 +15,16 @@ import pytest
 
 import gpufeed
 from gpufeed.analysis.run import Run
-from gpufeed.present.trace import TraceError, build_trace
+from gpufeed.analysis.timeline import timeline
+from gpufeed.present import trace as present_trace
+from gpufeed.present.trace import TraceError
 
 T0 = 1_700_000_000.0
+
+
+def build_trace(run: Run, **options: Any) -> dict[str, Any]:
+    """The trace of `run` as `gpufeed trace` builds it: from its `Timeline`."""
+    return present_trace.build_trace(run, timeline(run), **options)
 
 
 def two_rank_run(n: int = 50) -> Run:

@@ -69,3 +69,41 @@ def test_commits_survive_a_killed_writer_and_writers_need_no_shared_lock(tmp_pat
     for i in range(3):
         data = read_store(tmp_path / f"w{i}.db")
         assert [r[0] for r in data["steps"]] == list(range(200))
+
+
+def test_only_the_store_module_opens_sqlite_files():
+    """All reading (and writing) of store files is `profiler.store`'s: no other module of the
+    package imports sqlite3, so the read-only and killed-writer handling cannot be bypassed."""
+    import ast
+    from pathlib import Path
+
+    import gpufeed
+
+    package = Path(gpufeed.__file__).parent
+    users = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            if any(n == "sqlite3" or n.startswith("sqlite3.") for n in names):
+                users.add(path.relative_to(package).as_posix())
+    assert users == {"profiler/store.py"}
+
+
+def test_read_store_writes_nothing_beside_a_store_it_may_not_write(tmp_path, monkeypatch):
+    """Without write access (a read-only mount, someone else's run) the store is read read-only:
+    no -wal or -shm file appears beside it."""
+    import gpufeed.profiler.store as store_module
+
+    store = Store(tmp_path / "s.db")
+    store.write({"host": "h"}, steps=[(0, 1.0, 2.0, 0.5, 8.0, None)])
+    store.close()
+    before = sorted(os.listdir(tmp_path))
+    monkeypatch.setattr(store_module.os, "access", lambda path, mode: mode != os.W_OK)
+    assert len(read_store(tmp_path / "s.db")["steps"]) == 1
+    assert sorted(os.listdir(tmp_path)) == before

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufeed.analysis.rules.params import ConfigError
-from gpufeed.analysis.rules.registry import validate
+from gpufeed.analysis.rules.registry import checked_overrides
 
 __all__ = ["DEFAULT_FILE", "ConfigError", "load_file", "parse_sets", "resolve"]
 
@@ -61,7 +61,7 @@ def load_file(path: str | Path) -> dict[str, dict[str, Any]]:
                 f"{path}: rules.{key} = {value!r} is not a table; write it as "
                 f"[rules.RULE] with param = value lines (see `gpufeed rules`)"
             )
-    return _validated(rules, where=str(path))
+    return checked_overrides(rules, where=str(path))
 
 
 def parse_sets(items: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -75,7 +75,7 @@ def parse_sets(items: Iterable[str]) -> dict[str, dict[str, Any]]:
                 f"--set {item!r}: expected RULE.param=value, e.g. DataLoaderBottleneck.threshold=0.3"
             )
         out.setdefault(section, {})[name.strip()] = value.strip()
-    return _validated(out, where="--set")
+    return checked_overrides(out, where="--set")
 
 
 def resolve(
@@ -88,13 +88,6 @@ def resolve(
     for section, values in parse_sets(sets).items():
         merged.setdefault(section, {}).update(values)
     return merged
-
-
-def _validated(raw: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
-    try:
-        return validate(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{where}: {exc} (see `gpufeed rules`)") from None
 
 
 def _near(word: str, key: str) -> bool:

@@ -10,9 +10,6 @@ started); frames built by hand may lack it, so code must not require it.
 from __future__ import annotations
 
 import os
-import shutil
-import sqlite3
-import tempfile
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +26,7 @@ from gpufeed.analysis.frames import (
     frame,
 )
 from gpufeed.profiler.redact import redact_argv, redact_value
+from gpufeed.profiler.store import read_store
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -100,7 +98,7 @@ def load(path: str | PathLike[str] | Iterable[str | PathLike[str]]) -> Run:
     damaged: list[tuple[Path, Exception]] = []  # store files left out, and why
     for store in stores:
         try:
-            data = _read_store(store)
+            data = read_store(store)
             _check_store(data)
         except Exception as e:  # the others still tell what they recorded
             damaged.append((store, e))
@@ -267,72 +265,6 @@ def _check_store(data: dict[str, Any]) -> None:
         raise ValueError(f"its info 'headspace' is {window!r}, not what gpufeed writes there")
     if any(not isinstance(row[1], int) for row in data.get("processes") or ()):
         raise ValueError("a process sample without a process id")
-
-
-def _read_store(path: Path) -> dict[str, Any]:
-    """`read_store`, also where the run directory or its files cannot be written (a read-only mount,
-    a copy owned by someone else): there a normal SQLite connection fails on a WAL database."""
-    from gpufeed.profiler.store import read_store
-
-    if _writable(path):
-        try:
-            return read_store(path)
-        except sqlite3.OperationalError:
-            pass  # e.g. a file system that is read-only although access() says otherwise
-    return _read_store_readonly(path)
-
-
-def _sidecars(path: Path) -> tuple[Path, Path]:
-    """The WAL and shared-memory files SQLite keeps next to a WAL-mode database."""
-    return path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")
-
-
-def _writable(path: Path) -> bool:
-    files = [path.parent, path, *(p for p in _sidecars(path) if p.exists())]
-    return all(os.access(p, os.W_OK) for p in files)
-
-
-def _read_store_readonly(path: Path) -> dict[str, Any]:
-    """Read a store without writing anything next to it.
-
-    Without a WAL (the writer closed the file, folding the WAL in) `immutable=1` opens the file as
-    it is; `mode=ro` reads the WAL of a live or killed writer where its -wal and -shm files exist; a
-    WAL that cannot be read in place (no -shm file, which a read-only directory cannot get) is
-    replayed in a private copy.
-    """
-    from gpufeed.profiler.store import read_store
-
-    wal, _ = _sidecars(path)
-    has_wal = wal.exists() and wal.stat().st_size > 0
-    uri = path.resolve().as_uri()
-    # Without a WAL no writer is at work (stores are WAL-mode while open) and the file is complete:
-    # immutable=1 reads it without locks and without creating -wal/-shm files.
-    modes = ["mode=ro"] if has_wal else ["immutable=1", "mode=ro"]
-    error: Exception | None = None
-    for mode in modes:
-        try:
-            return _read_uri(f"{uri}?{mode}")
-        except sqlite3.Error as e:
-            error = error or e
-    if not has_wal:
-        assert error is not None
-        raise error
-    with tempfile.TemporaryDirectory(prefix="gpufeed-store-") as tmp:
-        copy = Path(tmp) / path.name
-        shutil.copyfile(path, copy)
-        shutil.copyfile(wal, _sidecars(copy)[0])
-        return read_store(copy)
-
-
-def _read_uri(uri: str) -> dict[str, Any]:
-    """What `read_store` returns, from a SQLite URI (read-only modes)."""
-    from gpufeed.profiler.store import read_tables
-
-    db = sqlite3.connect(uri, uri=True, timeout=5.0)
-    try:
-        return read_tables(db)
-    finally:
-        db.close()
 
 
 def _corrected_roles(

@@ -112,6 +112,21 @@ def bin_index(times: Any, edges: np.ndarray) -> np.ndarray:
     return np.clip(np.searchsorted(edges, t, side="right") - 1, 0, len(edges) - 2)
 
 
+def binned_mean(times: Any, values: Any, edges: np.ndarray) -> np.ndarray:
+    """Mean of `values` in each time bin of `edges` (NaN where a bin is empty); pairs where the
+    time or the value is not finite are left out."""
+    t = np.asarray(times, dtype=float)
+    v = np.asarray(values, dtype=float)
+    ok = np.isfinite(t) & np.isfinite(v)
+    t, v = t[ok], v[ok]
+    bins = len(edges) - 1
+    idx = bin_index(t, edges)
+    count = np.bincount(idx, minlength=bins)
+    total = np.bincount(idx, v, minlength=bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
 def role_totals(
     run: Run, edges: np.ndarray, column: str, how: str = "mean", absent: float | None = None
 ) -> pd.DataFrame:

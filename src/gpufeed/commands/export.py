@@ -1,4 +1,5 @@
-"""`gpufeed export`: load a run and write it for other tools (TensorBoard event files)."""
+"""`gpufeed export`: load a run, put its figures on the training-step axis (`analysis.step_scalars`)
+and write them for other tools (TensorBoard event files)."""
 
 from __future__ import annotations
 
@@ -20,18 +21,14 @@ def export_tensorboard(
     `out/RUN` (RUN: the run directory's name), so that runs exported into one folder stay apart
     in TensorBoard; returns `out/RUN`. Refuses to add to an earlier export of the same run.
     Every scalar is on the training-step axis (system samples: the mean of each step's, see
-    `gpufeed.present.tensorboard`), with its unit in its tag and its wall time.
+    `gpufeed.analysis.step_scalars`), with its unit in its tag and its wall time.
 
     All or nothing: the files are written into a hidden folder beside `out/RUN` and renamed to
     it once complete; where they cannot be (a full disk), that folder is removed and the OSError
     raised names `out/RUN`."""
     from gpufeed.analysis.run import load
-    from gpufeed.present.tensorboard import (
-        ExportError,
-        check_extra,
-        run_folder,
-        tensorboard_scalars,
-    )
+    from gpufeed.analysis.step_scalars import step_scalars
+    from gpufeed.present.tensorboard import ExportError, check_extra, run_folder
 
     check_extra()
     run = load(run_path)
@@ -47,7 +44,7 @@ def export_tensorboard(
     made_base = not base.exists()
     staging = base / f".{target.name}.{os.getpid()}.tmp"
     try:
-        scalars = _write_all(staging, tensorboard_scalars(run))
+        scalars = _write_all(staging, step_scalars(run))
         os.replace(staging, target)
     except BaseException as e:
         began = staging.exists()  # else the folder could not even be made in `out`

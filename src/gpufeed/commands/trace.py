@@ -1,5 +1,5 @@
-"""`gpufeed trace`: load a run, render its Chrome/Perfetto trace (optionally merged into a
-torch.profiler trace) and write it."""
+"""`gpufeed trace`: load a run, make its `Timeline` (no rules: `analysis.timeline`), render its
+Chrome/Perfetto trace (optionally merged into a torch.profiler trace) and write it."""
 
 from __future__ import annotations
 
@@ -25,18 +25,19 @@ def write_trace(
     start. With `merge` (a torch.profiler trace), gpufeed's tracks are added to that trace, over its
     time span (default RUN/trace-merged.json)."""
     from gpufeed.analysis.run import load
-    from gpufeed.analysis.stats import run_span
+    from gpufeed.analysis.timeline import timeline
     from gpufeed.present.kineto import KinetoError, merge_window, read_kineto
     from gpufeed.present.trace import TraceError, render_trace
 
     run = load(run_path)
+    line = timeline(run)
     try:
         kineto = read_kineto(merge) if merge is not None else None
         if kineto is not None:
-            start, end = merge_window(kineto, *run_span(run), start, end)
+            start, end = merge_window(kineto, *line.span, start, end)
     except KinetoError as e:
         raise TraceError(str(e)) from None
-    text, events = render_trace(run, start=start, end=end, max_mb=max_mb, kineto=kineto)
+    text, events = render_trace(run, line, start=start, end=end, max_mb=max_mb, kineto=kineto)
     default = "trace-merged.json" if merge is not None else "trace.json"
     target = Path(out) if out is not None else run.path / default
     write_atomic(target, text, make_parents=True)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpufeed.data.options import ordered, real, several, whole
+from gpufeed.data.param_columns import Column
 from gpufeed.errors import OptionError
 
 if TYPE_CHECKING:
@@ -180,6 +181,23 @@ class Augment:
         a = (torch.rand(L, n, generator=gen) * 2 - 1) * math.radians(self.degrees)
         return h, v, a
 
+    def drawn_columns(self) -> tuple[Column, ...]:
+        """The per-image parameters the ops draw (`boxes`, `flips_and_angles`), as the slot
+        columns that carry them to a device that decodes: the crop box (top, left, height,
+        width) and, per repetition of the load block, its flips and angle."""
+        reps = self.load if self.train else 0
+        return (
+            Column("box", 4, "int"),
+            Column("hflip", reps, "bool"),
+            Column("vflip", reps, "bool"),
+            Column("angle", reps, "float"),
+        )
+
+    def later_warp_columns(self) -> tuple[Column, ...]:
+        """The columns of the load block's warps after the first (a 2×3 sampling matrix each),
+        which a device applies to images that workers took through the first."""
+        return (Column("warps", 6 * max(0, self.warp_count - 1), "float"),)
+
     @property
     def warp_count(self) -> int:
         """Sampling matrices per image in the load block: none, one if fused, else one per
@@ -309,14 +327,25 @@ class Augment:
         return self.finish(x, self.warps(params), out)
 
 
-def _crop(image: torch.Tensor, full: tuple[int, int], box: Box) -> torch.Tensor:
-    """`box` (in `full`-size pixels) of a HxWx3 image decoded at any size: a 1×3×h×w view."""
-    sy, sx = image.shape[0] / full[0], image.shape[1] / full[1]
+def crop_span(
+    decoded: tuple[int, int], full: tuple[int, int], box: Box
+) -> tuple[int, int, int, int]:
+    """(y0, y1, x0, x1): the rows and columns of an image decoded at `decoded` size that `box`
+    (in `full`-size pixels) covers; the one rule every decoder and crop uses."""
+    sy, sx = decoded[0] / full[0], decoded[1] / full[1]
     y, x, bh, bw = box
     y0, x0 = int(y * sy), int(x * sx)
-    y1 = max(y0 + 1, min(image.shape[0], round((y + bh) * sy)))
-    x1 = max(x0 + 1, min(image.shape[1], round((x + bw) * sx)))
-    return image[y0:y1, x0:x1].permute(2, 0, 1).unsqueeze(0)  # a channels_last view
+    y1 = max(y0 + 1, min(decoded[0], round((y + bh) * sy)))
+    x1 = max(x0 + 1, min(decoded[1], round((x + bw) * sx)))
+    return y0, y1, x0, x1
+
+
+def _crop(image: torch.Tensor, full: tuple[int, int], box: Box) -> torch.Tensor:
+    """`box` (in `full`-size pixels) of a HxWx3 image decoded at any size: a 1×3×h×w view."""
+    y0, y1, x0, x1 = crop_span((image.shape[0], image.shape[1]), full, box)
+    # a channels_last view; batch dim first, so a dense crop has the strides torch's kernels take
+    # for channels_last (a region decoded to the crop needs no copy)
+    return image[y0:y1, x0:x1].unsqueeze(0).permute(0, 3, 1, 2)
 
 
 def _flip_dims(theta: torch.Tensor) -> list[int] | None:

@@ -106,7 +106,7 @@ def image_size(data: bytes) -> tuple[int, int]:
         raise CorruptImage(f"unreadable image header: {error_reason(e)}") from e
 
 
-def _dct_scales(height: int, width: int, min_height: int, min_width: int) -> bool:
+def dct_scales(height: int, width: int, min_height: int, min_width: int) -> bool:
     """Whether `decode` DCT-scales a height×width JPEG for these minimum sizes."""
     return 2 * min_height <= height and 2 * min_width <= width
 
@@ -122,7 +122,7 @@ def full_size_decode(data: bytes, min_height: int, min_width: int) -> bool:
         h, w, _, _ = simplejpeg.decode_jpeg_header(data)
     except Exception:
         return False
-    return not _dct_scales(int(h), int(w), min_height, min_width)
+    return not dct_scales(int(h), int(w), min_height, min_width)
 
 
 def decode(data: bytes, min_height: int = 0, min_width: int = 0) -> np.ndarray:
@@ -137,7 +137,7 @@ def decode(data: bytes, min_height: int = 0, min_width: int = 0) -> np.ndarray:
 
             h, w, _, _ = simplejpeg.decode_jpeg_header(data)
             check_pixels(int(h), int(w))
-            if not _dct_scales(int(h), int(w), min_height, min_width):
+            if not dct_scales(int(h), int(w), min_height, min_width):
                 min_height = min_width = 0
             return simplejpeg.decode_jpeg(
                 data,

@@ -15,7 +15,9 @@ import warnings
 
 import torch
 
+from gpufeed.data.batch import cpu_decoder
 from gpufeed.data.dali import DaliDecoder, dali_importable
+from gpufeed.data.jpeg_region import workers_decoder
 from gpufeed.data.nvimgcodec import NvImageCodecDecoder
 from gpufeed.data.spec import BatchSpec
 from gpufeed.errors import GpufeedError, OptionError
@@ -40,14 +42,14 @@ _warned_gpu: list[bool] = []  # warn once per process
 
 
 def decoder_choice(spec: BatchSpec, device: torch.device) -> str:
-    """Who decodes `spec`'s batches for `device`: "workers", "regions" (the workers, through
-    nvImageCodec, over the crop boxes), "dali", "nvimgcodec", "nvjpeg" or "cpu" (the feeder
+    """Who decodes `spec`'s batches for `device`: "workers" (whole JPEGs), "workers-regions"
+    (crop boxes, `jpeg_region`), "regions" (the workers, through nvImageCodec, over crop boxes), "dali", "nvimgcodec", "nvjpeg" or "cpu" (the feeder
     thread); a clear error when the decoder asked for cannot run here."""
     if spec.crop_regions:
         require("nvimgcodec")
         return "regions"
     if spec.handoff != "encoded":
-        return "workers"
+        return "workers" if workers_decoder(spec.decoder) is cpu_decoder else "workers-regions"
     cuda = device.type == "cuda"
     if spec.decoder in ("dali", "nvimgcodec"):
         require(spec.decoder)
@@ -107,6 +109,7 @@ def describe_decoder(choice: str, device: torch.device) -> str:
 
 DECODER_NAMES = {
     "workers": "libjpeg-turbo (CPU workers)",
+    "workers-regions": "libjpeg-turbo crop regions (CPU workers)",
     "regions": "nvimgcodec crop regions (CPU workers)",
     "nvjpeg": "nvjpeg (torchvision)",
     "cpu": "libjpeg-turbo (feeder thread)",

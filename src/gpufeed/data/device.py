@@ -12,9 +12,9 @@ high-priority stream, so its few kernels slot in between the training step's:
   (`decoder="workers"`: the CPU decodes, the GPU does the heavy part of the augmentation);
 - "encoded" slots (JPEG bytes, with sizes and random parameters drawn by the workers): in two
   steps on two threads and streams, so decoding batch k+1 overlaps resampling batch k:
-  `first` = a batched decode into one zero-padded canvas, by NVIDIA DALI (`gpufeed.data.dali`:
+  `from_slot` = a batched decode into one zero-padded canvas, by NVIDIA DALI (`gpufeed.data.dali`:
   the hardware JPEG decoder, own memory pools and streams) or nvJPEG through torchvision;
-  `second` = crop + resize + the first augmentation warp as ONE batched, supersampled bilinear
+  `resample` = crop + resize + the first augmentation warp as ONE batched, supersampled bilinear
   resampling of all images (`sample_canvases`), then the other warps and normalization, batched.
   Who decodes (`BatchSpec.decoder`, the device) is `decoders`' choice.
 Random parameters come from the same per-batch generator as on CPU workers, so both paths draw
@@ -25,18 +25,16 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from gpufeed.data.augment import Box, _normalizer, sampling_grid
+from gpufeed.data.augment import _normalizer
 from gpufeed.data.batch import CorruptSampleError, batch_generator, build_batch, cpu_decoder
+from gpufeed.data.canvases import fill_canvases, padded_canvases, sample_canvases
 from gpufeed.data.dali import DaliDecoder
 from gpufeed.data.dataset import RawSample
 from gpufeed.data.decoders import (  # noqa: F401 - also imported from here
@@ -45,15 +43,14 @@ from gpufeed.data.decoders import (  # noqa: F401 - also imported from here
     nvjpeg_available,
     open_decoder,
 )
+from gpufeed.data.jpeg_region import workers_decoder
 from gpufeed.data.outputs import OutputPool
 from gpufeed.data.plan import Position
 from gpufeed.data.sample_extras import columns
+from gpufeed.data.slot_meta import SlotMeta
 from gpufeed.data.slots import Slots
 from gpufeed.data.spec import BatchSpec
 from gpufeed.errors import OptionError
-
-MAX_TAPS = 3  # supersampling taps per axis: antialiasing for downscales up to 3×
-CANVAS_ELEMENTS = 1 << 28  # images per resampling pass are limited to this many canvas elements
 
 
 @dataclass
@@ -102,11 +99,11 @@ class DeviceStage:
         self.scale, shift = _normalizer(spec.augment.mean, spec.augment.std, device)
         self.neg_shift = -shift
         self.decoder, self.library = open_decoder(spec, device)
-        # on CUDA, two steps on two threads: decode (first) and resample (second), each its own
+        # on CUDA, two steps on two threads: decode (from_slot) and resample, each its own
         # stream; DALI or nvImageCodec on the CPU do both on the feeder thread
         self.split = self.cuda and self.decoder in ("dali", "nvimgcodec", "nvjpeg")
         self.stream2 = torch.cuda.Stream(device, priority=-1) if self.split else None
-        self.seconds = {"wait_workers": 0.0, "first": 0.0, "second": 0.0}
+        self.seconds = {"wait_workers": 0.0, "from_slot": 0.0, "resample": 0.0}
         # CPU batches, reused: those the feeder keeps ready, the loop's, and the one being made
         self.outputs = OutputPool(keep=4)
         self.decoder_name = describe_decoder(self.decoder, device)
@@ -119,46 +116,46 @@ class DeviceStage:
             and threads_are_per_thread()
         )
 
-    def first(
-        self, at: Position, index: int, meta: dict[str, Any], lend: torch.Tensor | None = None
+    def from_slot(
+        self, at: Position, index: int, meta: SlotMeta, lend: torch.Tensor | None = None
     ) -> tuple[Any, Any]:
-        """Step one, from the slot: (a DeviceBatch, or what `second` finishes if `split`; an
+        """Step one, from the slot: (a DeviceBatch, or what `resample` finishes if `split`; an
         event after which the slot may be reused, or None: at once). With `lend` (the slot's
         images, from a `lending.Lender`; only where the workers wrote the final batch, on the
         CPU: `BatchSpec.host_final`) the batch is a view of it, not a copy."""
         t = time.perf_counter()
         try:
             if self.stream is None:
-                return self._first(at, index, meta, lend)
+                return self._from_slot(at, index, meta, lend)
             with torch.cuda.stream(self.stream):
-                return self._first(at, index, meta, lend)
+                return self._from_slot(at, index, meta, lend)
         finally:
-            self.seconds["first"] += time.perf_counter() - t
+            self.seconds["from_slot"] += time.perf_counter() - t
 
-    def _first(
-        self, at: Position, index: int, meta: dict[str, Any], lend: torch.Tensor | None
+    def _from_slot(
+        self, at: Position, index: int, meta: SlotMeta, lend: torch.Tensor | None
     ) -> tuple[Any, Any]:
-        n = meta["n"]
+        n = meta.n
         if self.spec.handoff != "encoded":
             (images, labels), done = self._decoded(index, n, lend)
-            corrupt = list(meta["corrupt"])
+            corrupt = list(meta.corrupt)
         elif self.decoder == "nvjpeg":
             return self._decode_to_canvas(at, index, meta)
         elif self.library is not None:
             part = self._library_to_canvas(at, index, meta)
             return (part, None) if self.split else (self._resample(part), None)
         else:
-            (images, labels), done, corrupt = self._encoded_cpu(at, index, n, meta["keys"])
+            (images, labels), done, corrupt = self._encoded_cpu(at, index, n, meta.keys)
         return self._batch(at, images, labels, corrupt, meta, self.stream), done
 
-    def second(self, part: Any) -> DeviceBatch:
+    def resample(self, part: Any) -> DeviceBatch:
         """Step two (only when `split`): resample the decoded canvas into the batch."""
         t = time.perf_counter()
         try:
             with torch.cuda.stream(self.stream2):
                 return self._resample(part)
         finally:
-            self.seconds["second"] += time.perf_counter() - t
+            self.seconds["resample"] += time.perf_counter() - t
 
     def _batch(
         self,
@@ -166,7 +163,7 @@ class DeviceStage:
         images: torch.Tensor,
         labels: torch.Tensor,
         corrupt: list[tuple[str, str, str]],
-        meta: dict[str, Any],
+        meta: SlotMeta,
         stream: Any,
     ) -> DeviceBatch:
         aug = self.spec.augment
@@ -177,7 +174,7 @@ class DeviceStage:
             ready = torch.cuda.Event()
             ready.record(stream)
         extras = columns(meta, corrupt)  # the kept samples' keys and members, if asked for
-        return DeviceBatch(at, images, labels, ready, corrupt, meta.get("retried", 0), extras)
+        return DeviceBatch(at, images, labels, ready, corrupt, meta.retried, extras)
 
     # --- decoded, first_pass: copy, then the later warps (first_pass) and normalize ---------
 
@@ -187,6 +184,8 @@ class DeviceStage:
         src = self.slots.images[index, :n] if lend is None else lend[:n]
         labels = self.slots.labels[index, :n]
         warps = self.slots.params[index, :n]
+        if warps.numel():  # "first_pass": the later warps' matrices
+            warps = self.spec.params.unpack(warps)["warps"]
         if self.cuda:
             x = torch.empty(src.shape, dtype=torch.uint8, device=self.device)
             x.copy_(src, non_blocking=self.pinned)
@@ -240,7 +239,7 @@ class DeviceStage:
     # --- encoded: decode on the device ------------------------------------------------------
 
     def _encoded_cpu(
-        self, at: Position, index: int, n: int, keys: list[tuple[str, str]]
+        self, at: Position, index: int, n: int, keys: Sequence[tuple[str, str]]
     ) -> tuple[tuple[torch.Tensor, torch.Tensor], Any, list[tuple[str, str, str]]]:
         """No nvJPEG: libjpeg-turbo here, the ops on the device (the same batch as on workers)."""
         buf = self.slots.images[index].numpy()
@@ -257,16 +256,16 @@ class DeviceStage:
             dtype=self.spec.dtype,
             channels_last=self.spec.channels_last,
             strict=self.spec.strict,
-            decoder=cpu_decoder,
+            decoder=workers_decoder(self.spec.decoder),
             device=self.device,
         )
         return (images, y.to(self.device, non_blocking=True)), None, corrupt
 
-    def _decode_to_canvas(self, at: Position, index: int, meta: dict[str, Any]) -> tuple[Any, Any]:
+    def _decode_to_canvas(self, at: Position, index: int, meta: SlotMeta) -> tuple[Any, Any]:
         import torchvision.io as tvio
 
-        n, keys = meta["n"], meta["keys"]
-        bad: dict[int, str] = {int(i): why for i, why in meta["bad"].items()}
+        n, keys = meta.n, meta.keys
+        bad: dict[int, str] = dict(meta.bad)
         buf = self.slots.images[index]
         offs = self.slots.offsets[index, : n + 1].tolist()
         # one call, not one per image: every Python-level call here waits for the GIL, which
@@ -306,12 +305,12 @@ class DeviceStage:
         part = (at, canvases, params, labels, corrupt, meta, filled)
         return part, filled
 
-    def _library_to_canvas(self, at: Position, index: int, meta: dict[str, Any]) -> Any:
+    def _library_to_canvas(self, at: Position, index: int, meta: SlotMeta) -> Any:
         """DALI (one padded batch) or nvImageCodec (one image each) decodes the slot's images,
         made float canvases here; the slot may be reused at once (both are done reading it)."""
-        n, keys = meta["n"], meta["keys"]
+        n, keys = meta.n, meta.keys
         # both decode PNG and the like too: only images with an unreadable header are left out
-        bad = {int(i): why for i, why in meta["bad"].items() if why != "not a JPEG"}
+        bad = {i: why for i, why in meta.bad.items() if why != "not a JPEG"}
         buf = self.slots.images[index].numpy()
         offs = self.slots.offsets[index, : n + 1].tolist()
         ok = [i for i in range(n) if i not in bad]
@@ -335,7 +334,7 @@ class DeviceStage:
         return (at, canvases, params, labels, corrupt, meta, filled)
 
     def _report(
-        self, keys: list[tuple[str, str]], bad: dict[int, str]
+        self, keys: Sequence[tuple[str, str]], bad: dict[int, str]
     ) -> list[tuple[str, str, str]]:
         """(shard, key, why) of the images left out; raises the first in strict mode."""
         corrupt = [(keys[i][0], keys[i][1], bad[i]) for i in sorted(bad)]
@@ -352,11 +351,10 @@ class DeviceStage:
             for canvas in canvases:
                 canvas.record_stream(stream)
         aug = self.spec.augment
-        boxes = [tuple(b) for b in params[:, 2:6].long().tolist()]
-        reps = (params.shape[1] - 6) // 3
-        hflip = params[:, 6 : 6 + reps].T.bool()
-        vflip = params[:, 6 + reps : 6 + 2 * reps].T.bool()
-        angle = params[:, 6 + 2 * reps : 6 + 3 * reps].T.float()
+        drawn = self.spec.params.unpack(params)
+        boxes = [tuple(b) for b in drawn["box"].long().tolist()]
+        hflip, vflip = drawn["hflip"].T.bool(), drawn["vflip"].T.bool()
+        angle = drawn["angle"].T.float()
         # page-locked, so that copying them to the device does not wait for the stream
         warps = aug.warps((hflip, vflip, angle))
         if self.cuda:
@@ -374,127 +372,3 @@ class DeviceStage:
         aug.finish(x, warps[1:], out, owned=True)
         y = labels.pin_memory().to(self.device, non_blocking=True) if self.cuda else labels
         return self._batch(at, out, y, corrupt, meta, stream)
-
-
-def fill_canvases(
-    images: Sequence[torch.Tensor], dtype: torch.dtype | None = None
-) -> list[torch.Tensor]:
-    """uint8 3×h×w images → zero-padded float N×3×H×W canvases (several if one would exceed
-    `CANVAS_ELEMENTS`), filled with one multi-tensor copy each."""
-    if not images:
-        return []
-    device = images[0].device
-    if dtype is None:
-        dtype = torch.float16 if device.type == "cuda" else torch.float32
-    hmax = max(int(im.shape[1]) for im in images)
-    wmax = max(int(im.shape[2]) for im in images)
-    per = max(1, CANVAS_ELEMENTS // (3 * hmax * wmax))
-    out = []
-    for i in range(0, len(images), per):
-        part = images[i : i + per]
-        out.append(_canvas(list(part), dtype, hmax, wmax))
-    return out
-
-
-def padded_canvases(padded: torch.Tensor, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
-    """uint8 N×H×W×3 images, zero-padded to one size (DALI's output) → float N×3×H×W canvases,
-    as `fill_canvases` makes them (several if one would exceed `CANVAS_ELEMENTS`)."""
-    n, h, w, _ = padded.shape
-    if dtype is None:
-        dtype = torch.float16 if padded.device.type == "cuda" else torch.float32
-    per = max(1, CANVAS_ELEMENTS // (3 * h * w))
-    return [
-        padded[i : i + per].permute(0, 3, 1, 2).to(dtype, memory_format=torch.contiguous_format)
-        for i in range(0, n, per)
-    ]
-
-
-def _canvas(part: list[torch.Tensor], dtype: torch.dtype, hmax: int, wmax: int) -> torch.Tensor:
-    """One zero-padded canvas (zeros around each image: warps reaching past it sample black, as
-    on CPU workers), in a few calls: a nested tensor padded by one kernel; per-image copies only
-    where nested tensors cannot do it."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # nested tensors are a "prototype"
-            nested = torch.nested.as_nested_tensor(part).to(dtype)
-            return nested.to_padded_tensor(0.0, (len(part), 3, hmax, wmax))
-    except (RuntimeError, NotImplementedError):
-        canvas = torch.zeros((len(part), 3, hmax, wmax), dtype=dtype, device=part[0].device)
-        dst = [canvas[k, :, : im.shape[1], : im.shape[2]] for k, im in enumerate(part)]
-        torch._foreach_copy_(dst, part)
-        return canvas
-
-
-def sample_canvases(
-    canvases: Sequence[torch.Tensor],
-    boxes: Sequence[Box],
-    theta: torch.Tensor | None,
-    size: tuple[int, int],
-) -> torch.Tensor:
-    """Crop `boxes` (top, left, height, width, in canvas pixels of image k) out of the canvases,
-    resize them to `size` and warp them by `theta` (N×2×3, as `Augment.crop_warp`), as one
-    bilinear resampling per canvas: float N×3×H×W in 0..255. Each output pixel averages t×t
-    samples spread over its footprint (t = the largest downscale, at most `MAX_TAPS`), which
-    antialiases the shrinking crops."""
-    parts, start = [], 0
-    for canvas in canvases:
-        n = canvas.shape[0]
-        th = None if theta is None else theta[start : start + n]
-        parts.append(_sample(canvas, boxes[start : start + n], th, size))
-        start += n
-    if not parts:
-        return torch.empty((0, 3, *size))
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-def resample_batch(
-    images: Sequence[torch.Tensor],
-    boxes: Sequence[Box],
-    theta: torch.Tensor | None,
-    size: tuple[int, int],
-) -> torch.Tensor:
-    """`fill_canvases` then `sample_canvases`: crop, resize and warp uint8 3×h×w images."""
-    if not images:
-        return torch.empty((0, 3, *size))
-    return sample_canvases(fill_canvases(images), boxes, theta, size)
-
-
-def _sample(
-    canvas: torch.Tensor, boxes: Sequence[Box], theta: torch.Tensor | None, size: tuple[int, int]
-) -> torch.Tensor:
-    n, _, hmax, wmax = canvas.shape
-    device, canvas_dtype = canvas.device, canvas.dtype
-    out_h, out_w = size
-    scale = max(max(b[2] / out_h, b[3] / out_w) for b in boxes)
-    taps = min(MAX_TAPS, max(1, math.ceil(scale - 0.25)))
-    b = torch.tensor(boxes, dtype=torch.float64).view(n, 4)  # top, left, height, width
-    t = torch.eye(2, 3, dtype=torch.float64).expand(n, 2, 3) if theta is None else theta.double()
-    t = t.cpu()
-    # canvas-normalized g = s·(theta·p) + o, with s = box/canvas size, o = (2·offset + box)/canvas − 1
-    sx, sy = b[:, 3] / wmax, b[:, 2] / hmax
-    ox, oy = (2 * b[:, 1] + b[:, 3]) / wmax - 1, (2 * b[:, 0] + b[:, 2]) / hmax - 1
-    a = torch.stack([t[:, 0] * sx[:, None], t[:, 1] * sy[:, None]], 1)
-    a[:, 0, 2] += ox
-    a[:, 1, 2] += oy
-    a = a.float()
-    steps = [((k + 0.5) / taps - 0.5) for k in range(taps)]  # sub-pixel offsets, in output pixels
-    d = torch.tensor([[2 * dx / out_w, 2 * dy / out_h] for dy in steps for dx in steps])
-    shifts = torch.einsum("nij,tj->tni", a[:, :, :2], d)  # taps²×N×2, in canvas coordinates
-    if taps > 1:  # spread each image's taps over its own footprint: none at 1:1 or upscaling
-        own = torch.maximum(b[:, 2] / out_h, b[:, 3] / out_w).float()
-        shifts *= ((own - 1) / (taps - 1)).clamp(0, 1).view(1, n, 1)
-    host = torch.cat([a.flatten(), shifts.flatten()])
-    if device.type == "cuda":  # one copy, from page-locked memory: no wait for the stream
-        host = host.pin_memory()
-    dev = host.to(device, non_blocking=True)
-    a = dev[: n * 6].view(n, 2, 3)
-    shifts = dev[n * 6 :].view(taps * taps, n, 1, 1, 2)
-    grid = sampling_grid(a, (out_h, out_w))
-    if taps == 1:
-        return F.grid_sample(canvas, grid.to(canvas_dtype), align_corners=False).float()
-    acc = None
-    for shift in shifts:
-        s = F.grid_sample(canvas, (grid + shift).to(canvas_dtype), align_corners=False)
-        acc = s.float() if acc is None else acc.add_(s)
-    assert acc is not None
-    return acc.div_(taps * taps)

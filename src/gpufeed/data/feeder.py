@@ -29,7 +29,7 @@ class _Failure:
 
 class Feeder:
     """The device stage's thread(s) from a start position on: `pool` → `stage.first` (→ a second
-    thread running `stage.second`, when the stage is split) → a bounded queue of ready batches."""
+    thread running `stage.resample`, when the stage is split) → a bounded queue of ready batches."""
 
     def __init__(
         self,
@@ -68,10 +68,10 @@ class Feeder:
         if self.stage.split:
             first_out = queue.Queue(1)
             self._queues.append(first_out)
-            self._threads = [self._thread(self._run_second, first_out, out, stop, "resample")]
+            self._threads = [self._thread(self._run_resample, first_out, out, stop, "resample")]
         else:
             self._threads = []
-        self._threads.append(self._thread(self._run_first, at, first_out, stop, "feeder"))
+        self._threads.append(self._thread(self._run_from_slot, at, first_out, stop, "feeder"))
         for t in self._threads:
             t.start()
 
@@ -81,7 +81,7 @@ class Feeder:
             target=target, args=args[:-1], name=f"gpufeed-{args[-1]}", daemon=True
         )
 
-    def _run_first(self, at: Position, out: queue.Queue[Any], stop: threading.Event) -> None:
+    def _run_from_slot(self, at: Position, out: queue.Queue[Any], stop: threading.Event) -> None:
         if self.stage.one_thread:
             torch.set_num_threads(1)  # this thread's own setting (OpenMP's is per thread)
         try:
@@ -95,7 +95,7 @@ class Feeder:
                 lent = lender.lend(worker, slot) if lender is not None else None
                 made = False
                 try:
-                    item, done = self.stage.first(at, index, meta, lent)
+                    item, done = self.stage.from_slot(at, index, meta, lent)
                     if done is not None:
                         done.synchronize()  # the slot's bytes are on the device
                     made = True
@@ -114,7 +114,7 @@ class Feeder:
         except BaseException as e:  # handed to the training thread at this batch
             _put(out, _Failure(e), stop)
 
-    def _run_second(
+    def _run_resample(
         self, src: queue.Queue[Any], out: queue.Queue[Any], stop: threading.Event
     ) -> None:
         try:
@@ -124,7 +124,7 @@ class Feeder:
                 except queue.Empty:
                     continue
                 if not isinstance(item, _Failure):
-                    item = self.stage.second(item)
+                    item = self.stage.resample(item)
                 if not _put(out, item, stop):
                     return
         except BaseException as e:

@@ -15,7 +15,6 @@ indexes of other shards there (indexing a train and a val set in one directory k
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -34,6 +33,7 @@ from gpufeed.data.index_file import (
     ShardEntry,
 )
 from gpufeed.data.location import is_remote
+from gpufeed.data.readers import VerifyingReader
 from gpufeed.data.shard_urls import (  # noqa: F401 - their old home
     MAX_SHARDS,
     brace_count,
@@ -124,22 +124,6 @@ def load_classes(path: str | os.PathLike[str]) -> list[str]:
     return names
 
 
-class _Hashing:
-    """A read-only stream that hashes and counts every byte read through it."""
-
-    def __init__(self, f: BinaryIO, seen: Callable[[int], None]) -> None:
-        self.f, self.seen, self.sha, self.count, self.reported = f, seen, hashlib.sha256(), 0, 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.f.read(n)
-        self.sha.update(data)
-        self.count += len(data)
-        if self.count - self.reported >= 4 * MiB or not data:  # tarfile reads 10 KB at a time
-            self.seen(self.count - self.reported)
-            self.reported = self.count
-        return data
-
-
 def _raw_label(key: str, parts: dict[str, bytes], field: str | None, where: str) -> int | str:
     """The label of one sample, as an integer id (at most `MAX_LABEL`) or a class name."""
     label = _label_of(key, parts, field, where)
@@ -191,7 +175,7 @@ def _open(url: str, storage_options: dict[str, Any] | None) -> tuple[BinaryIO, i
     if is_remote(url):
         folder, name = url.rsplit("/", 1)
         size = Destination(folder, storage_options).size(name)
-        entry = ShardEntry(name=name, bytes=size)  # no checksum yet: `_Hashing` computes it
+        entry = ShardEntry(name=name, bytes=size)  # no checksum yet: `VerifyingReader` computes it
         return Source(folder, storage_options=storage_options).open(entry), size
     try:
         f = open(url, "rb")  # noqa: SIM115 - handed to the caller
@@ -218,7 +202,7 @@ def _not_a_tar(url: str, why: str) -> ShardError:
 
 
 def _samples(
-    stream: _Hashing, size: int, entry: ShardEntry, label_field: str | None, url: str
+    stream: VerifyingReader, size: int, entry: ShardEntry, label_field: str | None, url: str
 ) -> list[int | str]:
     """Read the shard through `tar_scan` (its rules are the Loader's), recording each sample's
     key, header offset and image into `entry`; returns each sample's raw label."""
@@ -253,14 +237,24 @@ def index_shard(
     """One streaming pass over a WebDataset shard: its index entry and each sample's raw label."""
     entry = ShardEntry(name=name, keys=[], labels=[], offsets=[])
     f, size = _open(url, storage_options)
-    with f:
-        stream = _Hashing(f, seen)
+    unreported = [0]
+
+    def read(
+        n: int,
+    ) -> None:  # progress every 4 MiB (the scanner reads less at a time) and at the end
+        unreported[0] += n
+        if unreported[0] >= 4 * MiB:
+            seen(unreported[0])
+            unreported[0] = 0
+
+    with VerifyingReader(f, entry, url, seen=read) as stream:  # closes `f`
         try:
             if size < BLOCK:
                 raise _not_a_tar(url, f"{size} bytes, less than one tar header")
             raw = _samples(stream, size, entry, label_field, url)
             while stream.read(8 * MiB):  # the rest, if it grew: size and checksum as read
                 pass
+            seen(unreported[0])
         except BadHeader as e:
             if e.at == 0:
                 raise _not_a_tar(url, f"invalid header: {e.reason}") from None
@@ -269,7 +263,7 @@ def index_shard(
             raise ShardError(f"cannot read shard {url}: {e}") from None
     if not entry.keys:
         raise ShardError(f"shard {url} holds no samples: remove it from the list")
-    entry.bytes, entry.sha256 = stream.count, stream.sha.hexdigest()
+    entry.bytes, entry.sha256 = stream.count, stream.digest
     return entry, raw
 
 

@@ -21,10 +21,11 @@ import torch
 from gpufeed.data import loader_state, open_loaders
 from gpufeed.data.augment import Augment
 from gpufeed.data.budget import default_max_host_bytes, host_bytes
+from gpufeed.data.canvases import CANVAS_ELEMENTS
 from gpufeed.data.choose import PREPROCESS_MODES, choose_preprocess, trial_rate
 from gpufeed.data.dataset import ShardDataset
 from gpufeed.data.decoders import decoder_name
-from gpufeed.data.device import CANVAS_ELEMENTS, DeviceStage
+from gpufeed.data.device import DeviceStage
 from gpufeed.data.feeder import Feeder
 from gpufeed.data.host_fit import deepest, too_small
 from gpufeed.data.lending import Lender
@@ -41,6 +42,7 @@ from gpufeed.data.loader_stats import stats as loader_stats
 from gpufeed.data.open_loaders import close_open_loaders as _close_open_loaders  # noqa: F401
 from gpufeed.data.options import byte_count, flag, whole
 from gpufeed.data.outputs import use_counts
+from gpufeed.data.placement import Placement
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.rank_check import check_rank
 from gpufeed.data.ray_pool import RayPool, cluster_option, default_remote_workers, release_cluster
@@ -57,56 +59,23 @@ class Loader:
     """Batches of (images, labels) from gpufeed shards, decoded and augmented on CPU workers
     (`preprocess="cpu"`) or on the GPU (`"gpu"`), ready on the device before the loop asks.
 
-    Every epoch of a rank is cut into whole batches: all have `batch_size` samples but at most
-    the last, which `drop_last=True` drops (with it, the few samples that do not divide evenly
-    over the ranks). `len(loader)` does not depend on `num_workers`. Within an epoch every sample
-    is delivered exactly once, also across `state_dict()` / `load_state_dict()`.
+    Each epoch of a rank is whole batches (`drop_last=True` drops the short last one); within an
+    epoch every sample is delivered exactly once, also across `state_dict()` /
+    `load_state_dict()`. Each new iteration is the next epoch unless `set_epoch(n)` chose one (an
+    iteration no batch was taken from does not count); the epoch seeds the shard order, the
+    shuffle and the augmentations, and workers run on into the next epoch while the loop ends this
+    one. A corrupt image is left out and listed in `stats()` (`strict=True` raises); a worker that
+    makes no progress for `worker_timeout` seconds is named in a `LoaderWorkerError`. Host
+    buffers are shared, reused and page-locked once, within `max_host_bytes`.
 
-    Each new iteration is the next epoch (0, 1, 2, ...) unless `set_epoch(n)` chose one; an
-    iteration no batch was taken from does not count (a trainer probing `iter(loader)`), and
-    `set_epoch(n)` right after `iter()` still chooses that iteration's epoch. The epoch seeds
-    the shard order, the shuffle and the augmentations. Workers run on into the next epoch
-    while the loop finishes the current one, so the GPU does not wait at epoch boundaries. A corrupt image is left out of its batch and listed in `stats()`, with a
-    warning at the first and at any batch left empty (or raises with `strict=True`). Host
-    buffers are shared, reused and (on CUDA) page-locked once; they are capped by
-    `max_host_bytes` (bytes, or text such as "4GB" or "512MiB"; default: a quarter of the
-    machine's memory), which lowers `prefetch` to fit.
+    `decoder` chooses who decodes: with CPU preprocessing the workers decode each JPEG's crop
+    region ("auto"; `stats()["decoder"]` says) or whole JPEGs ("cpu"); with `preprocess="gpu"`
+    DALI, nvImageCodec, nvJPEG or libjpeg-turbo on the device stage, or the CPU workers up to the
+    first warp ("workers"). `cluster=` moves the workers to a Ray cluster's CPU nodes.
+    `extras=("__key__", "json")` yields `(images, labels, keys, jsons)`.
 
-    A worker process (or Ray actor) that makes no progress while its batch is waited for
-    (stopped, hung in a read, deadlocked) raises `LoaderWorkerError` naming it, its pid and
-    state, and the batch, shard and key it was on, after `worker_timeout` seconds: None (the
-    default) is 10× the slowest batch so far, at least 120 s; 0 waits without end. A dead worker
-    raises at once.
-
-    `cluster="HEAD_IP:6379"` (or "ray://HEAD_IP:10001", or "auto" for a cluster started on this
-    machine) moves reading, decoding and augmenting to `num_workers` Ray actors on the cluster's
-    CPU nodes (default: the cluster's CPUs / WORLD_SIZE); uint8 batches stream back and only the
-    device stage runs here, with the same batches, resumption and corrupt-sample reports.
-
-    With `preprocess="gpu"`, `decoder` chooses who decodes on the device stage: "dali" (NVIDIA
-    DALI, `pip install "gpufeed[dali]"`; its CPU decoder when the device is the CPU),
-    "nvimgcodec" (the library under DALI, on its own), "nvjpeg" (torchvision), "cpu"
-    (libjpeg-turbo) or "auto" (DALI, else nvJPEG on CUDA; else libjpeg-turbo; DALI that cannot
-    start on the GPU gives way to the next, with a warning). Or "workers": the CPU workers
-    decode, crop and resize (with the load block's first warp, in the same resampling), and the
-    device applies the rest of the load block and normalizes: for heavy augmentation
-    (`Augment.load_factor(L)`, L > 1) where the CPU cores keep up with decoding but not with L
-    warps per image. The same crops, flips and angles as every other path.
-
-    With CPU preprocessing, `decoder="nvimgcodec"` has the workers decode each JPEG that they
-    would decode at full size over its crop box only (nvImageCodec's CPU backend, libjpeg-turbo):
-    the same pixels and batches, less CPU per image, but damage inside a JPEG's data can decode
-    without a report; the other decoder names change nothing there.
-
-    With `shuffle=False` (a `ShardDataset` option) batches arrive in the packed order, whatever
-    `num_workers`: batch j holds the rank's samples j·batch_size.. (for an evaluation that
-    matches outputs to files by position).
-
-    `extras=("__key__", "json")` (WebDataset's names: "__key__", "__url__", "cls", "json", "txt")
-    yields `(images, labels, keys, jsons)`: after the labels one list per name, in that order,
-    aligned with the batch (corrupt samples left out of both), on every path; members decoded
-    (json → object, txt → str, cls → int) unless `decode_extras=False` (bytes). A sample
-    lacking a member asked for raises `sample_extras.MissingMember` naming shard, key, member.
+    Every option in detail, and why the loader keeps a GPU fed: docs/reference/loader.md and
+    docs/getting-started/feed.md.
     """
 
     def __init__(
@@ -192,22 +161,25 @@ class Loader:
 
     def spec(self, preprocess: str | None = None) -> BatchSpec:
         """The batch every stage works to."""
-        mode = preprocess or self.preprocess
-        handoff = "decoded"
-        if mode == "gpu":
-            handoff = "first_pass" if self.decoder == "workers" else "encoded"
         return BatchSpec(
             batch_size=self.batch_size,
             augment=self.augment,
-            handoff=handoff,
+            placement=self.placement(preprocess),
             dtype=self.dtype,
             channels_last=self.channels_last,
             strict=self.strict,
             max_sample_bytes=self.dataset.max_sample_bytes(),
-            # a cluster streams uint8 back (a quarter of float32's bytes); the device stage converts
-            host_final=mode == "cpu" and self.device.type != "cuda" and self.cluster is None,
             decoder=self.decoder,
         )
+
+    def placement(self, preprocess: str | None = None) -> Placement:
+        """Where each stage runs; workers normalize too where the device is the CPU (a cluster
+        streams uint8 back, a quarter of float32's bytes, and the device stage converts)."""
+        mode = preprocess or self.preprocess
+        if mode == "gpu":
+            return Placement.of("first_pass" if self.decoder == "workers" else "encoded")
+        final = mode == "cpu" and self.device.type != "cuda" and self.cluster is None
+        return Placement.of("decoded", host_final=final)
 
     def _slot_layout(self, prefetch: int) -> tuple[int, int]:
         """(workers, slots per worker) of the host buffers: each local worker runs `prefetch`

@@ -1,35 +1,6 @@
 """`gpufeed pack`: turn an image folder or list file into tar shards plus an index
-(gpufeed-index.json).
-
-Policy for bad input (nothing is dropped silently: every case is listed by path and reason in
-the summary):
-- unreadable, zero-byte or non-image files, JPEGs that fail `verify`, broken symlinks, FIFOs and
-  other non-regular files, files outside a class folder: skipped;
-- hidden files and folders (`.DS_Store`, `.gpufeed-synth.json`, `.git/`): ignored, not listed;
-- unreadable folders: skipped, with a warning (their images are missing from the pack);
-- classes with no packed image (an empty folder, every file skipped): kept, so labels stay the
-  sorted folder names' numbers (as torchvision's `ImageFolder(allow_empty=True)`); listed;
-- PNG/other formats and grayscale/CMYK JPEGs: converted to RGB JPEG at `quality` (16-bit images
-  are scaled to 8 bits, not clipped);
-- duplicate keys (two inputs mapping to the same key) and repeated list entries: the first
-  wins, later ones are skipped;
-- malformed list-file lines: skipped; numeric labels must be class numbers 0..1,000,000
-  (a negative or larger one is a PackError naming the line); SRC and the files a list names
-  must be local (a URL is a PackError: copy the images first);
-- file and folder names that are not UTF-8: packed (keys keep only ASCII letters, digits, `_`
-  and `-`); such a class name is stored with its odd bytes written `\\xNN`.
-The full skipped list is also written to `pack-skipped.txt` in DST (the summary shows 50).
-A pack in which every input was skipped is a PackError and writes nothing. Bad options, an
-unreadable or binary list file, a DST that cannot be a folder or lies inside the SRC folder and
-S3 failures (no bucket in the URL, missing bucket, no credentials, unreachable endpoint: see
-`source`) are one-line PackErrors; a failed pack leaves no temporary shard behind.
-Samples are shuffled (with `seed`) before sharding so every shard mixes classes. Shards are
-written under a temporary name and renamed when complete; a journal makes an interrupted pack
-resumable: one small record per finished shard (`.pack-state.NNNNN.json`; older versions
-rewrote one `.pack-state.json` whole after every shard, which is still read); the index is
-written last. SIGTERM ends a pack as Ctrl-C does, removing its temporary shard. A finished pack is
-not redone, unless a shard its index lists is missing or has the wrong size: then it is packed
-again. Conversions run in at most `4 * usable_cores()` processes, and never more than images.
+(gpufeed-index.json), resumably, listing every input it skips and why. What it does with each
+kind of bad input is documented in docs/reference/shards.md and checked by tests/data/test_packing.py.
 
 Here: `pack` and its summary. Its parts: `listing` (what SRC holds), `convert` (images converted
 in processes), `journal` (resuming an interrupted pack), `open_shard` (a shard written under a

@@ -1,37 +1,36 @@
-"""What a worker does to one batch: fill a host slot with it, as the `BatchSpec` says.
+"""What a worker does to one batch: run the stages its `Placement` gives the workers, into a host
+slot, and say what it did in a `SlotMeta`.
 
 "decoded": decode (libjpeg-turbo, DCT-scaled; with decoder="nvimgcodec" a full-size JPEG over its
-crop box only), crop, resize and the load block, rounded to uint8
-in the slot (N×H×W×3, i.e. channels_last); normalization is left to the device stage. When the
-device is the CPU (`BatchSpec.host_final`) the worker writes the final, normalized batch instead.
-"first_pass": the same, but only the load block's first warp (done in the same resampling as the
-crop and resize); the sampling matrices of its other warps go into the slot's parameters, for
-the device stage to apply, batched, with the normalization.
-"encoded": copy the image bytes into the slot back to back, for decoding on the device, with each
-image's size (from its header) and its random crop box, flips and angles, so the device stage
-does no per-image work on the CPU. A user transform (`Augment.transform`, on "worker") runs on
-the uint8 batch before it is normalized.
+crop box only), crop, resize and the load block, rounded to uint8 (N×H×W×3), or normalized too
+where the placement says so. "first_pass": the same up to the load block's first warp; the other
+warps' matrices go into the slot's `warps` column. "encoded": the image bytes back to back, with
+each image's size and the parameters the augmentation draws, in the columns it declares. A user
+transform (`Augment.transform`, on "worker") runs on the uint8 batch before it is normalized.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from gpufeed.data.augment import Augment
-from gpufeed.data.batch import batch_generator, build_batch, cpu_decoder
+from gpufeed.data.batch import batch_generator, build_batch
 from gpufeed.data.dataset import RawSample
 from gpufeed.data.decode import CorruptImage, image_size, is_jpeg
+from gpufeed.data.jpeg_region import workers_decoder
 from gpufeed.data.plan import Position
 from gpufeed.data.sample_extras import rows
+from gpufeed.data.slot_meta import SlotMeta
 from gpufeed.data.slots import Slots
 
 if TYPE_CHECKING:
     from gpufeed.data.nvimgcodec import RegionDecoder
+    from gpufeed.data.spec import BatchSpec
 
 
 def fill_slot(
@@ -41,19 +40,17 @@ def fill_slot(
     index: int,
     seed: int,
     rank: int,
-) -> dict[str, Any]:
-    """Write batch `at` into slot `index`; returns what the device stage needs besides the slot:
-    `n` (samples in the slot), `corrupt` [(shard, key, reason)], if encoded `keys`, and with
-    `extras=` each sample's values (`sample_extras.rows`)."""
+) -> SlotMeta:
+    """Write batch `at` into slot `index`; returns what the device stage needs besides the slot."""
     meta = _fill(samples, at, slots, index, seed, rank)
     if samples and samples[0].extras is not None:
-        meta["extras"] = rows(samples)
+        return dataclasses.replace(meta, extras=tuple(rows(samples)))
     return meta
 
 
 def _fill(
     samples: Sequence[RawSample], at: Position, slots: Slots, index: int, seed: int, rank: int
-) -> dict[str, Any]:
+) -> SlotMeta:
     spec = slots.spec
     if spec.handoff == "encoded":
         buf, offsets = slots.images[index].numpy(), slots.offsets[index].numpy()
@@ -73,13 +70,9 @@ def _fill(
             pos += len(data)
             offsets[i + 1] = pos
         slots.labels[index, : len(samples)] = torch.tensor([s.label for s in samples])
-        bad = _encoded_params(samples, spec.augment, slots.params[index], at, seed, rank)
-        return {
-            "n": len(samples),
-            "corrupt": [],
-            "bad": bad | overflow,
-            "keys": [(s.shard, s.key) for s in samples],
-        }
+        bad = _encoded_params(samples, spec, slots.params[index], at, seed, rank)
+        keys = tuple((s.shard, s.key) for s in samples)
+        return SlotMeta(len(samples), keys=keys, bad=bad | overflow)
     out = slots.images[index]
     nhwc = out.shape[-1] == 3
 
@@ -90,6 +83,7 @@ def _fill(
     aug = spec.augment
     user = aug.transform is not None and aug.transform_on == "worker"
     gen = batch_generator(seed, at.epoch, rank, at.batch)
+    decoder = _region_decoder() if spec.crop_regions else workers_decoder(spec.decoder)
     rest: list[torch.Tensor] | None = [] if spec.handoff == "first_pass" else None
     images, labels, corrupt = build_batch(
         samples,
@@ -100,10 +94,11 @@ def _fill(
         strict=spec.strict,
         alloc=None if user and spec.host_dtype != torch.uint8 else alloc,
         rest=rest,
-        decoder=_region_decoder() if spec.crop_regions else cpu_decoder,
+        decoder=decoder,
     )
     if rest:  # the later warps' matrices, image by image: N × (6 per warp)
-        slots.params[index, : len(labels)] = torch.cat([w.reshape(-1, 6) for w in rest], 1)
+        warps = torch.cat([w.reshape(-1, 6) for w in rest], 1)
+        spec.params.pack(slots.params[index].numpy(), {"warps": warps.numpy()})
     if user:  # the user's transform on the uint8 batch, then (if the slot is final) normalize
         done = aug.worker_transform(images)
         dst = alloc(tuple(images.shape))
@@ -112,7 +107,7 @@ def _fill(
         else:
             aug.finish(done, [], dst)
     slots.labels[index, : len(labels)] = labels
-    return {"n": len(labels), "corrupt": corrupt}
+    return SlotMeta(len(labels), corrupt=tuple(corrupt))
 
 
 @functools.cache
@@ -125,13 +120,13 @@ def _region_decoder() -> RegionDecoder:
 
 def _encoded_params(
     samples: Sequence[RawSample],
-    aug: Augment,
+    spec: BatchSpec,
     out: torch.Tensor,
     at: Position,
     seed: int,
     rank: int,
 ) -> dict[int, str]:
-    """Fill `out` (rows: h, w, box, hflips, vflips, angles) as `build_batch` would draw them;
+    """Fill `out` with each image's size and the parameters `build_batch` would draw for it;
     returns {image: why} for images that are not decodable JPEGs (the device stage decodes those
     on the CPU, or reports them as corrupt)."""
     n = len(samples)
@@ -146,13 +141,9 @@ def _encoded_params(
             sizes.append((1, 1))
             bad[i] = str(e)
     gen = batch_generator(seed, at.epoch, rank, at.batch)
+    aug = spec.augment
     boxes = aug.boxes(sizes, gen)
     hflip, vflip, angle = aug.flips_and_angles(n, gen)
-    p = out[:n].numpy()
-    p[:, 0:2] = sizes
-    p[:, 2:6] = boxes
-    reps = hflip.shape[0]
-    p[:, 6 : 6 + reps] = hflip.T.numpy()
-    p[:, 6 + reps : 6 + 2 * reps] = vflip.T.numpy()
-    p[:, 6 + 2 * reps : 6 + 3 * reps] = angle.T.double().numpy()
+    drawn = {"box": boxes, "hflip": hflip.T, "vflip": vflip.T, "angle": angle.T.double()}
+    spec.params.pack(out.numpy(), {"size": sizes, **drawn})
     return bad

@@ -10,12 +10,14 @@ import copy
 import os
 import socket
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.produce import fill_slot
+from gpufeed.data.slot_meta import SlotMeta
 from gpufeed.data.slots import Slots
 from gpufeed.data.worker_errors import WorkerFailure, describe_batch
 
@@ -38,7 +40,7 @@ class BatchMaker:
         """Batches made so far (tests read back-pressure from it)."""
         return self.made
 
-    def make(self, worker: int, g: int) -> tuple[Position, Any, Any, dict[str, Any]]:
+    def make(self, worker: int, g: int) -> tuple[Position, Any, Any, SlotMeta]:
         """Batch g of `worker`'s stream: (position, images N×H×W×3 uint8, labels, meta)."""
         started = time.monotonic()
         state = self.streams.pop(worker, None)
@@ -62,10 +64,12 @@ class BatchMaker:
                 f"Ray loader actor of worker {worker} (pid {os.getpid()} on {socket.gethostname()})"
             )
             raise WorkerFailure.of(e, where, describe_batch(at, samples)) from None
-        meta["retried"] = ds.source.retried - retried
-        meta["seconds"] = time.monotonic() - started  # for the pool's deadline
+        # the seconds are for the pool's deadline
+        meta = replace(
+            meta, retried=ds.source.retried - retried, seconds=time.monotonic() - started
+        )
         self.streams[worker] = (g + plan.workers, plan, stream)  # only once the batch is made
         self.made += 1
-        n = meta["n"]
+        n = meta.n
         # serialized on return, before the slot is reused
         return at, self.slots.images[0][:n].numpy(), self.slots.labels[0][:n].numpy(), meta

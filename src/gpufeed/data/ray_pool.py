@@ -31,6 +31,7 @@ import numpy as np
 
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.ray_maker import BatchMaker
+from gpufeed.data.slot_meta import SlotMeta
 from gpufeed.data.slots import Slots
 from gpufeed.data.watchdog import deadline, process_state, what_to_do
 from gpufeed.data.worker_errors import WorkerFailure
@@ -376,7 +377,7 @@ class RayPool:
     def _index(self, at: Position) -> int:
         return at.epoch * self.plan.batches + at.batch
 
-    def get(self, at: Position, stop: threading.Event) -> tuple[int, int, dict[str, Any]]:
+    def get(self, at: Position, stop: threading.Event) -> tuple[int, int, SlotMeta]:
         """(0, slot, meta) of batch `at`, copied into one of `slots`' few slots (taken in turn);
         raises the actor's error if making it failed, LoaderWorkerError if no node is left,
         Stopped once `stop` is set."""
@@ -416,7 +417,7 @@ class RayPool:
             break
         q.popleft()
         self._fill(w)
-        self.slowest = max(self.slowest, meta.pop("seconds", 0.0))
+        self.slowest = max(self.slowest, meta.seconds)
         if got != at:
             raise LoaderWorkerError(f"Ray loader actor made batch {got}, expected {at}")
         k = self._slot = (self._slot + 1) % self.slots.per_worker

@@ -1,6 +1,7 @@
-"""Readers of one shard that check what the index promises: `VerifyingReader` (a local shard
-read from its first byte: its SHA-256) and `RangeReader` (a remote shard as chunked ranged GETs
-with read-ahead: its SHA-256 when read whole, and a verified copy kept in the cache)."""
+"""Readers of one shard that check what the index promises: `VerifyingReader` (a shard read
+from its first byte: its SHA-256 checked, or for `gpufeed index` computed) and `RangeReader` (a
+remote shard as chunked ranged GETs with read-ahead: its SHA-256 when read whole, and a verified
+copy kept in the cache)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import tempfile
 import warnings
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
@@ -49,12 +51,24 @@ def _mismatch(where: str, got: str, want: str) -> ChecksumError:
 
 
 class VerifyingReader(io.RawIOBase):
-    """A local shard read from its first byte: hashes what is read and, at its end, checks the
-    SHA-256 against the index (a ShardError if it differs; `verified()` if it matches)."""
+    """A shard read from its first byte: hashes and counts what is read and, at its end, checks
+    the SHA-256 against the index (a ChecksumError if it differs; `verified()` if it matches).
+    An entry without a checksum (`gpufeed index` computing one) is only hashed: `digest` holds it
+    at the end. `seen(n)` is told of every `n` bytes read (a progress bar)."""
 
-    def __init__(self, f: io.FileIO, entry: ShardEntry, where: str, verified: Any) -> None:
+    def __init__(
+        self,
+        f: io.RawIOBase | io.BufferedIOBase,
+        entry: ShardEntry,
+        where: str,
+        verified: Callable[[], Any] = lambda: None,
+        seen: Callable[[int], Any] | None = None,
+    ) -> None:
         self._f, self.entry, self.where, self._verified = f, entry, where, verified
+        self._seen = seen
         self._hash: Any = hashlib.sha256()
+        self.count = 0  # bytes read
+        self.digest = ""  # the SHA-256, once read to the end
 
     def readable(self) -> bool:
         return True
@@ -67,13 +81,17 @@ class VerifyingReader(io.RawIOBase):
     def readinto(self, b: Any) -> int:
         n = self._f.readinto(b)
         if n:
+            self.count += n
             if self._hash is not None:
                 self._hash.update(memoryview(b)[:n])
+            if self._seen is not None:
+                self._seen(n)
         elif self._hash is not None:
-            got, self._hash = self._hash.hexdigest(), None
-            if got != self.entry.sha256:
-                raise _mismatch(self.where, got, self.entry.sha256)
-            self._verified()
+            self.digest, self._hash = self._hash.hexdigest(), None
+            if self.entry.sha256:
+                if self.digest != self.entry.sha256:
+                    raise _mismatch(self.where, self.digest, self.entry.sha256)
+                self._verified()
         return n or 0
 
     def close(self) -> None:

@@ -28,6 +28,7 @@ from gpufeed.text import visible
 
 if TYPE_CHECKING:
     from gpufeed.data.dataset import RawSample
+    from gpufeed.data.slot_meta import SlotMeta
 
 SPECIAL = ("__key__", "__url__")  # not members: the sample's key, its shard
 NAMES = (*SPECIAL, *sorted(META_EXTS))
@@ -112,10 +113,10 @@ def rows(samples: Sequence[RawSample]) -> list[tuple[str, str, tuple[Any, ...]]]
     return [(s.shard, s.key, s.extras or ()) for s in samples]
 
 
-def columns(meta: dict[str, Any], corrupt: Sequence[tuple[str, str, str]]) -> tuple[list, ...]:
+def columns(meta: SlotMeta, corrupt: Sequence[tuple[str, str, str]]) -> tuple[list, ...]:
     """The batch's extras as one list per name, without the samples left out as corrupt (named
     by shard and key in `corrupt`); () when the batch carries none."""
-    made = meta.get("extras")
+    made = meta.extras
     if not made:
         return ()
     width = len(made[0][2])

@@ -1,29 +1,12 @@
 """Reading a data set's shards from a local directory or `s3://bucket/prefix` (any S3-compatible
-store, via fsspec): `Source`, the shard reader.
+store, via fsspec): `Source`, the shard reader, with its verified cache of remote shards.
 
-Remote shards are streamed ("pipe mode") as ranged GETs of `chunk_size` bytes with a read-ahead
-thread, so training starts before a shard, let alone the data set, is downloaded. Each chunk is an
-idempotent range request retried with exponential backoff, so a retry can never deliver a byte
-twice or skip one. A reader asks for nothing past the samples its caller reads (a worker's run of
-an unshuffled epoch is one batch). With `cache_dir`, a shard read from its start is read on to its
-end (`Source.finish`), verified against its index checksum and kept on local disk for later
-epochs and runs. Without `cache_dir`, a remote shard whose runs several workers read (an
-unshuffled epoch) is not hashed: reading it whole for that would double what is downloaded.
-
-What the index (gpufeed-index.json) promises is checked on read. Every shard's size: a local one
-when it is opened, a remote one when its last chunk is fetched (one byte more is asked for). Its
-SHA-256 whenever a shard is read from its first byte to its end (the reader hashes as it goes; a
-mismatch is a ShardError at the end of the shard, after its other samples were delivered: the index
-has no per-sample checksums). A local shard or cache file found intact is not hashed again by the
-same process while its size, inode and mtime stay the same. Cache files are only ever written inside
-`cache_dir` under names made of the index's checksum (64 hex digits, checked when the index is
-read), and a cache file is used only after its SHA-256 matched: a planted or damaged one is deleted
-and the shard fetched again. A cache file being written is named after its writer (PID and host):
-one left behind by a killed writer is deleted when the cache is next used.
-
-Remote operations have a deadline and retries (`storage`, `storage_errors`); every failure is one
-ShardError naming the URL and the endpoint. This module's old contents live on in `location`,
-`storage`, `storage_errors`, `readers` and `destination`, and stay importable from here.
+Remote shards stream as ranged GETs with read-ahead (`readers`), so training starts before a shard
+is downloaded, and what the index promises (each shard's size and SHA-256) is checked as the bytes
+are read, so no bytes are trusted that the index does not vouch for. What is checked when, and how
+the cache behaves: the shards reference (docs/reference/shards.md) and docs/how-to/s3.md. This
+module's old contents live on in `location`, `storage`, `storage_errors`, `readers` and
+`destination`, and stay importable from here.
 """
 
 from __future__ import annotations

@@ -10,17 +10,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufeed.data.augment import Augment
+from gpufeed.data.param_columns import Column, ParamLayout
+from gpufeed.data.placement import Placement
 from gpufeed.errors import OptionError
 
-# What a worker hands over: "decoded" = uint8 N×H×W×3 images, augmented except normalization;
-# "first_pass" = uint8 N×H×W×3 images cropped, resized and through the load block's first warp,
-# with the sampling matrices of its other warps, which the device stage applies; "encoded" = the
-# undecoded image bytes, for decoding on the device.
+# What a worker hands over, as `Placement.handoff` says: "decoded" = uint8 N×H×W×3 images,
+# augmented except normalization; "first_pass" = the same through the load block's first warp
+# only, with the sampling matrices of its other warps; "encoded" = the undecoded image bytes.
 HANDOFFS = ("decoded", "first_pass", "encoded")
 # Who decodes for GPU preprocessing: "auto" = DALI where importable on CUDA, else nvJPEG
 # (torchvision), else libjpeg-turbo on the feeder thread; "nvimgcodec" only when asked for;
 # "workers" = libjpeg-turbo on the CPU workers, which also crop and resize ("first_pass").
-# For "decoded" slots only "nvimgcodec" means something: the workers decode over crop regions.
+# For "decoded" and "first_pass" slots the workers decode: "nvimgcodec" over crop boxes with
+# nvImageCodec, "cpu" whole JPEGs, the others over crop boxes where `jpeg_region` was built.
 DECODERS = ("auto", "dali", "nvimgcodec", "nvjpeg", "cpu", "workers")
 
 
@@ -30,21 +32,29 @@ class BatchSpec:
 
     batch_size: int
     augment: Augment
-    handoff: str  # one of HANDOFFS
+    placement: Placement  # where each stage runs; the hand-off follows from it
     dtype: Any  # torch dtype the training loop receives
     channels_last: bool
     strict: bool
     max_sample_bytes: int  # the largest encoded image, bounds "encoded" slots
-    # workers write the final batch (dtype, normalized, layout): a device that is the CPU gains
-    # nothing from uint8 and would only normalize on the training process's cores
-    host_final: bool = False
-    decoder: str = "auto"  # one of DECODERS; "decoded" slots heed only "nvimgcodec"
+    decoder: str = "auto"  # one of DECODERS
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
             raise OptionError(f"decoder={self.decoder!r}: choose one of {', '.join(DECODERS)}")
-        if self.handoff not in HANDOFFS:
-            raise ValueError(f"handoff={self.handoff!r}: one of {', '.join(HANDOFFS)}")
+        if not isinstance(self.placement, Placement):
+            raise TypeError(f"BatchSpec placement must be a Placement, got {self.placement!r}")
+
+    @property
+    def handoff(self) -> str:
+        """What a worker puts in a slot (one of HANDOFFS): the placement's hand-off."""
+        return self.placement.handoff
+
+    @property
+    def host_final(self) -> bool:
+        """Whether workers write the final batch (dtype, normalized, layout): a device that is
+        the CPU gains nothing from uint8 and would only normalize on the loop's cores."""
+        return self.placement.host_final
 
     @property
     def crop_regions(self) -> bool:
@@ -79,16 +89,20 @@ class BatchSpec:
         return self.batch_size * self.max_sample_bytes
 
     @property
-    def param_columns(self) -> int:
-        """Per-image parameters a slot carries. "encoded": height, width, crop box (4), and
-        hflip, vflip, angle per repetition of the load block; "first_pass": the 2×3 sampling
-        matrix of every warp after the first; "decoded": none."""
+    def params(self) -> ParamLayout:
+        """The per-image parameters a slot carries. "encoded": each image's size and what the
+        augmentation draws for it (the device stage decodes and augments); "first_pass": the
+        sampling matrices of the warps after the first; "decoded": none."""
+        if self.handoff == "encoded":
+            return ParamLayout((Column("size", 2, "int"), *self.augment.drawn_columns()))
         if self.handoff == "first_pass":
-            return 6 * max(0, self.augment.warp_count - 1)
-        if self.handoff == "decoded":
-            return 0
-        reps = self.augment.load if self.augment.train else 0
-        return 6 + 3 * reps
+            return ParamLayout(self.augment.later_warp_columns())
+        return ParamLayout()
+
+    @property
+    def param_columns(self) -> int:
+        """Float64 parameter columns per image in a slot."""
+        return self.params.width
 
     @property
     def slot_bytes(self) -> int:

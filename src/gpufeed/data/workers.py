@@ -21,6 +21,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
@@ -29,6 +30,7 @@ from gpufeed.data.dataset import RawSample
 from gpufeed.data.forking import frozen_heap
 from gpufeed.data.plan import BatchPlan, Position
 from gpufeed.data.produce import fill_slot
+from gpufeed.data.slot_meta import SlotMeta
 from gpufeed.data.slots import Slots
 from gpufeed.data.watchdog import Progress, Watchdog
 from gpufeed.data.worker_errors import LoaderWorkerError, WorkerFailure, describe_batch, note_batch
@@ -46,7 +48,7 @@ class Pool(Protocol):
 
     def start(self, at: Position) -> None: ...
 
-    def get(self, at: Position, stop: threading.Event) -> tuple[int, int, dict[str, Any]]: ...
+    def get(self, at: Position, stop: threading.Event) -> tuple[int, int, SlotMeta]: ...
 
     def free(self, worker: int, slot: int) -> None: ...
 
@@ -105,7 +107,7 @@ def _worker_main(
             at, samples = next(stream)
             note.making(at, samples)
             meta = fill_slot(samples, at, slots, slots.index(worker, k), ds.seed, ds.rank)
-            meta["retried"] = ds.source.new_retries()
+            meta = replace(meta, retried=ds.source.new_retries())
         except Exception as e:
             free.append(k)
             stream = None  # wait for the next "go"
@@ -153,7 +155,7 @@ class WorkerPool:
             except OSError:
                 self._raise_dead(w)
 
-    def get(self, at: Position, stop: threading.Event) -> tuple[int, int, dict[str, Any]]:
+    def get(self, at: Position, stop: threading.Event) -> tuple[int, int, SlotMeta]:
         """(worker, slot, meta) of batch `at`; waits for it, raising the worker's error if it
         failed, LoaderWorkerError if it died or made no progress within the deadline, Stopped
         once `stop` is set."""
@@ -244,7 +246,7 @@ class InlinePool:
                 self._stream.close()  # type: ignore[attr-defined]
         self._stream, self._start = None, at
 
-    def get(self, at: Position, stop: threading.Event) -> tuple[int, int, dict[str, Any]]:
+    def get(self, at: Position, stop: threading.Event) -> tuple[int, int, SlotMeta]:
         if stop.is_set():
             raise Stopped
         if self._stream is None:
@@ -261,8 +263,7 @@ class InlinePool:
         except Exception as e:
             note_batch(e, got, samples)  # its own traceback: the batch and samples as a note
             raise
-        meta["retried"] = ds.source.new_retries()
-        return 0, k, meta
+        return 0, k, replace(meta, retried=ds.source.new_retries())
 
     def free(self, worker: int, slot: int) -> None:
         pass

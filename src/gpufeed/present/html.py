@@ -2,8 +2,9 @@
 findings, every rule's verdict and charts.
 
 Every string from the run goes through jinja2 autoescaping (HTML) or `html.escape` (chart labels,
-which plotly renders as pseudo-HTML); chart data are binned to at most `max_points` per series (step
-time: means of consecutive steps) so that plotly.js stays the only large part, also for a 24-hour run.
+which plotly renders as pseudo-HTML); chart data come computed and binned (`analysis.charts`: at
+most `CHART_POINTS` per series; step time: means of consecutive steps) so that plotly.js stays the
+only large part, also for a 24-hour run.
 
 This module assembles the template's context; the sections' words are `html_sections`', the charts
 `html_charts`' (their building blocks `html_figures`'), strict JSON `safe_json`'s.
@@ -18,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpufeed.analysis.charts import CHART_POINTS
 from gpufeed.present import html_charts
 from gpufeed.present.html_charts import GPU_UTIL_MEANS
 from gpufeed.present.html_sections import (
@@ -45,7 +47,7 @@ __all__ = [
     "strict_json",
 ]
 
-MAX_POINTS = 1200
+MAX_POINTS = CHART_POINTS  # the most points per chart series (`analyze_run`'s `chart_points`)
 _PLOTLY_MARK = "\x00gpufeed-plotly-js\x00"
 
 
@@ -83,12 +85,11 @@ def findings_json(run: Run, findings: list[Finding]) -> str:
 def render_html(
     run: Run,
     analysis: Analysis,
-    max_points: int = MAX_POINTS,
     stopped: str | None = None,
 ) -> str:
     """The report as one HTML string of `run` and what `analysis.result.analyze_run` found in it
     (findings, every rule's verdict, the steady-state data wait, the own ceiling, the summary
-    figures); `stopped` (from `recording_stopped`) says why an unfinished run will never finish,
+    figures, the charts' series); `stopped` (from `recording_stopped`) says why an unfinished run will never finish,
     which the header then says instead of "run still in progress"."""
     import jinja2
     import plotly.offline
@@ -105,7 +106,7 @@ def render_html(
     t0, t1 = analysis.span
     if not math.isfinite(t0):
         t0, t1 = 0.0, 0.0
-    charts, figures, missing = html_charts.charts(run, t0, t1, max_points)
+    charts, figures, missing = html_charts.charts(analysis.charts, meta.get("gpu_unavailable"))
     columns, rows = percentile_rows(analysis)
     gpus = meta.get("gpus") or []
     command = meta.get("command") or []  # redacted when loaded (`analysis.run.load`)
@@ -127,7 +128,7 @@ def render_html(
         damaged=damaged_text(meta["damaged_stores"]) if meta.get("damaged_stores") else "",
         generated=datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
         summary=summary_cards(run, analysis, t0, t1),
-        step_phases=step_phase_rows(run, analysis),
+        step_phases=step_phase_rows(analysis),
         findings=[f.to_dict() for f in analysis.findings],
         checks=analysis.checks,
         healthy=healthy_text(analysis),
@@ -136,7 +137,7 @@ def render_html(
         percentile_columns=columns,
         percentiles=rows,
         version=__version__,
-        downsample_note=f"charts binned to at most {max_points} points per series",
+        downsample_note=f"charts binned to at most {analysis.charts.points} points per series",
         plotly_js=_PLOTLY_MARK,
         figures=figures,
         offline_note=_PLOTLY_MARK,

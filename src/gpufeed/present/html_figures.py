@@ -1,5 +1,5 @@
-"""The building blocks of the HTML report's plotly figures: the shared layout, time bins' means and
-centers, JSON-safe compact values and labels escaped for plotly's pseudo-HTML."""
+"""The building blocks of the HTML report's plotly figures: the shared layout, JSON-safe compact
+values and labels escaped for plotly's pseudo-HTML."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import math
 from typing import Any
 
 import numpy as np
-
-from gpufeed.analysis.stats import bin_index
 
 LABELLED_ROWS = 42  # rows of a heatmap that fit 900 px with a label each
 _LAYOUT = {
@@ -45,25 +43,6 @@ def rows_fig(heatmap: list[dict[str, Any]], title: str) -> dict[str, Any]:
     if rows <= LABELLED_ROWS:
         figure["layout"]["yaxis"] |= {"dtick": 1}
     return figure
-
-
-def binned(times: Any, values: Any, edges: np.ndarray) -> np.ndarray:
-    """Mean of `values` in each time bin (NaN where a bin is empty)."""
-    t = np.asarray(times, dtype=float)
-    v = np.asarray(values, dtype=float)
-    ok = np.isfinite(t) & np.isfinite(v)
-    t, v = t[ok], v[ok]
-    bins = len(edges) - 1
-    idx = bin_index(t, edges)
-    count = np.bincount(idx, minlength=bins)
-    total = np.bincount(idx, v, minlength=bins)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
-
-
-def centers(edges: np.ndarray) -> np.ndarray:
-    """The middle of each bin between consecutive `edges`."""
-    return (edges[:-1] + edges[1:]) / 2
 
 
 def clean(values: Any) -> list[float | None]:

@@ -7,10 +7,8 @@ import math
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from gpufeed.analysis.schema import unit
-from gpufeed.analysis.stats import PHASES, step_phases
+from gpufeed.analysis.stats import PHASES
 from gpufeed.present.numbers import after_warmup, ceiling_text, count, cpu_counts, figure, number
 
 if TYPE_CHECKING:
@@ -73,22 +71,21 @@ def summary_cards(run: Run, analysis: Analysis, t0: float, t1: float) -> list[di
                 f"({_secs(s['training_time'])})",
             },
         )
-    gpu = _values(run, "gpu.util")
+    gpu50, gpu95 = analysis.utilization["gpu.util"]
+    gpu = math.isfinite(gpu50)  # NaN: no GPU samples
     cards.append(
         {
             "label": "GPU busy p50",
-            "value": _num(_pct(gpu, 50), "%") if gpu.size else "n/a",
-            "detail": f"p95 {_num(_pct(gpu, 95), '%')} · % of time a kernel ran"
-            if gpu.size
-            else "no GPU data",
+            "value": _num(gpu50, "%") if gpu else "n/a",
+            "detail": f"p95 {_num(gpu95, '%')} · % of time a kernel ran" if gpu else "no GPU data",
         }
     )
-    cpu = _values(run, "cpu.util")
+    cpu50, cpu95 = analysis.utilization["cpu.util"]
     cards.append(
         {
             "label": "CPU utilization p50",
-            "value": _num(_pct(cpu, 50), "%"),
-            "detail": f"p95 {_num(_pct(cpu, 95), '%')} of {cpu_counts(meta)} cores",
+            "value": _num(cpu50, "%"),
+            "detail": f"p95 {_num(cpu95, '%')} of {cpu_counts(meta)} cores",
         }
     )
     return cards
@@ -138,39 +135,28 @@ def _metric_value(metric: str, value: float, column: str) -> str:
     return f"{value:.1f}"
 
 
-def step_phase_rows(run: Run, analysis: Analysis) -> list[dict[str, str]]:
+def step_phase_rows(analysis: Analysis) -> list[dict[str, str]]:
     """Rows (phase, share of step time, mean per step) for the parts of a training step; "unknown"
     where a part was not measured (data wait outside a DataLoader, phases of an older run). The
     model's phases are GPU time where CUDA events measured it ("(GPU)" after their names)."""
-    steps = run.steps[np.isfinite(run.steps["duration"].to_numpy(dtype=float))]
-    if len(steps) == 0:
+    means = analysis.phase_means
+    if not means:
         return []
     s = analysis.summary
-    parts, clock = step_phases(steps)
+    clock = s["phase_clock"]
     rows = []
     for p in PHASES:
-        share = s[f"{p}_share"]
-        values = parts[p].to_numpy(dtype=float)
-        values = values[np.isfinite(values)]
-        known = math.isfinite(share) and values.size > 0
+        share, mean = s[f"{p}_share"], means[p]
+        known = math.isfinite(share) and math.isfinite(mean)
         on_gpu = clock == "cuda" and p in ("forward", "backward", "optimizer")
         rows.append(
             {
                 "phase": p.replace("_", " ") + (" (GPU)" if on_gpu else ""),
                 "share": _num(100 * share, "%", 1) if known else "unknown",
-                "mean": _num(1e3 * float(values.mean()), " ms", 2) if known else "unknown",
+                "mean": _num(1e3 * mean, " ms", 2) if known else "unknown",
             }
         )
     return rows
-
-
-def _values(run: Run, metric: str) -> np.ndarray:
-    v = run.system.loc[run.system["metric"] == metric, "value"].to_numpy(dtype=float)
-    return v[np.isfinite(v)]
-
-
-def _pct(values: np.ndarray, q: float) -> float:
-    return float(np.percentile(values, q)) if values.size else math.nan
 
 
 def _num(value: float, unit: str = "", digits: int = 0) -> str:

@@ -129,8 +129,8 @@ def print_run(run: Run, analysis: Analysis, console: Console | None = None) -> N
                 "(not counted in the training steps above)"
             )
 
-    if analysis.roles is not None:
-        _print_processes(run, analysis.roles, console)
+    if analysis.process_roles:
+        _print_processes(analysis.process_roles, console)
 
     _print_metrics(analysis.percentiles, console)
     print_findings(analysis.findings, console)
@@ -156,26 +156,20 @@ def _print_metrics(pt: pd.DataFrame, console: Console) -> None:
     console.print(table)
 
 
-def _print_processes(run: Run, roles: tuple[pd.DataFrame, pd.DataFrame], console: Console) -> None:
+def _print_processes(roles: list[dict[str, Any]], console: Console) -> None:
     """Per role: how many processes, their CPU (% of one core, summed over processes and hosts) and
-    peak memory (`roles`: `Analysis.roles`)."""
-    procs = run.processes
+    peak memory (`Analysis.process_roles`)."""
     memory = UNITS["bytes"]
     table = Table(title="Processes", title_justify="left")
     for col in ("role", "processes", "CPU p50", "CPU p95", "peak RSS"):
         table.add_column(col, justify="left" if col == "role" else "right")
-    cpus, rss = roles
-    for role in ("main", "worker", "other"):
-        rows = procs[procs["role"] == role]
-        if len(rows) == 0:
-            continue
-        cpu = cpus[role].dropna()
+    for row in roles:
         table.add_row(
-            _text(role),
-            str(rows[["host", "pid"]].drop_duplicates().shape[0]),
-            number(float(cpu.quantile(0.5)), 0) + "%",
-            number(float(cpu.quantile(0.95)), 0) + "%",
-            number(float(rss[role].max()) / memory.divisor, memory.decimals) + f" {memory.shown}",
+            _text(row["role"]),
+            str(row["processes"]),
+            number(row["cpu_p50"], 0) + "%",
+            number(row["cpu_p95"], 0) + "%",
+            number(row["peak_rss"] / memory.divisor, memory.decimals) + f" {memory.shown}",
         )
     console.print(table)
 

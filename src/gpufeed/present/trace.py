@@ -22,6 +22,7 @@ from gpufeed.errors import GpufeedError
 
 if TYPE_CHECKING:
     from gpufeed.analysis.run import Run
+    from gpufeed.analysis.timeline import Timeline
 
 MAX_MB = 200.0
 # measured 96-100 bytes an event (2026-11-25), rounded up; the written text is checked too
@@ -35,17 +36,19 @@ class TraceError(GpufeedError, ValueError):
 
 def render_trace(
     run: Run,
+    timeline: Timeline,
     start: float | None = None,
     end: float | None = None,
     max_mb: float = MAX_MB,
     kineto: dict[str, Any] | None = None,
 ) -> tuple[str, int]:
-    """The trace as JSON text and its event count; with `kineto` (a torch.profiler trace, already
-    read and windowed), gpufeed's tracks added to it. Raises TraceError past `max_mb`."""
+    """The trace of `run` (its `timeline`: `analysis.timeline`) as JSON text and its event count;
+    with `kineto` (a torch.profiler trace, already read and windowed), gpufeed's tracks added to
+    it. Raises TraceError past `max_mb`."""
     from gpufeed.present.html import strict_json
     from gpufeed.present.kineto import merge_into
 
-    trace = build_trace(run, start=start, end=end, max_mb=max_mb)
+    trace = build_trace(run, timeline, start=start, end=end, max_mb=max_mb)
     if kineto is not None:
         trace = merge_into(kineto, trace)
     text = strict_json(trace, separators=(",", ":"))  # NaN (e.g. in a Kineto trace's args): null
@@ -56,23 +59,26 @@ def render_trace(
 
 
 def build_trace(
-    run: Run, start: float | None = None, end: float | None = None, max_mb: float = MAX_MB
+    run: Run,
+    timeline: Timeline,
+    start: float | None = None,
+    end: float | None = None,
+    max_mb: float = MAX_MB,
 ) -> dict[str, Any]:
-    """The trace as a dict ({"traceEvents": [...], ...}); raises TraceError past `max_mb` (estimated)."""
-    from gpufeed.analysis.stats import evaluation_passes, run_span
-
-    t0, t1 = run_span(run)
+    """The trace as a dict ({"traceEvents": [...], ...}) of `run`'s samples and its `timeline`'s
+    steps and evaluation passes; raises TraceError past `max_mb` (estimated)."""
+    t0, t1 = timeline.span
     if not math.isfinite(t0):
         t0 = t1 = 0.0
     lo = t0 + (start or 0.0)
     hi = t0 + end if end is not None else max(t1, t0)
     if end is not None and start is not None and end <= start:
         raise TraceError(f"--end ({end:g} s) must be after --start ({start:g} s)")
-    steps = run.steps[np.isfinite(run.steps["duration"].to_numpy(dtype=float))]
+    steps = timeline.steps
     steps = steps[(steps["end"] >= lo) & (steps["start"] <= hi)]
     system = run.system[(run.system["time"] >= lo) & (run.system["time"] <= hi)]
     procs = run.processes[(run.processes["time"] >= lo) & (run.processes["time"] <= hi)]
-    evals = evaluation_passes(run)
+    evals = timeline.evals
     evals = evals[(evals["end"] >= lo) & (evals["start"] <= hi)]
     info = {
         "run": str(run.path),

@@ -44,142 +44,204 @@ def split_step(
     """Split one step's events (in order) into phases and take evaluation out of it.
 
     Events: ("f", t0, t1, samples, iterator id[, True at the epoch's end[, the thread's CPU
-    meanwhile: two `threadclock` readings or seconds]]) a batch fetched; ("F", t0, t1, samples, module id,
-    grad enabled, module.training[, gpu begin, gpu end]) a forward of a root module; ("B", t0, t1[,
-    gpu begin, gpu end]) a backward pass; ("O", t0, t1[, gpu begin, gpu end]) an optimizer step.
-    GPU marks (None where not taken) of training forwards, backward passes and optimizer steps
-    go to `gpu`. A forward is evaluation when it runs without grad, or in eval()
-    mode with no backward after it; the batches fetched before it, and every later batch of the same
-    iterator, are evaluation too. The step then starts where the evaluation ended. Data wait is the
-    DataLoader's blocked time where batches came from one; else (any other iterator) the host time
-    before each training forward and between it and its backward that no hook attributes elsewhere;
-    NaN (unknown) where neither was seen. Its CPU is the training thread's time on a CPU across
-    those fetches, and its ready time its time runnable but off a core; NaN where any of them was
-    not measured (ready: not measurable here) or the wait was not a DataLoader's. Samples come
-    from the model's input (a loader reading ahead cannot shift them), else from
-    the fetched batches. `eval_iters` (ids of evaluation iterators) is updated in place, and so is
+    meanwhile: two `threadclock` readings or seconds]]) a batch fetched; ("F", t0, t1, samples,
+    module id, grad enabled, module.training[, gpu begin, gpu end]) a forward of a root module;
+    ("B", t0, t1[, gpu begin, gpu end]) a backward pass; ("O", t0, t1[, gpu begin, gpu end]) an
+    optimizer step. `eval_iters` (evaluation iterators) is updated in place, and so is
     `train_iters` (those that fed training steps) when given.
     """
     forwards = [
         i for i, e in enumerate(events) if e[0] == "F" and models is not None and e[4] in models
     ]
-    backward_after = set()
+    walk = _Walk(start, models, eval_iters, train_iters, _trained(events, forwards))
+    fetch, forward, backward, optimizer = walk.fetch, walk.forward, walk.backward, walk.optimizer
+    for i, e in enumerate(events):
+        kind = e[0]
+        if kind == "f":
+            fetch(e)
+        elif kind == "F":
+            forward(i, e)
+        elif kind == "B":
+            backward(e)
+        elif kind == "O":
+            optimizer(events, i, e)
+    return walk.parts(events, forwards)
+
+
+def _trained(events: list[tuple], forwards: list[int]) -> set[int]:
+    """Which of the model's `forwards` (indices into `events`) a backward pass follows before the
+    next one: in eval() mode, a forward without one is evaluation."""
+    out = set()
     for j, i in enumerate(forwards):
         nxt = forwards[j + 1] if j + 1 < len(forwards) else len(events)
         if any(events[k][0] == "B" for k in range(i + 1, nxt)):
-            backward_after.add(i)
-    ev: list[Any] | None = None  # [t0, t1, batches, samples, wait]
-    pending: list[tuple] = []
-    fetch_wait, fetch_n, fetched, fetch_known = 0.0, 0.0, False, False
-    fetch_cpu = fetch_ready = 0.0
-    fwd = bwd = opt = 0.0
-    n_fwd, opt_seen, fwd_samples, fwd_known, primary = 0, False, 0.0, True, None
-    gap, mark, since_mark = 0.0, start, 0.0
-    gpu: list[tuple[str, Any, Any]] = []
+            out.add(i)
+    return out
 
-    def to_eval(t0: float, t1: float, wait: float, batches: int, n: float | None) -> None:
-        nonlocal ev
+
+class _Walk:
+    """One step's running totals as `split_step` walks its events.
+
+    A forward is evaluation when it runs without grad, or in eval() mode with no backward after
+    it; the batches fetched before it, and every later batch of the same iterator, are evaluation
+    too, and the step then starts where the evaluation ended."""
+
+    __slots__ = (
+        "backward_s", "eval", "eval_iters", "fetch_cpu", "fetch_known", "fetch_n",
+        "fetch_ready", "fetch_wait", "fetched", "forward_s", "forwards", "fwd_known",
+        "fwd_samples", "gap", "gpu", "mark", "models", "opt_seen", "optimizer_s", "pending",
+        "primary", "since_mark", "start", "train_iters", "trained",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        start: float,
+        models: frozenset[int] | None,
+        eval_iters: set[int],
+        train_iters: set[int] | None,
+        trained: set[int],
+    ) -> None:
+        self.start, self.models, self.trained = start, models, trained
+        self.eval_iters, self.train_iters = eval_iters, train_iters
+        self.eval: list[Any] | None = None  # [t0, t1, batches, samples, wait]
+        self.pending: list[tuple] = []  # fetches not yet known to feed training or evaluation
+        self.fetch_wait = self.fetch_n = self.fetch_cpu = self.fetch_ready = 0.0
+        self.fetched = self.fetch_known = False
+        self.forward_s = self.backward_s = self.optimizer_s = 0.0
+        self.forwards, self.opt_seen = 0, False
+        self.fwd_samples, self.fwd_known, self.primary = 0.0, True, None
+        self.gap, self.mark, self.since_mark = 0.0, start, 0.0  # host time no hook took
+        self.gpu: list[tuple[str, Any, Any]] = []
+
+    def fetch(self, e: tuple) -> None:
+        if e[4] in self.eval_iters:
+            self._to_eval(e[1], e[2], e[2] - e[1], 0, None)
+            self.mark = max(self.mark, e[2])
+        else:
+            self.pending.append(e)
+
+    def forward(self, i: int, e: tuple) -> None:
+        models = self.models
+        if models is None or e[4] not in models:
+            return
+        if not e[5] or (not e[6] and i not in self.trained):
+            self._eval_forward(e)
+            return
+        self._fetches_trained(since=True)
+        self.gap += max(0.0, e[1] - self.mark - self.since_mark)
+        self.forward_s += e[2] - e[1]
+        self.forwards += 1
+        if len(e) > 7 and e[7] is not None:
+            self.gpu.append(("forward", e[7], e[8]))
+        if self.primary is None:
+            self.primary = e[4]
+        if e[4] == self.primary:  # samples: the first model's inputs (a GAN has two)
+            if e[3] is None:
+                self.fwd_known = False
+            else:
+                self.fwd_samples += e[3]
+        self.mark, self.since_mark = max(self.mark, e[2]), 0.0
+
+    def backward(self, e: tuple) -> None:
+        if self.forwards:  # between forward and backward: nanoGPT fetches its next batch here
+            self.gap += max(0.0, e[1] - self.mark - self.since_mark)
+        self.backward_s += e[2] - e[1]
+        self.mark, self.since_mark = max(self.mark, e[2]), 0.0
+        if len(e) > 3 and e[3] is not None:
+            self.gpu.append(("backward", e[3], e[4]))
+
+    def optimizer(self, events: list[tuple], i: int, e: tuple) -> None:
+        inner = _nested(events, i, self.models)
+        self.optimizer_s += e[2] - e[1] - sum(n[2] - n[1] for n in inner)
+        self.opt_seen = True
+        self.mark = max(self.mark, e[2])
+        if len(e) > 3 and e[3] is not None:
+            self.gpu += _outside(e[3], e[4], inner)
+
+    def _eval_forward(self, e: tuple) -> None:
+        """An evaluation forward: it and the fetches pending before it are evaluation."""
+        for p in self.pending:
+            if len(p) < 6 or not p[5]:  # an epoch's end names no evaluation iterator
+                self.eval_iters.add(p[4])
+            self._to_eval(p[1], p[2], p[2] - p[1], 0, None)
+        self._to_eval(e[1], e[2], 0.0, 1, e[3])
+        self.pending.clear()
+        self.mark, self.since_mark = max(self.mark, e[2]), 0.0
+
+    def _to_eval(self, t0: float, t1: float, wait: float, batches: int, n: float | None) -> None:
+        ev = self.eval
         if ev is None:
-            ev = [t0, t1, 0, 0.0, 0.0]
+            ev = self.eval = [t0, t1, 0, 0.0, 0.0]
         ev[0], ev[1] = min(ev[0], t0), max(ev[1], t1)
         ev[2] += batches
         ev[3] += n or 0.0
         ev[4] += wait
 
-    def to_training(fetch: tuple) -> None:
-        nonlocal fetch_wait, fetch_cpu, fetch_ready, fetch_n, fetched, fetch_known
-        fetch_wait += fetch[2] - fetch[1]
-        cpu, ready = _thread_times(fetch[6] if len(fetch) > 6 else NAN)
-        fetch_cpu, fetch_ready = fetch_cpu + cpu, fetch_ready + ready
-        fetch_n += fetch[3] or 0.0
-        fetched, fetch_known = True, fetch_known or fetch[3] is not None
-        if train_iters is not None:
-            train_iters.add(fetch[4])
+    def _fetches_trained(self, since: bool) -> None:
+        """The pending fetches fed training: their wait, CPU and samples are the step's; with
+        `since`, their time after the last hook is not a gap."""
+        train_iters, mark = self.train_iters, self.mark
+        for p in self.pending:
+            self.fetch_wait += p[2] - p[1]
+            cpu, ready = _thread_times(p[6] if len(p) > 6 else NAN)
+            self.fetch_cpu += cpu
+            self.fetch_ready += ready
+            self.fetch_n += p[3] or 0.0
+            self.fetched = True
+            self.fetch_known = self.fetch_known or p[3] is not None
+            if train_iters is not None:
+                train_iters.add(p[4])
+            if since and p[1] >= mark:
+                self.since_mark += p[2] - p[1]
+        self.pending.clear()
 
-    for i, e in enumerate(events):
-        kind = e[0]
-        if kind == "f":
-            if e[4] in eval_iters:
-                to_eval(e[1], e[2], e[2] - e[1], 0, None)
-                mark = max(mark, e[2])
-            else:
-                pending.append(e)
-        elif kind == "F":
-            if models is None or e[4] not in models:
-                continue
-            if not e[5] or (not e[6] and i not in backward_after):
-                for p in pending:
-                    if len(p) < 6 or not p[5]:  # an epoch's end names no evaluation iterator
-                        eval_iters.add(p[4])
-                    to_eval(p[1], p[2], p[2] - p[1], 0, None)
-                to_eval(e[1], e[2], 0.0, 1, e[3])
-                pending.clear()
-                mark, since_mark = max(mark, e[2]), 0.0
-                continue
-            for p in pending:
-                to_training(p)
-                if p[1] >= mark:
-                    since_mark += p[2] - p[1]
-            pending.clear()
-            gap += max(0.0, e[1] - mark - since_mark)
-            fwd += e[2] - e[1]
-            n_fwd += 1
-            if len(e) > 7 and e[7] is not None:
-                gpu.append(("forward", e[7], e[8]))
-            primary = e[4] if primary is None else primary
-            if e[4] == primary:
-                if e[3] is None:
-                    fwd_known = False
-                else:
-                    fwd_samples += e[3]
-            mark, since_mark = max(mark, e[2]), 0.0
-        elif kind == "B":
-            if n_fwd:  # between forward and backward: nanoGPT fetches its next batch here
-                gap += max(0.0, e[1] - mark - since_mark)
-            bwd += e[2] - e[1]
-            mark, since_mark = max(mark, e[2]), 0.0
-            if len(e) > 3 and e[3] is not None:
-                gpu.append(("backward", e[3], e[4]))
-        elif kind == "O":
-            inner = _nested(events, i, models)
-            opt += e[2] - e[1] - sum(n[2] - n[1] for n in inner)
-            opt_seen = True
-            mark = max(mark, e[2])
-            if len(e) > 3 and e[3] is not None:
-                gpu += _outside(e[3], e[4], inner)
-    for p in pending:
-        to_training(p)
-    first_train = next(
-        (events[i][1] for i in forwards if events[i][5] and (events[i][6] or i in backward_after)),
-        math.inf,
-    )
-    if ev is not None and ev[1] <= first_train:
-        start = max(start, ev[1]) if math.isfinite(start) else start
-    wait_cpu, wait_ready = (fetch_cpu, fetch_ready) if fetched else (NAN, NAN)
-    if fetched:
-        wait = fetch_wait
-    elif n_fwd and math.isfinite(start):
-        wait = gap
-    else:
-        wait = NAN
-    if n_fwd and fwd_known:
-        samples = fwd_samples
-    elif fetch_known:
-        samples = fetch_n
-    else:
-        samples = NAN
-    return StepParts(
-        start,
-        wait,
-        wait_cpu,
-        wait_ready,
-        samples,
-        fwd if n_fwd else NAN,
-        bwd if n_fwd else NAN,
-        opt if opt_seen else NAN,
-        (ev[0], ev[1], ev[2], ev[3], ev[4]) if ev is not None else None,
-        gpu,
-    )
+    def parts(self, events: list[tuple], forwards: list[int]) -> StepParts:
+        self._fetches_trained(since=False)
+        trained = self.forwards
+        ev = self.eval
+        return StepParts(
+            self._start_after_eval(events, forwards),
+            self._data_wait(),
+            self.fetch_cpu if self.fetched else NAN,
+            self.fetch_ready if self.fetched else NAN,
+            self._samples(),
+            self.forward_s if trained else NAN,
+            self.backward_s if trained else NAN,
+            self.optimizer_s if self.opt_seen else NAN,
+            (ev[0], ev[1], ev[2], ev[3], ev[4]) if ev is not None else None,
+            self.gpu,
+        )
+
+    def _start_after_eval(self, events: list[tuple], forwards: list[int]) -> float:
+        """The step's start: after an evaluation that ended before its first training forward."""
+        start, ev = self.start, self.eval
+        if ev is None or not math.isfinite(start):
+            return start
+        first_train = next(
+            (
+                events[i][1]
+                for i in forwards
+                if events[i][5] and (events[i][6] or i in self.trained)
+            ),
+            math.inf,
+        )
+        return max(start, ev[1]) if ev[1] <= first_train else start
+
+    def _data_wait(self) -> float:
+        """The DataLoader's blocked time where batches came from one; else (any other iterator)
+        the host time before each training forward and between it and its backward that no hook
+        took; NaN (unknown) where neither was seen."""
+        if self.fetched:
+            return self.fetch_wait
+        if self.forwards and math.isfinite(self.start):
+            return self.gap
+        return NAN
+
+    def _samples(self) -> float:
+        """From the model's input (a loader reading ahead cannot shift them), else the batches'."""
+        if self.forwards and self.fwd_known:
+            return self.fwd_samples
+        return self.fetch_n if self.fetch_known else NAN
 
 
 def _nested(events: list[tuple], i: int, models: frozenset[int] | None) -> list[tuple]:

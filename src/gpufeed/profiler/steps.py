@@ -28,38 +28,13 @@ from gpufeed.profiler.batches import batch_kind, batch_size
 from gpufeed.profiler.clocks import CudaClock, Spans
 from gpufeed.profiler.headspace import NOTHING, Headspace
 from gpufeed.profiler.phases import gpu_marks, split_step
+from gpufeed.profiler.precision import autocast_active, dtype_name, param_precision
 from gpufeed.profiler.session import FLUSH_INTERVAL, PARTIAL_KEY, PartialRecording, warn_once
 from gpufeed.profiler.store import Store
 
 NAN = math.nan
 # The phases timed on the GPU clock, as `Spans` names them (and the store's gpu_phases columns).
 GPU_PHASES = ("forward", "backward", "optimizer")
-# Short names of torch dtypes, as meta "precision" spells them.
-_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
-
-
-def dtype_name(dtype: Any) -> str:
-    """A torch dtype as meta "precision" names it: "bf16", "fp16", "fp32", "fp64", else its own name."""
-    name = str(dtype).removeprefix("torch.")
-    return _DTYPE_NAMES.get(name, name)
-
-
-def param_precision(optimizer: Any) -> str | None:
-    """The dtype holding most of an optimizer's floating-point parameter elements; None if it has none."""
-    elements: dict[Any, int] = {}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.is_floating_point():
-                elements[p.dtype] = elements.get(p.dtype, 0) + p.numel()
-    return dtype_name(max(elements, key=elements.__getitem__)) if elements else None
-
-
-def _autocast_active(device_type: str) -> bool:
-    torch = sys.modules.get("torch")
-    try:
-        return bool(torch.is_autocast_enabled(device_type))  # type: ignore[union-attr]
-    except Exception:
-        return False
 
 
 class Recorder:
@@ -255,7 +230,7 @@ class Recorder:
         amp = self.autocast
         if amp is not None:
             self._autocast_steps[amp[1]] = self._autocast_steps.get(amp[1], 0) + 1
-            if not _autocast_active(amp[0]):  # a region around the whole loop counts every step
+            if not autocast_active(amp[0]):  # a region around the whole loop counts every step
                 self.autocast = None
         if self.headspace is not None:
             self.headspace.step_ended(self._events, self.models)
@@ -328,57 +303,16 @@ class Recorder:
         with self._flush_lock:
             rows = _drain(self._queue)
             workers = _drain(self._workers)
-            off = self._offset
-            step_rows, phase_rows, cpu_rows, eval_rows = [], [], [], []
-            for step, start, end, events, explicit, ev0, ev1, own_start in rows:
-                parts = split_step(start, events, self.models, self._eval_iters, self._train_iters)
-                samples = parts.samples if explicit is None else explicit
-                step_rows.append(
-                    (step, parts.start + off, end + off, parts.data_wait, samples, NAN)
-                )
-                phase_rows.append((step, parts.forward, parts.backward, parts.optimizer))
-                if math.isfinite(parts.data_wait_cpu):
-                    cpu_rows.append((step, parts.data_wait_cpu, parts.data_wait_ready))
-                if parts.evaluation is not None:
-                    t0, t1, batches, n, wait = parts.evaluation
-                    eval_rows.append((t0 + off, t1 + off, batches, n, wait))
-                if self._clock is not None:
-                    if self._spans is None:
-                        self._spans = Spans(self._clock)
-                    owned = [own_start, ev1, *gpu_marks(events)]
-                    self._spans.add(step, [("step", ev0, ev1), *parts.gpu], owned)
+            step_rows, phase_rows, cpu_rows, eval_rows = self._split_rows(rows)
             gpu_times, gpu_rows = self._resolve_gpu_times()
             closing_tail = self._closing and bool(self._events)
             notes = self.partial.take(final=self._closing)
             idle = not rows and not workers and not gpu_times and not gpu_rows and not notes
             if idle and not closing_tail and self._store is not None:
                 return
-            if self._closing and self._events:
-                # evaluation after the last training step (a final validation pass)
-                tail = split_step(NAN, self._events, self.models, self._eval_iters).evaluation
-                self._events = []
-                if tail is not None:
-                    t0, t1, batches, n, wait = tail
-                    eval_rows.append((t0 + off, t1 + off, batches, n, wait))
-            info = {"dropped_events": self.dropped} if self.dropped != self._saved_dropped else {}
-            precision = self.precision()
-            if precision != self._saved_precision:
-                info["precision"] = precision
-            cuda = bool(self._cuda)
-            if cuda != self._saved_cuda:
-                info["cuda"] = cuda
-            loader_workers = max(
-                (self._iter_workers.get(i, 0) for i in self._train_iters - self._eval_iters),
-                default=-1,
-            )
-            if loader_workers > self._saved_workers:
-                info["loader_workers"] = loader_workers
-            kind = self.batch_kind
-            if kind != self._saved_kind:
-                info["batch_kind"] = kind
-            window = self.headspace.window if self.headspace is not None else None
-            if window != self._saved_window:
-                info["headspace"] = list(window)  # type: ignore[arg-type]
+            if closing_tail:
+                eval_rows += self._tail_evaluation()
+            info, saved = self._info_changes()
             if notes:
                 info[PARTIAL_KEY] = notes
             try:
@@ -395,16 +329,83 @@ class Recorder:
                     evals=eval_rows,
                     workers=workers,
                 )
-                self._saved_dropped = self.dropped
-                self._saved_precision = precision
-                self._saved_cuda = cuda
-                self._saved_workers = max(self._saved_workers, loader_workers)
-                self._saved_kind = kind
-                self._saved_window = window
+                self._saved(*saved)
             except Exception as e:  # any store failure: never let it reach training
                 self.dropped += len(rows)
                 self._warn(e)
             self.partial.publish(notes)  # and in meta.json, where the run is read first
+
+    def _split_rows(self, rows: list[tuple]) -> tuple[list, list, list, list]:
+        """The store's steps, phases, cpu_phases and evals rows of the queued steps `rows`; their
+        GPU marks handed to `Spans`, read once done."""
+        off = self._offset
+        step_rows, phase_rows, cpu_rows, eval_rows = [], [], [], []
+        for step, start, end, events, explicit, ev0, ev1, own_start in rows:
+            parts = split_step(start, events, self.models, self._eval_iters, self._train_iters)
+            samples = parts.samples if explicit is None else explicit
+            step_rows.append((step, parts.start + off, end + off, parts.data_wait, samples, NAN))
+            phase_rows.append((step, parts.forward, parts.backward, parts.optimizer))
+            if math.isfinite(parts.data_wait_cpu):
+                cpu_rows.append((step, parts.data_wait_cpu, parts.data_wait_ready))
+            if parts.evaluation is not None:
+                t0, t1, batches, n, wait = parts.evaluation
+                eval_rows.append((t0 + off, t1 + off, batches, n, wait))
+            if self._clock is not None:
+                if self._spans is None:
+                    self._spans = Spans(self._clock)
+                owned = [own_start, ev1, *gpu_marks(events)]
+                self._spans.add(step, [("step", ev0, ev1), *parts.gpu], owned)
+        return step_rows, phase_rows, cpu_rows, eval_rows
+
+    def _tail_evaluation(self) -> list[tuple]:
+        """At close: an evaluation after the last training step (a final validation pass)."""
+        tail = split_step(NAN, self._events, self.models, self._eval_iters).evaluation
+        self._events = []
+        if tail is None:
+            return []
+        t0, t1, batches, n, wait = tail
+        return [(t0 + self._offset, t1 + self._offset, batches, n, wait)]
+
+    def _info_changes(self) -> tuple[dict[str, Any], tuple]:
+        """The store's info entries that changed since last written, and what `_saved` notes
+        once they are."""
+        info: dict[str, Any] = {}
+        if self.dropped != self._saved_dropped:
+            info["dropped_events"] = self.dropped
+        precision = self.precision()
+        if precision != self._saved_precision:
+            info["precision"] = precision
+        cuda = bool(self._cuda)
+        if cuda != self._saved_cuda:
+            info["cuda"] = cuda
+        loader_workers = max(
+            (self._iter_workers.get(i, 0) for i in self._train_iters - self._eval_iters),
+            default=-1,
+        )
+        if loader_workers > self._saved_workers:
+            info["loader_workers"] = loader_workers
+        kind = self.batch_kind
+        if kind != self._saved_kind:
+            info["batch_kind"] = kind
+        window = self.headspace.window if self.headspace is not None else None
+        if window != self._saved_window:
+            info["headspace"] = list(window)  # type: ignore[arg-type]
+        return info, (precision, cuda, loader_workers, kind, window)
+
+    def _saved(
+        self,
+        precision: str | None,
+        cuda: bool,
+        loader_workers: int,
+        kind: str | None,
+        window: tuple[int, int] | None,
+    ) -> None:
+        self._saved_dropped = self.dropped
+        self._saved_precision = precision
+        self._saved_cuda = cuda
+        self._saved_workers = max(self._saved_workers, loader_workers)
+        self._saved_kind = kind
+        self._saved_window = window
 
     def _resolve_gpu_times(self) -> tuple[list[tuple[float, int]], list[tuple]]:
         """(gpu_time, step) pairs and gpu_phases rows of the steps whose CUDA events are done.

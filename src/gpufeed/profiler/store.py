@@ -1,4 +1,6 @@
 """Crash-safe store: one SQLite file in WAL mode per writing process, readable while it is written.
+The one module that opens store files: `Store` writes one, `read_store` reads one (also a killed
+writer's, also on a read-only mount).
 
 WAL with synchronous=NORMAL makes every commit survive the writer's death (kill -9): committed pages
 sit in the -wal file, which any later reader replays. Writers never share a file, so they need no locks
@@ -9,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -96,13 +100,18 @@ class Store:
 def read_store(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Everything in one store file: {"info": dict, table: list of row tuples}; tables may be empty.
 
-    Works on a file still being written and on one whose writer was killed (the WAL is replayed).
+    The one reader of store files. Works on a file still being written and on one whose writer was
+    killed (its WAL is replayed), also where the run directory or its files cannot be written (a
+    read-only mount, a copy owned by someone else), where a normal SQLite connection fails on a
+    WAL database: there nothing is written next to the file.
     """
-    db = _open_for_reading(Path(path))
-    try:
-        return read_tables(db)
-    finally:
-        db.close()
+    path = Path(path)
+    if _writable(path):
+        try:
+            return _read_in_place(path)
+        except sqlite3.OperationalError:
+            pass  # e.g. a file system that is read-only although access() says otherwise
+    return _read_readonly(path)
 
 
 def read_tables(db: sqlite3.Connection) -> dict[str, Any]:
@@ -123,14 +132,60 @@ def read_tables(db: sqlite3.Connection) -> dict[str, Any]:
     return out
 
 
-def _open_for_reading(path: Path) -> sqlite3.Connection:
-    # A normal connection can replay the WAL of a killed writer; where the directory is read-only,
-    # fall back to a read-only one.
+def _read_in_place(path: Path) -> dict[str, Any]:
+    """`read_store` through a normal connection, which replays the WAL of a killed writer (and may
+    create the -wal and -shm files beside the store to do so)."""
+    return _read_connected(sqlite3.connect(path, timeout=5.0))
+
+
+def _sidecars(path: Path) -> tuple[Path, Path]:
+    """The WAL and shared-memory files SQLite keeps next to a WAL-mode database."""
+    return path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")
+
+
+def _writable(path: Path) -> bool:
+    files = [path.parent, path, *(p for p in _sidecars(path) if p.exists())]
+    return all(os.access(p, os.W_OK) for p in files)
+
+
+def _read_readonly(path: Path) -> dict[str, Any]:
+    """Read a store without writing anything next to it.
+
+    Without a WAL (the writer closed the file, folding the WAL in) `immutable=1` opens the file as
+    it is; `mode=ro` reads the WAL of a live or killed writer where its -wal and -shm files exist; a
+    WAL that cannot be read in place (no -shm file, which a read-only directory cannot get) is
+    replayed in a private copy.
+    """
+    wal, _ = _sidecars(path)
+    has_wal = wal.exists() and wal.stat().st_size > 0
+    uri = path.resolve().as_uri()
+    # Without a WAL no writer is at work (stores are WAL-mode while open) and the file is complete:
+    # immutable=1 reads it without locks and without creating -wal/-shm files.
+    modes = ["mode=ro"] if has_wal else ["immutable=1", "mode=ro"]
+    error: Exception | None = None
+    for mode in modes:
+        try:
+            return _read_uri(f"{uri}?{mode}")
+        except sqlite3.Error as e:
+            error = error or e
+    if not has_wal:
+        assert error is not None
+        raise error
+    with tempfile.TemporaryDirectory(prefix="gpufeed-store-") as tmp:
+        copy = Path(tmp) / path.name
+        shutil.copyfile(path, copy)
+        shutil.copyfile(wal, _sidecars(copy)[0])
+        return _read_in_place(copy)
+
+
+def _read_uri(uri: str) -> dict[str, Any]:
+    """What `read_store` returns, from a SQLite URI (read-only modes)."""
+    return _read_connected(sqlite3.connect(uri, uri=True, timeout=5.0))
+
+
+def _read_connected(db: sqlite3.Connection) -> dict[str, Any]:
+    """`read_tables` of `db`, which is closed afterwards."""
     try:
-        db = sqlite3.connect(path, timeout=5.0)
-        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        return db
-    except sqlite3.OperationalError:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
-        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        return db
+        return read_tables(db)
+    finally:
+        db.close()

@@ -1,4 +1,5 @@
-"""`RunBuilder`: synthetic `Run`s from plain lists, for specifying rules one behaviour at a time."""
+"""`RunBuilder`: synthetic `Run`s from plain lists, for specifying rules one behaviour at a time;
+`rules` (the findings of a run by rule) and `jittered` (step times with a little noise)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpufeed.analysis.finding import Finding
+from gpufeed.analysis.rules import run_rules
 from gpufeed.analysis.run import PROCESS_COLUMNS, STEP_COLUMNS, SYSTEM_COLUMNS, Run
 
 T0 = 1_700_000_000.0
@@ -154,3 +157,13 @@ def healthy(b: RunBuilder, n: int = 200, step: float = 0.1, seed: int = 0) -> Ru
     for w in range(4):
         b.process(2000 + w, "worker", 30.0)
     return b
+
+
+def rules(run: Run, **overrides: Any) -> dict[str, Finding]:
+    """The findings of `run` by rule name (rule parameters overridden as in `run_rules`)."""
+    return {f.rule: f for f in run_rules(run, **overrides)}
+
+
+def jittered(n: int, step: float = 0.05, seed: int = 0) -> np.ndarray:
+    """`n` step times of about `step` seconds, 5% noise."""
+    return step * (1 + 0.05 * np.random.default_rng(seed).standard_normal(n))

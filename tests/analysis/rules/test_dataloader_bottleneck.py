@@ -525,3 +525,12 @@ def test_a_hand_edited_core_count_that_cannot_be_one_falls_back_to_the_sampled_c
     assert "itself; 2 cores)" in f.recommendation and f.evidence["cpu_count"] == 2
     (f,) = fired(b.build(cpu_count=16, host_cpu_counts="16"))
     assert "itself; 16 cores)" in f.recommendation
+
+
+def test_the_rules_call_steps_input_bound_where_diagnose_and_tune_do() -> None:
+    from gpufeed.advise import diagnose, tune
+    from gpufeed.analysis.rules.dataloader_bottleneck import DataLoaderBottleneck
+    from gpufeed.analysis.rules.params import INPUT_BOUND
+
+    assert INPUT_BOUND == diagnose.WAITING == tune.WAITING
+    assert DataLoaderBottleneck.params["threshold"].default == INPUT_BOUND

@@ -22,25 +22,12 @@ from gpufeed.text import count
 class DataLoaderBottleneck(Rule):
     """Data wait is a large share of step time (share = wait / whole step including the wait).
 
-    Looks at the rank with the largest share. The recommendation is sized from the evidence: how many
-    loader workers there are now, how busy they are, and how many cores the host has. Workers on a
-    host whose CPU is full (CPUBottleneck's `host_busy`) count as CPU-bound at half `busy_worker_cpu`,
-    or when together they keep half its cores busy, as CPUBottleneck counts them: starved, not idle,
-    and more of them would only share the same cores. A training process that loads every batch
-    itself (num_workers=0) but was measured mostly off the CPU while it waited (`data_wait_cpu`)
-    waits on storage or latency: the workers it is advised are not capped by the cores. Idle
-    workers whose training thread was measured busy while it waited (on a CPU at least half of
-    it, and more than a worker) are not waiting on storage: the hand-over is the bottleneck, as
-    when batches travel pickled instead of as tensors in shared memory. Only workers below
-    `idle_worker_cpu` count as idle (waiting on storage or latency, so more of them need no core
-    each); busier ones get no more workers than the cores leave room for, a worker that keeps
-    more than a core busy (threads inside it) counted at its CPU and told to run one thread.
-    Batches that came through no DataLoader (no rank recorded one: a generator, DALI or
-    webdataset pipeline) have no num_workers to set: the advice names the pipeline's own
-    parallelism. Estimated speedup: what the num_workers it advises give (`predict.with_workers`),
-    at most `max_speedup` = mean step / mean (step - wait), or where `--headspace` measured the
-    job's own ceiling, its real step time over the ceiling's; advice without a worker count gets
-    that bound (evidence `est_speedup_basis` says which).
+    Looks at the rank with the largest share, and sizes its advice from the evidence: the loader
+    workers there are now, how busy they are and the cores the host has, so that it names one
+    worker count that would end the wait where there are cores for it (the rules for busy, idle
+    and starved workers: the rules reference, "How DataLoaderBottleneck sizes its advice").
+    Estimated speedup: what the advised num_workers give (`predict.with_workers`), at most mean
+    step / mean (step - wait) or the `--headspace` ceiling; evidence `est_speedup_basis` says which.
     """
 
     id = "DataLoaderBottleneck"

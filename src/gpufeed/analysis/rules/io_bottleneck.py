@@ -13,8 +13,7 @@ from gpufeed.analysis.rules.facts_steps import pct, speedup_without, wait_share
 from gpufeed.analysis.rules.params import INPUT_BOUND, Param
 from gpufeed.analysis.rules.predict import stated, upper_bound
 from gpufeed.analysis.rules.shared import CPU_SATURATION
-
-MB = 1e6
+from gpufeed.text import MB
 
 
 class IOBottleneck(Rule):

@@ -12,8 +12,7 @@ from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.rules.base import Rule
 from gpufeed.analysis.rules.context import Context
 from gpufeed.analysis.rules.params import Param
-
-MB = 1e6
+from gpufeed.text import MB
 
 
 class GPUMemoryIncrease(Rule):

@@ -100,14 +100,16 @@ def run_rules(run: Run, **overrides: Mapping[str, Any]) -> list[Finding]:
     return check_all(Context(run, checked.get(WARMUP_ID)), checked)
 
 
-def checked_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """`overrides` validated (`validate`); a bad one is a `ConfigError` naming it."""
+def checked_overrides(overrides: Mapping[str, Any], where: str = "") -> dict[str, Any]:
+    """`overrides` validated (`validate`); a bad one is a `ConfigError` naming it and `where` it
+    was given (a file, `--set`). The one place a `ValueError` of theirs becomes a `ConfigError`."""
     try:
         return validate(overrides)
     except ConfigError:
         raise
     except ValueError as exc:
-        raise ConfigError(f"{exc} (see `gpufeed rules`)") from None
+        at = f"{where}: " if where else ""
+        raise ConfigError(f"{at}{exc} (see `gpufeed rules`)") from None
 
 
 def check_all(ctx: Context, checked: Mapping[str, Any]) -> list[Finding]:
