@@ -52,6 +52,27 @@ def ms_per_image(step: Callable[[], object], n: int) -> float:
     return 1e3 * (time.thread_time() - t) / n
 
 
+def batches(raw: list[RawSample], aug: Augment) -> dict[str, Callable[[], object]]:
+    """`build_batch` over all images, batch by batch, with each decoder. Timed before `steps`
+    holds every decoded image in memory: a worker's allocator reuses its few batches' memory."""
+
+    def run(decoder: Callable[..., list]) -> Callable[[], object]:
+        def make() -> None:
+            for j in range(0, len(raw), BATCH):
+                gen = batch_generator(0, 0, 0, j)
+                build_batch(
+                    raw[j : j + BATCH], aug, gen, dtype=torch.float32, channels_last=False,
+                    strict=True, decoder=decoder,
+                )  # fmt: skip
+
+        return make
+
+    return {
+        "build_batch, whole JPEGs (baseline)": run(cpu_decoder),
+        "build_batch, crop regions": run(jpeg_region.crop_decoder),
+    }
+
+
 def steps(raw: list[RawSample], aug: Augment) -> dict[str, Callable[[], object]]:
     """Each step over all images, as a worker takes it, with the crops a worker draws."""
     datas = [s.data for s in raw]
@@ -76,17 +97,6 @@ def steps(raw: list[RawSample], aug: Augment) -> dict[str, Callable[[], object]]
         for x, theta in zip(resized, flips, strict=True):
             aug.finish(x.flip(-1) if theta[0, 0] < 0 else x, [], out, owned=True)
 
-    def batches(decoder: Callable[..., list]) -> Callable[[], object]:
-        def run() -> None:
-            for j in range(0, len(raw), BATCH):
-                gen = batch_generator(0, 0, 0, j)
-                build_batch(
-                    raw[j : j + BATCH], aug, gen, dtype=torch.float32, channels_last=False,
-                    strict=True, decoder=decoder,
-                )  # fmt: skip
-
-        return run
-
     return {
         "header": lambda: [image_size(d) for d in datas],
         "decode, whole JPEG (baseline)": lambda: [
@@ -104,8 +114,6 @@ def steps(raw: list[RawSample], aug: Augment) -> dict[str, Callable[[], object]]
             for im, b in zip(regions, boxes, strict=True)
         ],
         "flip + normalize into the float32 batch": finish,
-        "build_batch, whole JPEGs (baseline)": batches(cpu_decoder),
-        "build_batch, crop regions": batches(jpeg_region.crop_decoder),
     }
 
 
@@ -132,11 +140,14 @@ def main() -> None:
     ]
     table: dict[str, list[str]] = {}
     for resize in (None, 256):
-        work = steps(samples(args.cache, args.images, resize), aug)
-        times: dict[str, list[float]] = {name: [] for name in work}
-        for _ in range(args.rounds):
-            for name, step in work.items():
-                times[name].append(ms_per_image(step, args.images))
+        raw = samples(args.cache, args.images, resize)
+        times: dict[str, list[float]] = {}
+        for make in (batches, steps):  # whole batches first, then step by step
+            work = make(raw, aug)
+            for _ in range(args.rounds):
+                for name, step in work.items():
+                    times.setdefault(name, []).append(ms_per_image(step, args.images))
+            del work
         for name, ts in times.items():
             table.setdefault(name, []).append(
                 f"{statistics.median(ts):.3f} [{min(ts):.3f}–{max(ts):.3f}]"
