@@ -271,6 +271,16 @@ def _cases() -> list[Case]:
         c("trace start -5", ("trace", "{in}/run", "--start", "-5"), "--start -5: give seconds"),
         c("trace end inf", ("trace", "{in}/run", "--end", "inf"), "--end inf: give seconds"),
         c(
+            "trace end before start",
+            ("trace", "{in}/run", "--start", "3", "--end", "2"),
+            "must be after",
+        ),
+        c(
+            "trace start past the end",
+            ("trace", "{in}/run", "--start", "100000"),
+            "past the run's end",
+        ),
+        c(
             "trace merge ts text",
             ("trace", "{in}/run", "--merge", "{in}/kineto-ts-text.json", "-o", "{work}/t.json"),
             "kineto-ts-text.json: traceEvents[1] ('aten::mm') has 'ts': 'abc'",

@@ -21,14 +21,18 @@ from gpufeed.analysis.finding import Finding
 from gpufeed.analysis.result import Analysis, analyze_run
 from gpufeed.analysis.run import Run
 from gpufeed.analysis.stats import step_summary
-from gpufeed.analysis.timeline import timeline
+from gpufeed.analysis.timeline import timeline, window
 from gpufeed.present import trace as present_trace
 from gpufeed.present.html import render_html
 
 
 def build_trace(run: Run, **options: Any) -> dict[str, Any]:
     """The trace of `run` as `gpufeed trace` builds it: from its `Timeline`."""
-    return present_trace.build_trace(run, timeline(run), **options)
+    return present_trace.build_trace(
+        run,
+        window(run, timeline(run), options.pop("start", None), options.pop("end", None)),
+        **options,
+    )
 
 
 def _analysis(run: Run, findings: list[Finding] | None = None) -> Analysis:

@@ -15,7 +15,7 @@ import pytest
 
 import gpufeed
 from gpufeed.analysis.run import Run
-from gpufeed.analysis.timeline import timeline
+from gpufeed.analysis.timeline import WindowError, timeline, window
 from gpufeed.present import trace as present_trace
 from gpufeed.present.trace import TraceError
 
@@ -24,7 +24,11 @@ T0 = 1_700_000_000.0
 
 def build_trace(run: Run, **options: Any) -> dict[str, Any]:
     """The trace of `run` as `gpufeed trace` builds it: from its `Timeline`."""
-    return present_trace.build_trace(run, timeline(run), **options)
+    return present_trace.build_trace(
+        run,
+        window(run, timeline(run), options.pop("start", None), options.pop("end", None)),
+        **options,
+    )
 
 
 def two_rank_run(n: int = 50) -> Run:
@@ -99,9 +103,11 @@ def test_a_window_keeps_only_what_overlaps_it() -> None:
     steps = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "step"]
     assert sorted({e["args"]["step"] for e in steps}) == list(range(9, 21))
     assert trace["otherData"]["window_start_s"] == 2.0
-    with pytest.raises(TraceError, match="must be after"):
+    with pytest.raises(WindowError, match="must be after"):
         build_trace(two_rank_run(), start=3.0, end=2.0)
-    with pytest.raises(TraceError, match=r"--start 100 s is past the run's end: it spans 0-6\.0 s"):
+    with pytest.raises(
+        WindowError, match=r"--start 100 s is past the run's end: it spans 0-6\.0 s"
+    ):
         build_trace(two_rank_run(), start=100.0)
 
 

@@ -25,7 +25,7 @@ def write_trace(
     start. With `merge` (a torch.profiler trace), gpufeed's tracks are added to that trace, over its
     time span (default RUN/trace-merged.json)."""
     from gpufeed.analysis.run import load
-    from gpufeed.analysis.timeline import timeline
+    from gpufeed.analysis.timeline import timeline, window
     from gpufeed.present.kineto import KinetoError, merge_window, read_kineto
     from gpufeed.present.trace import TraceError, render_trace
 
@@ -37,7 +37,8 @@ def write_trace(
             start, end = merge_window(kineto, *line.span, start, end)
     except KinetoError as e:
         raise TraceError(str(e)) from None
-    text, events = render_trace(run, line, start=start, end=end, max_mb=max_mb, kineto=kineto)
+    part = window(run, line, start, end)  # WindowError: a one-line error, as TraceError
+    text, events = render_trace(run, part, max_mb=max_mb, kineto=kineto)
     default = "trace-merged.json" if merge is not None else "trace.json"
     target = Path(out) if out is not None else run.path / default
     write_atomic(target, text, make_parents=True)

@@ -22,7 +22,7 @@ from gpufeed.errors import GpufeedError
 
 if TYPE_CHECKING:
     from gpufeed.analysis.run import Run
-    from gpufeed.analysis.timeline import Timeline
+    from gpufeed.analysis.timeline import Window
 
 MAX_MB = 200.0
 # measured 96-100 bytes an event (2026-11-25), rounded up; the written text is checked too
@@ -36,19 +36,17 @@ class TraceError(GpufeedError, ValueError):
 
 def render_trace(
     run: Run,
-    timeline: Timeline,
-    start: float | None = None,
-    end: float | None = None,
+    part: Window,
     max_mb: float = MAX_MB,
     kineto: dict[str, Any] | None = None,
 ) -> tuple[str, int]:
-    """The trace of `run` (its `timeline`: `analysis.timeline`) as JSON text and its event count;
-    with `kineto` (a torch.profiler trace, already read and windowed), gpufeed's tracks added to
-    it. Raises TraceError past `max_mb`."""
+    """The trace of `part` of `run` (`analysis.timeline.window`) as JSON text and its event
+    count; with `kineto` (a torch.profiler trace, already read and windowed), gpufeed's tracks
+    added to it. Raises TraceError past `max_mb`."""
     from gpufeed.present.html import strict_json
     from gpufeed.present.kineto import merge_into
 
-    trace = build_trace(run, timeline, start=start, end=end, max_mb=max_mb)
+    trace = build_trace(run, part, max_mb=max_mb)
     if kineto is not None:
         trace = merge_into(kineto, trace)
     text = strict_json(trace, separators=(",", ":"))  # NaN (e.g. in a Kineto trace's args): null
@@ -58,28 +56,11 @@ def render_trace(
     return text, len(trace["traceEvents"])
 
 
-def build_trace(
-    run: Run,
-    timeline: Timeline,
-    start: float | None = None,
-    end: float | None = None,
-    max_mb: float = MAX_MB,
-) -> dict[str, Any]:
-    """The trace as a dict ({"traceEvents": [...], ...}) of `run`'s samples and its `timeline`'s
-    steps and evaluation passes; raises TraceError past `max_mb` (estimated)."""
-    t0, t1 = timeline.span
-    if not math.isfinite(t0):
-        t0 = t1 = 0.0
-    lo = t0 + (start or 0.0)
-    hi = t0 + end if end is not None else max(t1, t0)
-    if end is not None and start is not None and end <= start:
-        raise TraceError(f"--end ({end:g} s) must be after --start ({start:g} s)")
-    steps = timeline.steps
-    steps = steps[(steps["end"] >= lo) & (steps["start"] <= hi)]
-    system = run.system[(run.system["time"] >= lo) & (run.system["time"] <= hi)]
-    procs = run.processes[(run.processes["time"] >= lo) & (run.processes["time"] <= hi)]
-    evals = timeline.evals
-    evals = evals[(evals["end"] >= lo) & (evals["start"] <= hi)]
+def build_trace(run: Run, part: Window, max_mb: float = MAX_MB) -> dict[str, Any]:
+    """The trace as a dict ({"traceEvents": [...], ...}) of the samples, steps and evaluation
+    passes in `part` of `run`; raises TraceError past `max_mb` (estimated)."""
+    t0, t1, lo, hi = part.t0, part.t1, part.lo, part.hi
+    steps, evals, system, procs = part.steps, part.evals, part.system, part.processes
     info = {
         "run": str(run.path),
         "name": run.meta.get("name"),
@@ -87,14 +68,8 @@ def build_trace(
         "window_end_s": round(hi - t0, 3),
         "run_seconds": round(t1 - t0, 3),
         "time_origin_unix_s": lo,
-        "training_steps_s": round(
-            float(steps.groupby(["host", "rank"])["duration"].sum().mean()), 3
-        )
-        if len(steps)
-        else 0.0,
-        "evaluation_s": round(float(evals.groupby(["host", "rank"])["duration"].sum().mean()), 3)
-        if len(evals)
-        else 0.0,
+        "training_steps_s": round(part.training_steps_s, 3),
+        "evaluation_s": round(part.evaluation_s, 3),
         "evaluation_passes": len(evals),
     }
     estimate = (
@@ -107,14 +82,6 @@ def build_trace(
     )
     if estimate * _BYTES_PER_EVENT > max_mb * 1e6:
         raise TraceError(_too_big(run, estimate * _BYTES_PER_EVENT / 1e6, max_mb, info))
-    if len(steps) == 0 and len(system) == 0 and (start is not None or end is not None):
-        if lo > t1:
-            raise TraceError(
-                f"--start {start:g} s is past the run's end: it spans 0-{t1 - t0:.1f} s"
-            )
-        raise TraceError(
-            f"the window {lo - t0:g}-{hi - t0:g} s holds no data; the run spans 0-{t1 - t0:.1f} s"
-        )
 
     hosts = sorted(
         {str(h) for h in [*steps["host"], *evals["host"], *system["host"], *procs["host"]]}
