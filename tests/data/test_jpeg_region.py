@@ -73,7 +73,7 @@ def test_a_grayscale_jpeg_gives_rgb_like_a_whole_decode():
 
 def _verdicts(data: bytes, box: tuple[int, int, int, int]) -> tuple[object, object]:
     """What the crop decoder and the whole-image decoder make of `data` for `box`."""
-    region = jpeg_region.crop_decoder([data], [(0, 0)], [box])[0]
+    region = jpeg_region.crop_decoder([data], [(0, 0)], [box], [image_size(data)])[0]
     whole = cpu_decoder([data], [(0, 0)])[0]
     return region, whole
 
@@ -105,7 +105,7 @@ def test_a_cmyk_jpeg_gets_the_whole_decoders_verdict():
 def test_other_formats_are_decoded_whole():
     buf = io.BytesIO()
     Image.fromarray(_photo(40, 50, 4)).save(buf, "PNG")
-    (out,) = jpeg_region.crop_decoder([buf.getvalue()], [(0, 0)], [(0, 0, 20, 20)])
+    (out,) = jpeg_region.crop_decoder([buf.getvalue()], [(0, 0)], [(0, 0, 20, 20)], [(40, 50)])
     assert isinstance(out, torch.Tensor) and out.shape == (40, 50, 3)
 
 

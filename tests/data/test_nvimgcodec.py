@@ -81,7 +81,7 @@ def test_a_full_size_jpeg_is_decoded_over_its_crop_box_only_with_the_pixels_of_a
     full = [decode(s.data) for s in samples]
     boxes = [(3, 5, f.shape[0] - 9, f.shape[1] - 7) for f in full]
     big = [(f.shape[0], f.shape[1]) for f in full]  # min sizes no DCT scale can reach
-    got = RegionDecoder()([s.data for s in samples], big, boxes)
+    got = RegionDecoder()([s.data for s in samples], big, boxes, big)
     for img, f, (y, x, h, w) in zip(got, full, boxes, strict=True):
         assert isinstance(img, Region) and img.image.dtype == torch.uint8
         assert torch.equal(img.image, torch.from_numpy(f[y : y + h, x : x + w]))
@@ -97,7 +97,7 @@ def test_what_it_cannot_decode_over_a_box_goes_to_libjpeg_turbo_which_says_why(
     datas = [data, data[: len(data) // 2], buf.getvalue()]
     mins = [(1, 1), (h, w), (h, w)]  # the first DCT-scales to 1/8: no box for that one
     box = (0, 0, h, w)
-    scaled, truncated, png = RegionDecoder()(datas, mins, [box] * 3)
+    scaled, truncated, png = RegionDecoder()(datas, mins, [box] * 3, [(h, w)] * 3)
     assert torch.equal(scaled, torch.from_numpy(decode(data, 1, 1)))
     assert isinstance(truncated, CorruptImage) and "cannot decode image" in str(truncated)
     assert torch.equal(png, torch.from_numpy(decode(buf.getvalue())))
@@ -113,7 +113,7 @@ def test_a_jpeg_cut_short_goes_to_libjpeg_turbo_even_where_its_box_lies_in_what_
     photo = np.ascontiguousarray(np.broadcast_to((rows // 2 + cols // 2), (375, 500, 3)))
     data = simplejpeg.encode_jpeg(photo, quality=90)
     cut = data[: len(data) * 9 // 10]
-    got = RegionDecoder()([data, cut], [(375, 500)] * 2, [(0, 0, 64, 64)] * 2)
+    got = RegionDecoder()([data, cut], [(375, 500)] * 2, [(0, 0, 64, 64)] * 2, [(375, 500)] * 2)
     assert isinstance(got[0], Region) and isinstance(got[1], CorruptImage)
     assert "cannot decode image" in str(got[1])
 

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from gpufeed.data.dataset import RawSample
 
 # decode(list of bytes, list of (min_h, min_w)) -> per image: HxWx3 uint8 tensor or an Exception;
-# a decoder with `crops = True` is also given each image's crop box and may return a Region
+# a decoder with `crops = True` is also given each image's crop box and its size (the header's, as
+# read here) and may return a Region
 Decoder = Callable[..., list]
 
 
@@ -105,7 +106,7 @@ def build_batch(
     datas = [samples[i].data for i in ok]
     min_sizes = [augment.min_decode_size(safe[i], boxes[i]) for i in ok]
     if getattr(decoder, "crops", False):
-        decoded = decoder(datas, min_sizes, [boxes[i] for i in ok])
+        decoded = decoder(datas, min_sizes, [boxes[i] for i in ok], [safe[i] for i in ok])
     else:
         decoded = decoder(datas, min_sizes)
     corrupt = [(samples[i].shard, samples[i].key, str(sizes[i])) for i in range(n) if i not in ok]

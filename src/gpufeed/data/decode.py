@@ -111,20 +111,6 @@ def dct_scales(height: int, width: int, min_height: int, min_width: int) -> bool
     return 2 * min_height <= height and 2 * min_width <= width
 
 
-def full_size_decode(data: bytes, min_height: int, min_width: int) -> bool:
-    """Whether `decode` decodes `data` as a JPEG at full size (False for other formats and
-    unreadable headers)."""
-    if not is_jpeg(data):
-        return False
-    import simplejpeg
-
-    try:
-        h, w, _, _ = simplejpeg.decode_jpeg_header(data)
-    except Exception:
-        return False
-    return not dct_scales(int(h), int(w), min_height, min_width)
-
-
 def decode(data: bytes, min_height: int = 0, min_width: int = 0) -> np.ndarray:
     """RGB uint8 HxWx3. With min sizes, a JPEG is DCT-scaled (in steps of 1/8) to the smallest
     size that still covers them, if that is at most half size: the scales between 5/8 and 7/8

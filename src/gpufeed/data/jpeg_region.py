@@ -15,7 +15,7 @@ import numpy as np
 
 from gpufeed.data.augment import Box, crop_span
 from gpufeed.data.batch import Decoder, Region, cpu_decoder
-from gpufeed.data.decode import dct_scales, image_size, is_jpeg
+from gpufeed.data.decode import dct_scales, is_jpeg
 
 try:
     from gpufeed.data import _jpeg_region
@@ -57,17 +57,21 @@ def decode_box(
 
 
 def crop_decoder(
-    datas: Sequence[bytes], min_sizes: Sequence[tuple[int, int]], boxes: Sequence[Box]
+    datas: Sequence[bytes],
+    min_sizes: Sequence[tuple[int, int]],
+    boxes: Sequence[Box],
+    sizes: Sequence[tuple[int, int]],
 ) -> list:
-    """A `batch.Decoder` that decodes each JPEG's crop box only (a `Region`), and anything else,
-    or a JPEG libjpeg refuses here, whole (`cpu_decoder`: the same verdict as without it)."""
+    """A `batch.Decoder` that decodes each JPEG's crop box only (a `Region`; `sizes`: the
+    headers'), and anything else, or a JPEG libjpeg refuses here, whole (`cpu_decoder`: the same
+    verdict as without it)."""
     import torch
 
     out: list = []
-    for data, min_size, box in zip(datas, min_sizes, boxes, strict=True):
+    for data, min_size, box, size in zip(datas, min_sizes, boxes, sizes, strict=True):
         if is_jpeg(data):
             try:
-                image = decode_box(data, image_size(data), box, min_size)
+                image = decode_box(data, size, box, min_size)
                 out.append(Region(torch.from_numpy(image)))
                 continue
             except ValueError:

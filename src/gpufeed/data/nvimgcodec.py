@@ -119,18 +119,21 @@ class RegionDecoder:
         datas: Sequence[bytes],
         min_sizes: Sequence[tuple[int, int]],
         boxes: Sequence[tuple[int, int, int, int]],
+        sizes: Sequence[tuple[int, int]],
     ) -> list:
-        """Per image: a `Region` (its box), an H×W×3 uint8 tensor or an Exception."""
+        """Per image (`sizes`: the headers'): a `Region` (its box), an H×W×3 uint8 tensor or an
+        Exception."""
         from gpufeed.data.batch import Region, cpu_decoder
-        from gpufeed.data.decode import JPEG_END, full_size_decode
+        from gpufeed.data.decode import JPEG_END, dct_scales, is_jpeg
 
         nic, decoder = self._library()
         out: list = [None] * len(datas)
         regions, where = [], []
-        for i, (data, (mh, mw), (y, x, h, w)) in enumerate(
-            zip(datas, min_sizes, boxes, strict=True)
+        for i, (data, (mh, mw), (y, x, h, w), (ih, iw)) in enumerate(
+            zip(datas, min_sizes, boxes, sizes, strict=True)
         ):
-            if full_size_decode(data, mh, mw) and bytes(data[-2:]) == JPEG_END:
+            full_size = is_jpeg(data) and not dct_scales(ih, iw, mh, mw)
+            if full_size and bytes(data[-2:]) == JPEG_END:
                 stream = nic.CodeStream(bytes(data))
                 regions.append(stream.get_sub_code_stream(region=nic.Region(y, x, y + h, x + w)))
                 where.append(i)

@@ -4,6 +4,7 @@ unpacks them on the other side, so no stage counts or slices columns by position
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ class ParamLayout:
         """Float64 columns per image."""
         return sum(c.width for c in self.columns)
 
+    @functools.cached_property
     def _spans(self) -> dict[str, tuple[int, int, Column]]:
         spans, at = {}, 0
         for c in self.columns:
@@ -52,7 +54,7 @@ class ParamLayout:
     def pack(self, out: np.ndarray, values: Mapping[str, Any]) -> None:
         """Write `values` (name → N × width, or N for width 1) into `out`'s first N rows; every
         column, and no other, must be given, each with N rows."""
-        spans = self._spans()
+        spans = self._spans
         if set(values) != set(spans):
             raise ValueError(
                 f"slot parameters: got {sorted(values)}, the layout holds {sorted(spans)}"
@@ -77,4 +79,4 @@ class ParamLayout:
             raise ValueError(
                 f"slot parameters: {rows.shape[1]} columns, the layout has {self.width}"
             )
-        return {name: rows[:, a:b] for name, (a, b, _) in self._spans().items()}
+        return {name: rows[:, a:b] for name, (a, b, _) in self._spans.items()}

@@ -6,6 +6,7 @@ memory budget is computed from it. Frozen: a stage cannot change what the others
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,7 +89,7 @@ class BatchSpec:
             return self.batch_size * h * w * 3 * item
         return self.batch_size * self.max_sample_bytes
 
-    @property
+    @functools.cached_property  # read per batch by workers and the device stage
     def params(self) -> ParamLayout:
         """The per-image parameters a slot carries. "encoded": each image's size and what the
         augmentation draws for it (the device stage decodes and augments); "first_pass": the
