@@ -8,9 +8,12 @@ setup(
     ext_modules=[
         Extension(
             "gpufeed.data._jpeg_region",
-            ["src/gpufeed/data/_jpeg_region.c"],
+            ["src/gpufeed/data/_jpeg_region.c", "src/gpufeed/data/_resample.c"],
+            depends=["src/gpufeed/data/_resample.h"],
             libraries=["jpeg"],
-            extra_compile_args=["-O2"],
+            # -ffp-contract=off: normalization rounds as torch does (no fused multiply-add)
+            extra_compile_args=["-O3", "-pthread", "-ffp-contract=off"],
+            extra_link_args=["-pthread"],
             optional=True,
         )
     ]

@@ -27,8 +27,15 @@ gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 MakeLoader = Callable[..., Loader]
-# what stats() names the CPU workers' decoder: crop regions where gpufeed's decoder of them was built
-WORKERS_DECODER = DECODER_NAMES["workers-regions" if jpeg_region.available() else "workers"]
+
+
+def workers_decoder_name(aug: Augment = SMALL) -> str:
+    """What stats() names the CPU workers' decoder for `aug`: one native pass where the CPU runs
+    its vectorized resize and the load block only flips, crop regions where gpufeed's decoder of
+    them was built, else whole JPEGs."""
+    if jpeg_region.one_pass_available() and (aug.degrees == 0 or not aug.train):
+        return DECODER_NAMES["workers-one-pass"]
+    return DECODER_NAMES["workers-regions" if jpeg_region.available() else "workers"]
 
 
 def _epoch(loader: Loader) -> list[int]:

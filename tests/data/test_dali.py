@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from loader_helpers import WORKERS_DECODER
+from loader_helpers import workers_decoder_name
 
 from gpufeed.data.augment import Augment
 from gpufeed.data.batch import CorruptSampleError
@@ -230,5 +230,5 @@ def test_workers_decode_whatever_the_decoder_when_preprocessing_on_cpu(
     shards: Path, make: MakeLoader
 ):
     loader = make(shards, 4, preprocess="cpu", decoder="nvjpeg")
-    assert decoder_name(loader.spec(), loader.device) == WORKERS_DECODER
-    assert loader.stats()["decoder"] == WORKERS_DECODER
+    assert decoder_name(loader.spec(), loader.device) == workers_decoder_name()
+    assert loader.stats()["decoder"] == workers_decoder_name()

@@ -11,6 +11,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from jpegs import jpeg, photo
 from PIL import Image
 
 from gpufeed.data import jpeg_region
@@ -25,20 +26,6 @@ if not jpeg_region.available():
     pytest.skip("gpufeed was installed without its crop-region decoder", allow_module_level=True)
 
 
-def _photo(h: int, w: int, seed: int) -> np.ndarray:
-    """A smooth image with edges and some noise: chroma that upsampling has to blend."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w]
-    base = np.stack([x * 255 / w, y * 255 / h, (x + y) % 97 * 2.6], -1)
-    return np.clip(base + rng.normal(0, 12, (h, w, 3)), 0, 255).astype(np.uint8)
-
-
-def _jpeg(h: int = 301, w: int = 437, seed: int = 0, **save: object) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(_photo(h, w, seed)).save(buf, "JPEG", quality=90, **save)
-    return buf.getvalue()
-
-
 LAYOUTS = {
     "4:2:0": {"subsampling": 2},
     "4:2:2": {"subsampling": 1},
@@ -50,7 +37,7 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("min_size", [(0, 0), (40, 40), (90, 90), (150, 200)])
 def test_a_crop_region_is_the_crop_of_a_whole_decode(layout: str, min_size: tuple[int, int]):
-    data = _jpeg(**LAYOUTS[layout])
+    data = jpeg(**LAYOUTS[layout])
     size = image_size(data)
     whole = decode(data, *min_size)  # the DCT scale `decode` picks for these minimum sizes
     rng = random.Random(hash((layout, min_size)))
@@ -64,7 +51,7 @@ def test_a_crop_region_is_the_crop_of_a_whole_decode(layout: str, min_size: tupl
 
 def test_a_grayscale_jpeg_gives_rgb_like_a_whole_decode():
     buf = io.BytesIO()
-    Image.fromarray(_photo(120, 160, 1)[..., 0]).save(buf, "JPEG", quality=90)
+    Image.fromarray(photo(120, 160, 1)[..., 0]).save(buf, "JPEG", quality=90)
     data, box = buf.getvalue(), (10, 20, 70, 90)
     y0, y1, x0, x1 = crop_span((120, 160), (120, 160), box)
     got = jpeg_region.decode_box(data, (120, 160), box, (0, 0))
@@ -80,14 +67,14 @@ def _verdicts(data: bytes, box: tuple[int, int, int, int]) -> tuple[object, obje
 
 @pytest.mark.parametrize("box", [(0, 0, 40, 60), (120, 100, 100, 200)])
 def test_a_truncated_jpeg_is_corrupt_with_the_message_of_a_whole_decode(box):
-    data = _jpeg()
+    data = jpeg()
     region, whole = _verdicts(data[: len(data) * 2 // 3], box)  # cut below the top crop's rows
     assert isinstance(region, CorruptImage) and isinstance(whole, CorruptImage)
     assert str(region) == str(whole)
 
 
 def test_damage_below_the_crop_is_reported_as_a_whole_decode_reports_it():
-    data = bytearray(_jpeg(seed=3))
+    data = bytearray(jpeg(seed=3))
     data[len(data) - 300 : len(data) - 290] = b"\xff\x00" * 5  # garbage in the last rows' data
     region, whole = _verdicts(bytes(data), (0, 0, 30, 30))
     assert isinstance(whole, CorruptImage) and isinstance(region, CorruptImage)
@@ -96,7 +83,7 @@ def test_damage_below_the_crop_is_reported_as_a_whole_decode_reports_it():
 
 def test_a_cmyk_jpeg_gets_the_whole_decoders_verdict():
     buf = io.BytesIO()
-    Image.fromarray(_photo(64, 64, 2)).convert("CMYK").save(buf, "JPEG")
+    Image.fromarray(photo(64, 64, 2)).convert("CMYK").save(buf, "JPEG")
     region, whole = _verdicts(buf.getvalue(), (0, 0, 32, 32))
     assert type(region) is type(whole)
     assert not isinstance(region, Region)
@@ -104,7 +91,7 @@ def test_a_cmyk_jpeg_gets_the_whole_decoders_verdict():
 
 def test_other_formats_are_decoded_whole():
     buf = io.BytesIO()
-    Image.fromarray(_photo(40, 50, 4)).save(buf, "PNG")
+    Image.fromarray(photo(40, 50, 4)).save(buf, "PNG")
     (out,) = jpeg_region.crop_decoder([buf.getvalue()], [(0, 0)], [(0, 0, 20, 20)], [(40, 50)])
     assert isinstance(out, torch.Tensor) and out.shape == (40, 50, 3)
 
@@ -119,7 +106,7 @@ def test_a_loader_decoding_crop_regions_makes_the_batches_of_one_decoding_whole_
         with Loader(shards, 8, num_workers=2, augment=aug, decoder=decoder, seed=3) as loader:
             out[decoder] = [(x, y.tolist()) for x, y in loader]
             assert loader.stats()["decoder"] == (
-                "libjpeg-turbo crop regions (CPU workers)"
+                "libjpeg-turbo crop regions (CPU workers)"  # rotations: not one pass
                 if decoder == "auto"
                 else "libjpeg-turbo (CPU workers)"
             )

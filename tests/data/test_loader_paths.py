@@ -14,7 +14,6 @@ import torch
 from loader_helpers import (
     AUG,
     UINT8_TOL,
-    WORKERS_DECODER,
     MakeLoader,
     _bad_batch,
     _batches,
@@ -23,6 +22,7 @@ from loader_helpers import (
     _planned,
     gpu,
     needs_cuda,
+    workers_decoder_name,
 )
 
 from gpufeed.data.augment import Augment
@@ -49,7 +49,7 @@ def test_gpu_preprocess_on_cpu_gives_the_batches_of_the_cpu_path(
         assert xc.shape == xg.shape and xc.dtype == xg.dtype == torch.float32
         assert (xc - xg).abs().max() <= UINT8_TOL
     assert decoders["gpu"] == "libjpeg-turbo (feeder thread)"
-    assert decoders["cpu"] == WORKERS_DECODER
+    assert decoders["cpu"] == workers_decoder_name(AUG)
     # the encoded path does not round: it is the float batch of build_batch
     planned = _planned(shards, 2, 8, num_workers, seed=1)
     want, _, _ = _cpu_batch(planned[3], 2, 3, torch.float32)
@@ -91,7 +91,7 @@ def test_workers_decoding_for_the_device_gives_the_batches_of_the_cpu_path(
         loader.set_epoch(2)
         out[mode] = _batches(loader)
         st = loader.stats()
-        assert (st["preprocess"], st["decoder"]) == (mode, WORKERS_DECODER)
+        assert (st["preprocess"], st["decoder"]) == (mode, workers_decoder_name(AUG))
     assert [y for _, y in out["cpu"]] == [y for _, y in out["gpu"]]
     for (xc, _), (xg, _) in zip(out["cpu"], out["gpu"], strict=True):
         assert xc.shape == xg.shape and xg.dtype == torch.float32

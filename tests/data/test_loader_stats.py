@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loader_helpers import WORKERS_DECODER, MakeLoader, _epoch
+from loader_helpers import MakeLoader, _epoch, workers_decoder_name
 
 
 def test_stats_report_throughput_waits_and_settings(shards: Path, make: MakeLoader):
@@ -45,7 +45,7 @@ def test_stats_report_throughput_waits_and_settings(shards: Path, make: MakeLoad
     assert (st["preprocess"], st["preprocess_reason"]) == ("cpu", "requested")
     assert (st["num_workers"], st["prefetch"], st["pinned"]) == (2, 2, False)
     assert st["device_bytes_bound"] > 0
-    assert st["decoder"] == WORKERS_DECODER
+    assert st["decoder"] == workers_decoder_name()
 
 
 def test_a_resumed_iteration_also_records_its_first_batch_wait(shards: Path, make: MakeLoader):

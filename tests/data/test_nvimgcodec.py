@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from loader_helpers import WORKERS_DECODER
+from loader_helpers import workers_decoder_name
 from PIL import Image
 
 from gpufeed.data.augment import Augment
@@ -128,7 +128,7 @@ def test_loader_batches_decoded_over_crop_regions_are_the_batches_of_full_decode
     for decoder in ("auto", "nvimgcodec"):
         with Loader(shards, 8, num_workers=num_workers, augment=aug, decoder=decoder) as loader:
             out[decoder] = [(x, y.tolist()) for x, y in loader]
-            names = {"auto": WORKERS_DECODER}
+            names = {"auto": workers_decoder_name(aug)}
             assert loader.stats()["decoder"] == names.get(
                 decoder, "nvimgcodec crop regions (CPU workers)"
             )

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from gpufeed.data.decode import CorruptImage, decode, image_size
+from gpufeed.data.one_pass import compact, first_warp_flips, suits
 from gpufeed.errors import GpufeedError
 
 if TYPE_CHECKING:
@@ -52,6 +53,36 @@ def cpu_decoder(datas: Sequence[bytes], min_sizes: Sequence[tuple[int, int]]) ->
         except CorruptImage as e:
             out.append(e)
     return out
+
+
+def _made_anyway(
+    samples: Sequence[RawSample],
+    ok: list[int],
+    why: list[str | None],
+    augment: Augment,
+    drawn: tuple[list, list, list, list, list],
+    out: torch.Tensor,
+) -> list[int | tuple[str, str, str]]:
+    """After the native pass: per image of `ok`, its index, made by the steps one by one where
+    the pass could not make it (their verdict and message), or (shard, key, why) if corrupt."""
+    datas, min_sizes, safe, boxes, warps = drawn
+    keep: list[int | tuple[str, str, str]] = []
+    for j, (i, reason) in enumerate(zip(ok, why, strict=True)):
+        if reason is not None:
+            img = cpu_decoder([datas[j]], [min_sizes[j]])[0]
+            if isinstance(img, Exception):
+                keep.append((samples[i].shard, samples[i].key, str(img)))
+                continue
+            x = augment.first_pass(img, safe[i], boxes[i], warps, i)
+            augment.finish(x, [], out[j : j + 1], owned=True)
+        keep.append(i)
+    return keep
+
+
+def _raise_if_strict(corrupt: list[tuple[str, str, str]], strict: bool) -> None:
+    if corrupt and strict:
+        shard, key, why = corrupt[0]
+        raise CorruptSampleError(f"corrupt sample in shard {shard}, key {key}: {why}")
 
 
 def new_batch(
@@ -105,11 +136,31 @@ def build_batch(
     ok = [i for i in range(n) if isinstance(sizes[i], tuple)]
     datas = [samples[i].data for i in ok]
     min_sizes = [augment.min_decode_size(safe[i], boxes[i]) for i in ok]
+    corrupt = [(samples[i].shard, samples[i].key, str(sizes[i])) for i in range(n) if i not in ok]
+    if per_image is None:
+        per_image = torch.device(device).type == "cpu"
+    later = [] if rest is not None else warps[1:]
+    flips = None
+    if per_image and not later and getattr(decoder, "fill", None) and suits(dtype, device):
+        flips = first_warp_flips(warps, n)
+    if flips is not None:  # one native pass from the bytes to the batch
+        shape = (len(ok), 3, *augment.size)
+        out = alloc(shape) if alloc else new_batch(shape, dtype, device, channels_last)
+        args = (datas, [safe[i] for i in ok], [boxes[i] for i in ok], min_sizes, flips[ok], out)
+        why = decoder.fill(augment, *args)
+        keep = _made_anyway(samples, ok, why, augment, (datas, min_sizes, safe, boxes, warps), out)
+        corrupt += [bad for bad in keep if isinstance(bad, tuple)]
+        _raise_if_strict(corrupt, strict)
+        kept = [j for j, i in enumerate(keep) if isinstance(i, int)]
+        out = compact(out, kept) if len(kept) < len(ok) else out
+        if rest is not None:
+            rest += [w[[ok[j] for j in kept]] for w in warps[1:]]
+        labels = torch.tensor([samples[ok[j]].label for j in kept], dtype=torch.long)
+        return out, labels, corrupt
     if getattr(decoder, "crops", False):
         decoded = decoder(datas, min_sizes, [boxes[i] for i in ok], [safe[i] for i in ok])
     else:
         decoded = decoder(datas, min_sizes)
-    corrupt = [(samples[i].shard, samples[i].key, str(sizes[i])) for i in range(n) if i not in ok]
     keep, images = [], []
     for i, img in zip(ok, decoded, strict=True):
         if isinstance(img, Exception):
@@ -120,18 +171,12 @@ def build_batch(
                 safe[i], boxes[i], img = (bh, bw), (0, 0, bh, bw), img.image
             keep.append(i)
             images.append(img)
-    if corrupt and strict:
-        shard, key, why = corrupt[0]
-        raise CorruptSampleError(f"corrupt sample in shard {shard}, key {key}: {why}")
+    _raise_if_strict(corrupt, strict)
     shape = (len(keep), 3, *augment.size)
     out = alloc(shape) if alloc else new_batch(shape, dtype, device, channels_last)
-    if per_image is None:
-        per_image = torch.device(device).type == "cpu"
     idx = torch.tensor(keep, dtype=torch.long)
-    later = warps[1:]
     if rest is not None:
-        rest += [w[idx] for w in later]
-        later = []
+        rest += [w[idx] for w in warps[1:]]
     firsts = []
     for j, (i, img) in enumerate(zip(keep, images, strict=True)):
         x = augment.first_pass(img, safe[i], boxes[i], warps, i)

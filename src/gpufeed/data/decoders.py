@@ -15,9 +15,10 @@ import warnings
 
 import torch
 
+from gpufeed.data import one_pass
 from gpufeed.data.batch import cpu_decoder
 from gpufeed.data.dali import DaliDecoder, dali_importable
-from gpufeed.data.jpeg_region import workers_decoder
+from gpufeed.data.jpeg_region import one_pass_available, workers_decoder
 from gpufeed.data.nvimgcodec import NvImageCodecDecoder
 from gpufeed.data.spec import BatchSpec
 from gpufeed.errors import GpufeedError, OptionError
@@ -95,11 +96,15 @@ def open_decoder(
 
 def decoder_name(spec: BatchSpec, device: torch.device) -> str:
     """Which decoder makes `spec`'s batches for `device`, and where it runs."""
-    return describe_decoder(decoder_choice(spec, device), device)
+    return describe_decoder(decoder_choice(spec, device), device, spec)
 
 
-def describe_decoder(choice: str, device: torch.device) -> str:
-    """A `decoder_choice` for `device` in words: the library and where it runs."""
+def describe_decoder(choice: str, device: torch.device, spec: BatchSpec | None = None) -> str:
+    """A `decoder_choice` for `device` in words: the library and where it runs (and, given the
+    spec, whether the workers take its batches in one native pass, with how many threads)."""
+    if choice == "workers-regions" and spec is not None and _one_pass(spec):
+        name, threads = DECODER_NAMES["workers-one-pass"], spec.decode_threads
+        return name if threads == 1 else f"{name[:-1]}, {threads} threads each)"
     if choice == "dali":
         return "dali (mixed)" if device.type == "cuda" else "dali (cpu)"
     if choice == "nvimgcodec":
@@ -107,9 +112,15 @@ def describe_decoder(choice: str, device: torch.device) -> str:
     return DECODER_NAMES[choice]
 
 
+def _one_pass(spec: BatchSpec) -> bool:
+    """Whether CPU workers take `spec`'s batches in one native pass here."""
+    return one_pass_available() and one_pass.applies(spec)
+
+
 DECODER_NAMES = {
     "workers": "libjpeg-turbo (CPU workers)",
     "workers-regions": "libjpeg-turbo crop regions (CPU workers)",
+    "workers-one-pass": "libjpeg-turbo crop regions, one pass to the batch (CPU workers)",
     "regions": "nvimgcodec crop regions (CPU workers)",
     "nvjpeg": "nvjpeg (torchvision)",
     "cpu": "libjpeg-turbo (feeder thread)",

@@ -106,7 +106,7 @@ class DeviceStage:
         self.seconds = {"wait_workers": 0.0, "from_slot": 0.0, "resample": 0.0}
         # CPU batches, reused: those the feeder keeps ready, the loop's, and the one being made
         self.outputs = OutputPool(keep=4)
-        self.decoder_name = describe_decoder(self.decoder, device)
+        self.decoder_name = describe_decoder(self.decoder, device, spec)
         # on a CPU device, batches the workers finished only need converting: one thread does it
         # (more would wake OpenMP threads that spin in the training process beside the workers)
         self.one_thread = (
@@ -256,7 +256,7 @@ class DeviceStage:
             dtype=self.spec.dtype,
             channels_last=self.spec.channels_last,
             strict=self.spec.strict,
-            decoder=workers_decoder(self.spec.decoder),
+            decoder=workers_decoder(self.spec.decoder, self.spec.decode_threads),
             device=self.device,
         )
         return (images, y.to(self.device, non_blocking=True)), None, corrupt

@@ -87,6 +87,7 @@ class Loader:
         prefetch: int = 2,
         preprocess: str = "cpu",
         decoder: str = "auto",
+        decode_threads: int = 1,
         device: Any = None,
         augment: Augment | None = None,
         dtype: Any = None,
@@ -128,7 +129,7 @@ class Loader:
         if num_workers is None:
             num_workers = default_workers() if cluster is None else default_remote_workers(cluster)
         self.num_workers = num_workers
-        self.decoder = decoder
+        self.decoder, self.decode_threads = decoder, whole("decode_threads", decode_threads, 1)
         self.augment = augment or Augment()
         self.dtype = torch.float32 if dtype is None else dtype
         self.channels_last, self.strict = channels_last, strict
@@ -170,6 +171,7 @@ class Loader:
             strict=self.strict,
             max_sample_bytes=self.dataset.max_sample_bytes(),
             decoder=self.decoder,
+            decode_threads=self.decode_threads,
         )
 
     def placement(self, preprocess: str | None = None) -> Placement:

@@ -83,7 +83,11 @@ def _fill(
     aug = spec.augment
     user = aug.transform is not None and aug.transform_on == "worker"
     gen = batch_generator(seed, at.epoch, rank, at.batch)
-    decoder = _region_decoder() if spec.crop_regions else workers_decoder(spec.decoder)
+    decoder = (
+        _region_decoder()
+        if spec.crop_regions
+        else workers_decoder(spec.decoder, spec.decode_threads)
+    )
     rest: list[torch.Tensor] | None = [] if spec.handoff == "first_pass" else None
     images, labels, corrupt = build_batch(
         samples,

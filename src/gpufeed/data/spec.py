@@ -39,6 +39,7 @@ class BatchSpec:
     strict: bool
     max_sample_bytes: int  # the largest encoded image, bounds "encoded" slots
     decoder: str = "auto"  # one of DECODERS
+    decode_threads: int = 1  # threads per CPU worker for its one native pass (`one_pass`)
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import multiprocessing as mp
 import os
 import signal
@@ -76,6 +77,7 @@ def _worker_main(
     if nice:
         with contextlib.suppress(OSError):
             os.nice(nice)
+    gc.freeze()  # the training process's objects, forked: never traversed (or copied) by gc
     ds = plan.dataset
     note = progress.note(worker)
     free = list(range(slots.per_worker))
