@@ -4,7 +4,8 @@ Baseline: `Loader(decoder="cpu")`, whose workers decode every JPEG whole with li
 (simplejpeg; DCT-scaled where the crop allows) and then crop. Against it: the default
 `decoder="auto"`, whose workers decode only the rows and columns of each JPEG that its
 random-resized crop needs (gpufeed's `jpeg_region`: libjpeg-turbo's partial decompression, the
-same pixels bit for bit), and, where `gpufeed[nvimgcodec]` is installed, `decoder="nvimgcodec"`
+same pixels bit for bit) and, where the load block only flips (the ImageNet recipe), makes each
+batch in one native pass (`one_pass`: decode, resize, flip and normalize into the slot), and, where `gpufeed[nvimgcodec]` is installed, `decoder="nvimgcodec"`
 (nvImageCodec's CPU backend over the crop box). Same as-is shards of the embedded photo-like set,
 same recipes and measurements as benchmarks/loader_throughput.py, the decoders alternating round
 by round, with the decode-only limit measured in every round; medians.
@@ -32,7 +33,7 @@ from gpufeed.extras import MissingExtra, require
 
 DECODERS = {
     "cpu": "whole image (baseline)",
-    "auto": "crop regions (jpeg_region)",
+    "auto": "crop regions (jpeg_region, default)",
     "nvimgcodec": "nvimgcodec (crop box)",
 }
 

@@ -6,8 +6,10 @@ into the float32 batch. Against it: the default, `jpeg_region`'s decode of the c
 columns only, then the same steps. Each step is timed on its own over the same images and the
 same random-resized crops (ImageNet recipe, 224², batches of 32), one thread, CPU time of this
 thread (`time.thread_time`), median of the rounds; then `build_batch`, the function a worker runs,
-whole, with each decoder. Data: the embedded photo-like set, as-is (full size) and pre-resized to
-a short side of 256.
+whole, with each decoder: whole JPEGs, crop regions then torch's steps image by image, and the
+default, one native pass per batch (`one_pass`: region decoded, resized, flipped and normalized
+into the batch); the one pass is timed on its own too, into a uint8 slot and into a float32
+batch. Data: the embedded photo-like set, as-is (full size) and pre-resized to a short side of 256.
 
 Run: python benchmarks/image_steps.py [--images 512] [--rounds 5] [--out FILE.md]
 """
@@ -21,10 +23,11 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from loader_throughput import emit
 
-from gpufeed.data import jpeg_region
+from gpufeed.data import jpeg_region, one_pass
 from gpufeed.data.augment import Augment
 from gpufeed.data.batch import batch_generator, build_batch, cpu_decoder
 from gpufeed.data.dataset import RawSample, ShardDataset
@@ -67,9 +70,12 @@ def batches(raw: list[RawSample], aug: Augment) -> dict[str, Callable[[], object
 
         return make
 
+    steps_alone = jpeg_region.CropDecoder()
+    steps_alone.fill = None  # crop regions, then torch's steps image by image
     return {
         "build_batch, whole JPEGs (baseline)": run(cpu_decoder),
-        "build_batch, crop regions": run(jpeg_region.crop_decoder),
+        "build_batch, crop regions, steps image by image": run(steps_alone),
+        "build_batch, one native pass": run(jpeg_region.crop_decoder),
     }
 
 
@@ -92,6 +98,26 @@ def steps(raw: list[RawSample], aug: Augment) -> dict[str, Callable[[], object]]
         aug.first_pass(im, s, b, [], 0) for im, s, b in zip(whole, sizes, boxes, strict=True)
     ]
     out = torch.empty((1, 3, *aug.size))
+    plans = [
+        one_pass.plan(
+            sizes[j : j + BATCH], boxes[j : j + BATCH], mins[j : j + BATCH],
+            np.array([[int(t[0, 0] < 0), 0] for t in flips[j : j + BATCH]], np.int32),
+            jpeg_region.dct_scale,
+        )
+        for j in range(0, len(raw), BATCH)
+    ]  # fmt: skip
+
+    def native(dtype: torch.dtype, last: bool) -> Callable[[], object]:
+        shape = (BATCH, *aug.size, 3) if last else (BATCH, 3, *aug.size)
+        batch = torch.empty(shape, dtype=dtype)
+        slot = batch.permute(0, 3, 1, 2) if last else batch
+
+        def run() -> None:
+            for k, rows in enumerate(plans):
+                chunk = datas[k * BATCH : (k + 1) * BATCH]
+                one_pass.fill(aug, chunk, rows, slot[: len(chunk)], jpeg_region.EDGE)
+
+        return run
 
     def finish() -> None:
         for x, theta in zip(resized, flips, strict=True):
@@ -114,6 +140,10 @@ def steps(raw: list[RawSample], aug: Augment) -> dict[str, Callable[[], object]]
             for im, b in zip(regions, boxes, strict=True)
         ],
         "flip + normalize into the float32 batch": finish,
+        "one pass: region decoded, resized, flipped into a uint8 N×H×W×3 slot": native(
+            torch.uint8, True
+        ),
+        "one pass: the same, normalized into a float32 N×3×H×W batch": native(torch.float32, False),
     }
 
 
@@ -153,9 +183,10 @@ def main() -> None:
                 f"{statistics.median(ts):.3f} [{min(ts):.3f}–{max(ts):.3f}]"
             )
         base = statistics.median(times["build_batch, whole JPEGs (baseline)"])
-        new = statistics.median(times["build_batch, crop regions"])
-        print(f"{resize or 'full size'}: build_batch whole ÷ crop regions = {base / new:.2f}×")
-        table.setdefault("build_batch: whole ÷ crop regions", []).append(f"{base / new:.2f}×")
+        for name in ("crop regions, steps image by image", "one native pass"):
+            new = statistics.median(times[f"build_batch, {name}"])
+            print(f"{resize or 'full size'}: build_batch whole ÷ {name} = {base / new:.2f}×")
+            table.setdefault(f"build_batch: whole ÷ {name}", []).append(f"{base / new:.2f}×")
     lines += [f"| {name} | {' | '.join(cells)} |" for name, cells in table.items()]
     emit(lines, args.out)
 

@@ -103,11 +103,17 @@ def baseline(root: Path, load: str, workers: int) -> Run:
 
 
 def gpufeed(
-    shards: Path, load: str, workers: int, fused: bool = False, decoder: str = "auto"
+    shards: Path,
+    load: str,
+    workers: int,
+    fused: bool = False,
+    decoder: str = "auto",
+    **options: Any,
 ) -> Run:
     aug = recipe(load, fused)
     return _time(
-        lambda: Loader(shards, BATCH, num_workers=workers, augment=aug, decoder=decoder), workers
+        lambda: Loader(shards, BATCH, num_workers=workers, augment=aug, decoder=decoder, **options),
+        workers,
     )
 
 

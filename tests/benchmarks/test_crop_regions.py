@@ -20,9 +20,13 @@ def test_a_small_run_writes_every_decoder_with_its_ratio_to_whole_decodes(tmp_pa
     try:
         import nvidia.nvimgcodec  # noqa: F401
 
-        names = ["whole image (baseline)", "crop regions (jpeg_region)", "nvimgcodec (crop box)"]
+        names = [
+            "whole image (baseline)",
+            "crop regions (jpeg_region, default)",
+            "nvimgcodec (crop box)",
+        ]
     except ImportError:
-        names = ["whole image (baseline)", "crop regions (jpeg_region)"]
+        names = ["whole image (baseline)", "crop regions (jpeg_region, default)"]
     out = tmp_path / "regions.md"
     cmd = [sys.executable, str(SCRIPT), "--images", "256", "--loads", "1", "--rounds", "1"]
     cmd += ["--cache", str(tmp_path / "cache"), "--out", str(out)]

@@ -160,9 +160,10 @@ def test_a_bad_plan_is_refused_before_anything_is_decoded():
         _jpeg_region.fill_batch([jpeg(16, 16)], plan[:, :5].tobytes(), out, 8, 8, 0, None, 2, 1)
 
 
-def test_decode_threads_must_be_a_whole_number_of_at_least_one(shards):
-    with pytest.raises(OptionError, match="decode_threads must be an integer >= 1, got 0"):
-        Loader(shards, 8, decode_threads=0)
+@pytest.mark.parametrize("threads", [0, 65, 2.5, "2"])
+def test_decode_threads_must_be_a_whole_number_from_one_to_64(shards, threads):
+    with pytest.raises(OptionError, match=r"decode_threads must be an integer from 1 to 64, got"):
+        Loader(shards, 8, decode_threads=threads)
 
 
 @needs_one_pass

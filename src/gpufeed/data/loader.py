@@ -53,6 +53,7 @@ from gpufeed.data.workers import InlinePool, WorkerPool
 from gpufeed.errors import OptionError
 
 DEVICE_DEPTH = 2  # batches the feeder keeps ready on the device
+MOST_DECODE_THREADS = 64  # threads a worker's one native pass runs at most (_jpeg_region.c)
 
 
 class Loader:
@@ -69,7 +70,8 @@ class Loader:
     buffers are shared, reused and page-locked once, within `max_host_bytes`.
 
     `decoder` chooses who decodes: with CPU preprocessing the workers decode each JPEG's crop
-    region ("auto"; `stats()["decoder"]` says) or whole JPEGs ("cpu"); with `preprocess="gpu"`
+    region, most batches in one native pass ("auto"; `stats()["decoder"]` says; `decode_threads`
+    threads each), or whole JPEGs ("cpu"); with `preprocess="gpu"`
     DALI, nvImageCodec, nvJPEG or libjpeg-turbo on the device stage, or the CPU workers up to the
     first warp ("workers"). `cluster=` moves the workers to a Ray cluster's CPU nodes.
     `extras=("__key__", "json")` yields `(images, labels, keys, jsons)`.
@@ -129,7 +131,8 @@ class Loader:
         if num_workers is None:
             num_workers = default_workers() if cluster is None else default_remote_workers(cluster)
         self.num_workers = num_workers
-        self.decoder, self.decode_threads = decoder, whole("decode_threads", decode_threads, 1)
+        self.decoder = decoder
+        self.decode_threads = whole("decode_threads", decode_threads, 1, MOST_DECODE_THREADS)
         self.augment = augment or Augment()
         self.dtype = torch.float32 if dtype is None else dtype
         self.channels_last, self.strict = channels_last, strict

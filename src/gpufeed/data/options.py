@@ -13,12 +13,15 @@ from typing import Any
 from gpufeed.errors import OptionError
 
 
-def whole(name: str, value: Any, least: int = 0) -> int:
-    """`value` as an int where it is a whole number >= `least`: a Python, numpy or 0-d torch
-    integer, or a float such as 4.0 (not a bool, not text)."""
+def whole(name: str, value: Any, least: int = 0, most: int | None = None) -> int:
+    """`value` as an int where it is a whole number >= `least` (and <= `most`): a Python, numpy
+    or 0-d torch integer, or a float such as 4.0 (not a bool, not text)."""
     number = _number(value)
     if number is None or not number.is_integer() or number < least:
-        raise OptionError(f"{name} must be an integer >= {least}, got {value!r}")
+        bounds = f">= {least}" if most is None else f"from {least} to {most}"
+        raise OptionError(f"{name} must be an integer {bounds}, got {value!r}")
+    if most is not None and number > most:
+        raise OptionError(f"{name} must be an integer from {least} to {most}, got {value!r}")
     return int(number)
 
 
