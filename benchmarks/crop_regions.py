@@ -20,15 +20,12 @@ import os
 import platform
 import statistics
 import time
-import warnings
 from pathlib import Path
 
 import torch
-from loader_throughput import decode_limit, emit, gpufeed
+from loader_throughput import as_is_shards, decode_limit, emit, gpufeed
 
 from gpufeed.data import jpeg_region
-from gpufeed.data.packing import pack
-from gpufeed.demo.synth import make_image_folder
 from gpufeed.extras import MissingExtra, require
 
 DECODERS = {
@@ -54,11 +51,7 @@ def main() -> None:
         del DECODERS["nvimgcodec"]
     cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(1)
-    root = make_image_folder(args.cache / f"images-{args.images}", args.images, 10)
-    shards = args.cache / f"shards-{args.images}"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pack(root, shards, progress=False)
+    shards = as_is_shards(args.cache, args.images)
     limits, runs = [], {}
     for r in range(args.rounds):
         limits.append(decode_limit(shards, cores))

@@ -20,15 +20,12 @@ import os
 import platform
 import statistics
 import time
-import warnings
 from pathlib import Path
 
 import torch
-from loader_throughput import emit, gpufeed
+from loader_throughput import as_is_shards, emit, gpufeed
 
 from gpufeed.data import jpeg_region
-from gpufeed.data.packing import pack
-from gpufeed.demo.synth import make_image_folder
 
 
 def settings(cores: int) -> dict[str, tuple[int, int]]:
@@ -53,11 +50,7 @@ def main() -> None:
         raise SystemExit("no one native pass here (no crop-region decoder, or no AVX2)")
     cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(1)
-    root = make_image_folder(args.cache / f"images-{args.images}", args.images, 10)
-    shards = args.cache / f"shards-{args.images}"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pack(root, shards, progress=False)
+    shards = as_is_shards(args.cache, args.images)
     runs: dict[str, list[tuple[float, float, float]]] = {}
     for r in range(args.rounds):
         for name, (workers, threads) in settings(cores).items():

@@ -117,6 +117,17 @@ def gpufeed(
     )
 
 
+def as_is_shards(cache: Path, images: int) -> Path:
+    """Shards of `images` embedded photo-like JPEGs packed as-is (their own bytes), made once in
+    `cache`."""
+    root = make_image_folder(cache / f"images-{images}", images, 10)
+    shards = cache / f"shards-{images}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # small shards, below the size advice
+        pack(root, shards, progress=False)
+    return shards
+
+
 _DATAS: list[bytes] = []  # the images, loaded before the pool forks so no bytes are sent to it
 
 
