@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint venv chromium clean docs
 
-$(STAMP): pyproject.toml setup.py src/gpufeed/data/_jpeg_region.c src/gpufeed/data/_resample.c src/gpufeed/data/_resample.h
+$(STAMP): pyproject.toml setup.py src/gpufeed/data/_jpeg_region.c src/gpufeed/data/_resample.c src/gpufeed/data/_store.c src/gpufeed/data/_resample.h
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0

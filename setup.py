@@ -8,7 +8,11 @@ setup(
     ext_modules=[
         Extension(
             "gpufeed.data._jpeg_region",
-            ["src/gpufeed/data/_jpeg_region.c", "src/gpufeed/data/_resample.c"],
+            [
+                "src/gpufeed/data/_jpeg_region.c",
+                "src/gpufeed/data/_resample.c",
+                "src/gpufeed/data/_store.c",
+            ],
             depends=["src/gpufeed/data/_resample.h"],
             libraries=["jpeg"],
             # -ffp-contract=off: normalization rounds as torch does (no fused multiply-add)

@@ -79,7 +79,8 @@ static int decode_rows(const unsigned char *data, size_t len, int scale, int top
     jpeg_create_decompress(&cinfo);
     if (setjmp(err.jump)) {
         jpeg_destroy_decompress(&cinfo);
-        snprintf(message, JMSG_LENGTH_MAX, "%s", err.message[0] ? err.message : "cannot decode JPEG");
+        const char *why = err.message[0] ? err.message : "cannot decode JPEG";
+        snprintf(message, JMSG_LENGTH_MAX, "%s", why);
         return -1;
     }
     jpeg_mem_src(&cinfo, data, (unsigned long)len);
@@ -169,7 +170,8 @@ static PyObject *decode_region(PyObject *self, PyObject *args)
         size_t row = (size_t)(right - left) * 3;
         out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(row * (size_t)(bottom - top)));
         for (int y = 0; out != NULL && y < bottom - top; y++)
-            memcpy(PyByteArray_AS_STRING(out) + row * (size_t)y, rows.pixels + rows.stride * (size_t)y, row);
+            memcpy(PyByteArray_AS_STRING(out) + row * (size_t)y,
+                   rows.pixels + rows.stride * (size_t)y, row);
     }
     scratch_free(&scratch);
     return out;
@@ -202,7 +204,8 @@ static int fill_one(const Batch *b, int i, Scratch *scratch)
     size_t stride;
     int flips = (p[HFLIP] ? FLIP_WIDTH : 0) | (p[VFLIP] ? FLIP_HEIGHT : 0);
     const unsigned char *pixels =
-        resize_rgb(region.pixels, h, w, region.stride, b->height, b->width, &flips, scratch, &stride);
+        resize_rgb(region.pixels, h, w, region.stride, b->height, b->width, &flips, scratch,
+                   &stride);
     if (pixels == NULL) {
         snprintf(b->messages[i], JMSG_LENGTH_MAX, "out of memory");
         return -1;
@@ -260,7 +263,8 @@ static PyObject *fill_batch(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "Oy*w*iipOii", &datas_arg, &plan, &out, &height, &width, &nchw,
                           &norm_arg, &margin, &threads))
         return NULL;
-    PyObject *result = NULL, *seq = PySequence_Fast(datas_arg, "fill_batch: datas must be a sequence");
+    PyObject *result = NULL;
+    PyObject *seq = PySequence_Fast(datas_arg, "fill_batch: datas must be a sequence");
     Py_buffer *datas = NULL;
     int *failed = NULL, n = 0, held = 0;
     char(*messages)[JMSG_LENGTH_MAX] = NULL;

@@ -1,4 +1,4 @@
-/* Antialiased bilinear resize and the store into a batch slot: see _resample.h. */
+/* Antialiased bilinear resize of RGB uint8 images: see _resample.h (the store: _store.c). */
 #include "_resample.h"
 
 #include <math.h>
@@ -101,7 +101,8 @@ static int axis_init(Axis *a, int in, int out)
     for (size_t i = 0; i < (size_t)out; i++)
         for (size_t k = 0; k < (size_t)taps; k++) {
             double v = wf[i * (size_t)taps + k] * (1 << precision);
-            a->w[i * (size_t)a->kstride + k] = (int16_t)((v < 0) ? (int)(-0.5 + v) : (int)(0.5 + v));
+            int16_t rounded = (int16_t)((v < 0) ? (int)(-0.5 + v) : (int)(0.5 + v));
+            a->w[i * (size_t)a->kstride + k] = rounded;
         }
     free(wf);
     return 0;
@@ -207,18 +208,21 @@ __attribute__((target("avx2"))) static void horizontal_avx2(const unsigned char 
                     _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(row0 + at))),
                     _mm_loadu_si128((const __m128i *)(row1 + at)), 1);
                 px = _mm256_shuffle_epi8(px, pick);
-                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(px, _mm256_set1_epi32(weight_pair(k + j))));
+                const __m256i w = _mm256_set1_epi32(weight_pair(k + j));
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(px, w));
             }
             sum = _mm256_srai_epi32(sum, shift);
             sum = _mm256_packus_epi16(_mm256_packs_epi32(sum, sum), sum);
-            uint32_t p0 = (uint32_t)_mm256_extract_epi32(sum, 0), p1 = (uint32_t)_mm256_extract_epi32(sum, 4);
+            uint32_t p0 = (uint32_t)_mm256_extract_epi32(sum, 0);
+            uint32_t p1 = (uint32_t)_mm256_extract_epi32(sum, 4);
             size_t to = 3 * (size_t)(mirror ? out - 1 - x : x);
             memcpy(o0 + to, &p0, 3);
             memcpy(o1 + to, &p1, 3);
         }
     }
     if (y < h)
-        horizontal_scalar(src + (size_t)y * stride, h - y, stride, a, mirror, dst + (size_t)y * row_out);
+        horizontal_scalar(src + (size_t)y * stride, h - y, stride, a, mirror,
+                          dst + (size_t)y * row_out);
 }
 
 /* `vertical_scalar`, 32 bytes and two rows per multiply-add: the same integer sums. */
@@ -226,7 +230,8 @@ __attribute__((target("avx2"))) static void vertical_avx2(const unsigned char *s
                                                           size_t stride, const Axis *a,
                                                           int mirror, unsigned char *dst)
 {
-    const __m256i init = _mm256_set1_epi32((int32_t)1 << (a->precision - 1)), zero = _mm256_setzero_si256();
+    const __m256i init = _mm256_set1_epi32((int32_t)1 << (a->precision - 1));
+    const __m256i zero = _mm256_setzero_si256();
     const int shift = (int)a->precision;
     for (int y = 0; y < a->out; y++) {
         const int16_t *k = a->w + (size_t)y * (size_t)a->kstride;
@@ -238,7 +243,8 @@ __attribute__((target("avx2"))) static void vertical_avx2(const unsigned char *s
             __m256i s0 = init, s1 = init, s2 = init, s3 = init;
             for (int j = 0; j < count; j += 2) {
                 const __m256i w = _mm256_set1_epi32(weight_pair(k + j));
-                const __m256i a0 = _mm256_loadu_si256((const __m256i *)(rows + (size_t)j * stride + i));
+                const unsigned char *row = rows + (size_t)j * stride + i;
+                const __m256i a0 = _mm256_loadu_si256((const __m256i *)row);
                 const __m256i a1 = j + 1 < count
                     ? _mm256_loadu_si256((const __m256i *)(rows + (size_t)(j + 1) * stride + i))
                     : zero;
@@ -349,136 +355,4 @@ const unsigned char *resize_rgb(const unsigned char *src, int h, int w, size_t s
     axis_free(&ay);
     *stride = cur_stride;
     return ok ? cur : NULL;
-}
-
-void normalize_table(const float scale[3], const float shift[3], float lut[NORM_TABLE])
-{
-    memcpy(lut + 3 * 256, scale, 3 * sizeof(float));
-    memcpy(lut + 3 * 256 + 3, shift, 3 * sizeof(float));
-    for (int c = 0; c < 3; c++)
-        for (int v = 0; v < 256; v++) {
-            volatile float scaled = (float)v * scale[c]; /* rounded alone, as torch's mul_ */
-            lut[256 * c + v] = scaled - shift[c];
-        }
-}
-
-/* Rows of `w` pixels, no flips, into float32 N x H x W x 3 memory: x * scale - shift, with the
- * rounding of `lut`, as 24 elements (8 pixels) at a time that a compiler vectorizes. */
-static inline void normalize_run(const unsigned char *src, size_t n, const float *lut, float *o)
-{
-    float scale[24], shift[24];
-    for (int j = 0; j < 24; j++) {
-        scale[j] = lut[3 * 256 + j % 3];
-        shift[j] = lut[3 * 256 + 3 + j % 3];
-    }
-    size_t i = 0;
-    for (; i + 24 <= n; i += 24)
-        for (int j = 0; j < 24; j++) {
-            float scaled = (float)src[i + j] * scale[j];
-            o[i + j] = scaled - shift[j];
-        }
-    for (; i < n; i++)
-        o[i] = lut[256 * (i % 3) + src[i]];
-}
-
-/* One row of `w` pixels, no flips, into the three float32 planes of N x 3 x H x W memory. */
-static inline void normalize_planes(const unsigned char *src, int w, const float *lut, float *r,
-                                    float *g, float *b)
-{
-    const float *scale = lut + 3 * 256, *shift = scale + 3;
-    for (int x = 0; x < w; x++) {
-        float sr = (float)src[3 * x] * scale[0], sg = (float)src[3 * x + 1] * scale[1];
-        float sb = (float)src[3 * x + 2] * scale[2];
-        r[x] = sr - shift[0];
-        g[x] = sg - shift[1];
-        b[x] = sb - shift[2];
-    }
-}
-
-#ifdef HAVE_AVX2_PATH
-__attribute__((target("avx2"))) static void normalize_planes_avx2(const unsigned char *src, int w,
-                                                                  const float *lut, float *r,
-                                                                  float *g, float *b)
-{
-    normalize_planes(src, w, lut, r, g, b);
-}
-
-__attribute__((target("avx2"))) static void normalize_run_avx2(const unsigned char *src, size_t n,
-                                                               const float *lut, float *o)
-{
-    normalize_run(src, n, lut, o);
-}
-#endif
-
-/* One pixel at a time: any layout, type and flips. */
-static void store_any(const unsigned char *src, int h, int w, size_t stride, const Store *to)
-{
-    const float(*lut)[256] = (const float(*)[256])to->lut;
-    size_t plane = (size_t)h * (size_t)w;
-    for (int y = 0; y < h; y++) {
-        const unsigned char *row = src + (size_t)y * stride;
-        size_t oy = (size_t)(to->flips & FLIP_HEIGHT ? h - 1 - y : y) * (size_t)w;
-        for (int x = 0; x < w; x++) {
-            size_t at = oy + (size_t)(to->flips & FLIP_WIDTH ? w - 1 - x : x);
-            const unsigned char *p = row + 3 * (size_t)x;
-            if (to->lut == NULL) {
-                unsigned char *o = to->base;
-                if (to->nchw) {
-                    o[at] = p[0];
-                    o[plane + at] = p[1];
-                    o[2 * plane + at] = p[2];
-                } else
-                    memcpy(o + 3 * at, p, 3);
-            } else {
-                float *o = to->base;
-                if (to->nchw) {
-                    o[at] = lut[0][p[0]];
-                    o[plane + at] = lut[1][p[1]];
-                    o[2 * plane + at] = lut[2][p[2]];
-                } else {
-                    o[3 * at] = lut[0][p[0]];
-                    o[3 * at + 1] = lut[1][p[1]];
-                    o[3 * at + 2] = lut[2][p[2]];
-                }
-            }
-        }
-    }
-}
-
-void store_rgb(const unsigned char *src, int h, int w, size_t stride, const Store *to)
-{
-    if (to->flips || (to->nchw && to->lut == NULL)) {
-        store_any(src, h, w, stride, to);
-        return;
-    }
-    size_t row = (size_t)w * 3, plane = (size_t)h * (size_t)w;
-    if (to->nchw) {
-        for (int y = 0; y < h; y++) {
-            float *r = (float *)to->base + (size_t)y * (size_t)w;
-            const unsigned char *from = src + (size_t)y * stride;
-#ifdef HAVE_AVX2_PATH
-            if (has_avx2()) {
-                normalize_planes_avx2(from, w, to->lut, r, r + plane, r + 2 * plane);
-                continue;
-            }
-#endif
-            normalize_planes(from, w, to->lut, r, r + plane, r + 2 * plane);
-        }
-        return;
-    }
-    for (int y = 0; y < h; y++) {
-        const unsigned char *from = src + (size_t)y * stride;
-        if (to->lut == NULL) {
-            memcpy((unsigned char *)to->base + (size_t)y * row, from, row);
-            continue;
-        }
-        float *o = (float *)to->base + (size_t)y * row;
-#ifdef HAVE_AVX2_PATH
-        if (has_avx2()) {
-            normalize_run_avx2(from, row, to->lut, o);
-            continue;
-        }
-#endif
-        normalize_run(from, row, to->lut, o);
-    }
 }

@@ -23,10 +23,10 @@ unsigned char *scratch_get(Scratch *s, int which, size_t bytes);
 
 enum { FLIP_WIDTH = 1, FLIP_HEIGHT = 2 };
 
-/* Resize `src` (h x w x 3, rows `src_stride` bytes apart, SCRATCH_PAD bytes readable after it) to out_h x out_w x 3; returns the
- * result (in `s`, rows out_w * 3 apart, or `src` itself when the sizes are equal) and sets
- * *stride; NULL when out of memory. `flips` (FLIP_WIDTH | FLIP_HEIGHT) are mirrored by the passes
- * that run; those left to do stay set in *flips. */
+/* Resize `src` (h x w x 3, rows `src_stride` bytes apart, SCRATCH_PAD bytes readable after it)
+ * to out_h x out_w x 3; returns the result (in `s`, rows out_w * 3 apart, or `src` itself when
+ * the sizes are equal) and sets *stride; NULL when out of memory. `flips` (FLIP_WIDTH |
+ * FLIP_HEIGHT) are mirrored by the passes that run; those left to do stay set in *flips. */
 const unsigned char *resize_rgb(const unsigned char *src, int h, int w, size_t src_stride,
                                 int out_h, int out_w, int *flips, Scratch *s, size_t *stride);
 
